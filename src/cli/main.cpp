@@ -1,0 +1,50 @@
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace {
+
+using vlm::cli::Command;
+
+int version(int, char**) {
+  std::printf("vlm %s\n", VLM_VERSION);
+  return 0;
+}
+
+// Each subcommand lives in a file of its own in this folder.
+const Command kCommands[] = {
+    {"version", "print the version", version},
+};
+
+void usage() {
+  std::fprintf(stderr, "usage: vlm <command> [options]\n\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(stderr, "  %-12s %s\n", c.name, c.help);
+  std::fprintf(stderr, "\n`vlm <command> --help` for a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    std::string name = std::string("vlm ") + c.name;
+    argv[1] = name.data();
+    try {
+      return c.run(argc - 1, argv + 1);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vlm %s: error: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "vlm: unknown command '%s'\n", argv[1]);
+  usage();
+  return 2;
+}

@@ -1,0 +1,80 @@
+// Storage dtypes of checkpoint tensors and exact scalar conversions.
+// Activations are f32; weights stay in their stored dtype.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace vlm {
+
+enum class DType : uint8_t { F32, F16, BF16 };
+
+inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+inline std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
+  }
+  return "?";
+}
+
+inline float bits_to_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t f32_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+inline float bf16_to_f32(uint16_t h) { return bits_to_f32(uint32_t(h) << 16); }
+
+// Round to nearest even, as torch does; NaN stays NaN.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u = f32_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  if (exp == 0) {
+    // zero or subnormal: man * 2^-24
+    float v = float(man) * 5.9604644775390625e-8f;
+    return sign ? -v : v;
+  }
+  if (exp == 31) return bits_to_f32(sign | 0x7f800000u | (man << 13));
+  return bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// Round to nearest even with overflow to inf, as IEEE conversion does.
+inline uint16_t f32_to_f16(float f) {
+  uint32_t u = f32_to_bits(f);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | 0x7e00u;
+  if (u >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
+  if (u < 0x38800000u) {                         // below 2^-14: subnormal or zero
+    float a = bits_to_f32(u);
+    // 2^-24 units, round half to even via float add trick
+    float scaled = a * 16777216.0f;  // exact: power of two
+    uint32_t m = uint32_t(scaled);
+    float rem = scaled - float(m);
+    if (rem > 0.5f || (rem == 0.5f && (m & 1u))) ++m;
+    return sign | uint16_t(m);
+  }
+  uint32_t r = u + 0xfffu + ((u >> 13) & 1u) - (112u << 23);
+  return sign | uint16_t(r >> 13);
+}
+
+}  // namespace vlm

@@ -1,0 +1,32 @@
+#include "core/tensor.h"
+
+namespace vlm {
+
+float TensorView::at(int64_t i) const {
+  switch (dtype) {
+    case DType::F32: {
+      float v;
+      std::memcpy(&v, data + 4 * i, 4);
+      return v;
+    }
+    case DType::F16: {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * i, 2);
+      return f16_to_f32(h);
+    }
+    case DType::BF16: {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * i, 2);
+      return bf16_to_f32(h);
+    }
+  }
+  return 0.f;
+}
+
+std::vector<float> TensorView::to_f32() const {
+  std::vector<float> out(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) out[size_t(i)] = at(i);
+  return out;
+}
+
+}  // namespace vlm
