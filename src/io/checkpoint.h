@@ -1,0 +1,66 @@
+// A Gemma 3 checkpoint folder as HF ships it: config files plus one
+// model.safetensors or shards with model.safetensors.index.json.
+//
+// Tensors are views into mmapped files: no copies at load. Names are made
+// canonical whichever naming scheme the file uses (spec §2.1):
+//   text.<rest>        decoder: text.embed_tokens.weight, text.layers.N.…, text.norm.weight
+//   lm_head.weight     only when the file carries an explicit head (normally tied)
+//   vision.<rest>      SigLIP, after `vision_model.`: vision.embeddings.…, vision.encoder.layers.N.…
+//   projector.<rest>   projector.mm_input_projection_weight, projector.mm_soft_emb_norm.weight
+#pragma once
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/config.h"
+
+namespace vlm {
+
+enum class Naming { Old, New, CausalLM };  // spec §2.1 columns
+std::string_view naming_name(Naming n);
+
+// Which parts a run needs; only those tensors are validated against the
+// config and made available (a text-only run never touches vision tensors).
+struct Parts {
+  bool text = true;
+  bool vision = true;  // vision tower + projector (ignored for CausalLM)
+};
+
+class MappedFile;
+
+class Checkpoint {
+ public:
+  static Checkpoint open(const std::filesystem::path& dir, Parts parts = {});
+
+  const ModelConfig& config() const { return config_; }
+  Naming naming() const { return naming_; }
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // Throws Error naming the tensor when it is absent.
+  const TensorView& get(std::string_view canonical) const;
+  const TensorView* find(std::string_view canonical) const;
+  // The output head: lm_head.weight when present, else the tied embedding.
+  const TensorView& lm_head() const;
+
+  // All tensors of the loaded parts, by canonical name.
+  const std::map<std::string, TensorView, std::less<>>& tensors() const { return tensors_; }
+  // Tensors in the files that no part uses (reported, not an error).
+  const std::vector<std::string>& unknown() const { return unknown_; }
+  // Original (file) name of a canonical tensor, and the file that holds it.
+  std::string file_name_of(std::string_view canonical) const;
+
+ private:
+  std::filesystem::path dir_;
+  ModelConfig config_;
+  Naming naming_ = Naming::New;
+  std::vector<std::shared_ptr<MappedFile>> files_;
+  std::map<std::string, TensorView, std::less<>> tensors_;
+  std::map<std::string, std::string, std::less<>> original_names_;
+  std::vector<std::string> unknown_;
+};
+
+}  // namespace vlm

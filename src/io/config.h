@@ -1,0 +1,85 @@
+// config.json and preprocessor_config.json, parsed once and validated.
+// Every value the math uses is here; a missing field either gets the HF class
+// default (spec §1.3/§1.4, documented per field in config.cpp) or is an error
+// naming the field.
+#pragma once
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace vlm {
+
+enum class Arch { ConditionalGeneration, CausalLM };  // Gemma3ForConditionalGeneration / Gemma3ForCausalLM
+enum class LayerKind { Sliding, Global };
+
+struct TextConfig {
+  int vocab_size = 0;
+  int hidden_size = 0;         // H
+  int intermediate_size = 0;   // I
+  int num_layers = 0;
+  int num_heads = 0;           // nH
+  int num_kv_heads = 0;        // nKV
+  int head_dim = 0;            // d
+  double query_pre_attn_scalar = 0;  // attention scale = this^-0.5
+  double rms_norm_eps = 0;
+  int max_position_embeddings = 0;   // context limit
+  int sliding_window = 0;            // W
+  std::vector<LayerKind> layer_kinds;  // size num_layers, spec §1.5
+  double rope_theta = 0;             // global layers
+  double rope_local_base_freq = 0;   // sliding layers, never scaled
+  double rope_scaling_factor = 1;    // linear factor on global layers (1 = none)
+  std::string rope_scaling_type = "default";  // "default" or "linear"
+  bool tie_word_embeddings = true;
+  std::string hidden_activation = "gelu_pytorch_tanh";
+};
+
+struct VisionConfig {
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_channels = 3;
+  int image_size = 0;
+  int patch_size = 0;
+  double layer_norm_eps = 0;
+  std::string hidden_act = "gelu_pytorch_tanh";
+  int patches_per_side() const { return image_size / patch_size; }
+};
+
+struct PreprocessorConfig {
+  int height = 0, width = 0;   // resize target
+  int resample = 2;            // PIL filter id; 2 = BILINEAR
+  bool do_resize = true, do_rescale = true, do_normalize = true, do_convert_rgb = true;
+  double rescale_factor = 1.0 / 255;
+  float image_mean[3] = {0.5f, 0.5f, 0.5f};
+  float image_std[3] = {0.5f, 0.5f, 0.5f};
+  bool do_pan_and_scan = false;
+  int pan_and_scan_min_crop_size = 256;
+  int pan_and_scan_max_num_crops = 4;
+  double pan_and_scan_min_ratio_to_activate = 1.2;
+};
+
+struct ModelConfig {
+  Arch arch = Arch::CausalLM;
+  std::string architecture;  // as written in config.json
+  TextConfig text;
+  std::optional<VisionConfig> vision;            // VLM only
+  std::optional<PreprocessorConfig> preprocessor;  // VLM only
+  int mm_tokens_per_image = 0;  // VLM only
+  int boi_token_id = 0, eoi_token_id = 0, image_token_id = 0;  // VLM only
+  int bos_token_id = 2, pad_token_id = 0;
+  std::vector<int> eos_token_ids;  // generation stops on any
+  std::optional<DType> torch_dtype;  // declared storage dtype, if any
+
+  bool is_vlm() const { return arch == Arch::ConditionalGeneration; }
+};
+
+// Reads config.json (and preprocessor_config.json for VLMs) from a checkpoint folder.
+ModelConfig load_config(const std::filesystem::path& dir);
+// Parses config.json text; `where` names the file in errors.
+ModelConfig parse_config(const std::string& json_text, const std::string& where);
+
+}  // namespace vlm
