@@ -1,0 +1,37 @@
+// Element-wise and row-wise kernels of the Gemma 3 / SigLIP graphs, all in f32.
+// Rows are contiguous ([rows, dim] row-major); x and y may be the same buffer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace vlm::kernels {
+
+// Gemma RMSNorm (spec §10.1): y = x / sqrt(mean(x²) + eps) · (1 + w), per row.
+// w has `dim` entries (stored zero-centred, converted to f32 by the caller).
+void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps);
+
+// LayerNorm with bias (spec §6): y = (x − mean) / sqrt(var + eps) · g + b, biased variance.
+void layer_norm(const float* x, const float* g, const float* b, float* y, size_t rows, size_t dim,
+                float eps);
+
+// gelu_pytorch_tanh in place: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+void gelu_tanh(float* x, size_t n);
+// gate[i] = gelu_tanh(gate[i]) · up[i] (the Gemma MLP's gated activation).
+void gelu_tanh_mul(float* gate, const float* up, size_t n);
+
+// In-place softmax over one row of n entries, with max subtraction. Finite for any
+// finite input (all entries equal to the lowest f32 give a uniform row); a row that is
+// all −inf gives zeros rather than NaN.
+void softmax(float* x, size_t n);
+
+// RoPE, rotate-half / NeoX convention (spec §10.3), in place on x[heads, d]:
+//   x'[i] = x[i]·cos[i] − x[i+d/2]·sin[i],  x'[i+d/2] = x[i+d/2]·cos[i] + x[i]·sin[i],
+// with cos/sin holding d/2 entries for this token's position.
+void rope_rotate_half(float* x, size_t heads, size_t d, const float* cos, const float* sin);
+
+// inv_freq[i] = (1 / base^(2i/d)) / factor for i < d/2, in f32 as HF computes it.
+void rope_inv_freq(size_t d, float base, float factor, float* inv_freq);
+// cos/sin[i] of θ_i = float(pos) · inv_freq[i] (f32 product), for i < half.
+void rope_cos_sin(int64_t pos, const float* inv_freq, size_t half, float* cos, float* sin);
+
+}  // namespace vlm::kernels
