@@ -1,14 +1,23 @@
 #include "kernels/matmul.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <string_view>
 
 #include "core/error.h"
+#include "kernels/matmul_impl.h"
 
 namespace vlm::kernels {
 
 Weight as_weight(const TensorView& t) {
   if (t.shape.size() != 2) fail("tensor {} is not 2-D", t.name);
   return Weight{t.data, t.dtype, size_t(t.shape[0]), size_t(t.shape[1])};
+}
+
+Weight f32_weight(const float* data, size_t rows, size_t cols, size_t ld) {
+  return Weight{reinterpret_cast<const std::byte*>(data), DType::F32, rows, cols, ld};
 }
 
 namespace {
@@ -25,11 +34,12 @@ float load(const std::byte* p, DType t, size_t i) {
   }
   return 0.f;
 }
+}  // namespace
 
-void ref_rows(const float* x, size_t M, const Weight& w, float* y, size_t n0, size_t n1) {
-  const size_t K = w.cols, N = w.rows;
-  for (size_t n = n0; n < n1; ++n) {
-    const std::byte* row = w.data + n * K * dtype_size(w.dtype);
+void matmul_ref(const float* x, size_t M, const Weight& w, float* y) {
+  const size_t K = w.cols, N = w.rows, es = dtype_size(w.dtype);
+  for (size_t n = 0; n < N; ++n) {
+    const std::byte* row = w.data + n * w.stride() * es;
     for (size_t m = 0; m < M; ++m) {
       const float* xm = x + m * K;
       float acc = 0.f;
@@ -38,14 +48,164 @@ void ref_rows(const float* x, size_t M, const Weight& w, float* y, size_t n0, si
     }
   }
 }
+
+namespace detail {
+namespace {
+// Scalar "vectors" of one float: the same tiled code as the SIMD paths, portable.
+struct S1 {
+  using V = float;
+  static constexpr int W = 1, MR = 4, NV = 4;
+  static constexpr int DOT_RN = 4, DOT_RM = 2, DOT_RN2 = 2;
+  static V zero() { return 0.f; }
+  static V load(const float* p) { return *p; }
+  static void store(float* p, V v) { *p = v; }
+  static V bcast(const float* p) { return *p; }
+  static V fma(V a, V b, V c) { return a * b + c; }
+  static V add(V a, V b) { return a + b; }
+  static float hsum(V v) { return v; }
+  static V load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
+  static V load_f16(const uint16_t* p) { return f16_to_f32(*p); }
+  static void transpose(V*) {}
+};
 }  // namespace
+const IsaKernels kScalarKernels = make_kernels<S1>("scalar");
+}  // namespace detail
 
-void matmul_ref(const float* x, size_t M, const Weight& w, float* y) { ref_rows(x, M, w, y, 0, w.rows); }
+namespace {
 
-void matmul(const float* x, size_t M, const Weight& w, float* y, ThreadPool& pool) {
-  pool.parallel_for(w.rows, [&](size_t n0, size_t n1) { ref_rows(x, M, w, y, n0, n1); });
+using detail::GemmArgs;
+using detail::IsaKernels;
+
+// Up to this many rows, dot products that stream each weight row once beat packing.
+constexpr size_t kDotMaxM = 4;
+
+const IsaKernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return detail::kAvx512Kernels;
+    case Isa::Avx2: return detail::kAvx2Kernels;
+    case Isa::Scalar: break;
+  }
+  return detail::kScalarKernels;
 }
 
-const char* matmul_isa() { return "scalar"; }
+Isa best_isa() {
+  if (isa_supported(Isa::Avx512)) return Isa::Avx512;
+  if (isa_supported(Isa::Avx2)) return Isa::Avx2;
+  return Isa::Scalar;
+}
+
+Isa initial_isa() {
+  const char* env = std::getenv("VLM_ISA");
+  if (!env || !*env) return best_isa();
+  const std::string_view v = env;
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (v == isa_name(isa)) {
+      if (!isa_supported(isa)) fail("VLM_ISA={}: this CPU does not support it", v);
+      return isa;
+    }
+  fail("VLM_ISA={}: expected scalar, avx2 or avx512", v);
+}
+
+std::atomic<int>& current_isa() {
+  static std::atomic<int> isa{int(initial_isa())};
+  return isa;
+}
+
+float* pack_buffer(size_t floats) {
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<float, Free> buf;
+  thread_local size_t have = 0;
+  if (have < floats) {
+    buf.reset(static_cast<float*>(std::aligned_alloc(64, (floats * 4 + 63) / 64 * 64)));
+    if (!buf) fail("matmul: out of memory for a {} KiB packing buffer", floats * 4 / 1024);
+    have = floats;
+  }
+  return buf.get();
+}
+
+void run(const GemmArgs& a, ThreadPool& pool) {
+  if (a.M == 0 || a.N == 0) return;
+  if (a.K == 0) {
+    for (size_t m = 0; m < a.M; ++m)
+      for (size_t n = 0; n < a.N; ++n) a.y[m * a.ldy + n] = a.bias ? a.bias[n] : 0.f;
+    return;
+  }
+  const IsaKernels& k = kernels_for(matmul_isa_id());
+  if (a.M <= kDotMaxM && !a.kn) {
+    pool.parallel_for(a.N, [&](size_t n0, size_t n1) { k.dot(a, n0, n1); });
+    return;
+  }
+  const size_t threads = size_t(pool.size());
+  const size_t panels = (a.N + k.panel - 1) / k.panel;
+  const size_t tiles = (a.M + k.row_tile - 1) / k.row_tile;
+  // Split columns when there are enough panels to balance; otherwise split rows (each
+  // thread then packs the whole weight itself).
+  if (panels >= 4 * threads || tiles < 2 * threads) {
+    pool.parallel_for(panels, [&](size_t p0, size_t p1) {
+      const size_t n1 = p1 * k.panel < a.N ? p1 * k.panel : a.N;
+      k.gemm(a, p0 * k.panel, n1, 0, a.M, pack_buffer(k.pack_floats));
+    });
+  } else {
+    pool.parallel_for(tiles, [&](size_t t0, size_t t1) {
+      const size_t m1 = t1 * k.row_tile < a.M ? t1 * k.row_tile : a.M;
+      k.gemm(a, 0, a.N, t0 * k.row_tile, m1, pack_buffer(k.pack_floats));
+    });
+  }
+}
+
+}  // namespace
+
+void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout,
+                    const float* bias, float* y, size_t ldy, ThreadPool& pool) {
+  const bool kn = layout == Layout::KN;
+  const size_t K = kn ? w.rows : w.cols, N = kn ? w.cols : w.rows;
+  run(GemmArgs{x, ldx, M, w.data, w.dtype, w.stride(), kn, K, N, bias, y, ldy}, pool);
+}
+
+void matmul(const float* x, size_t M, const Weight& w, float* y, ThreadPool& pool) {
+  matmul_strided(x, w.cols, M, w, Layout::NK, nullptr, y, w.rows, pool);
+}
+
+void matmul_bias(const float* x, size_t M, const Weight& w, const float* bias, float* y,
+                 ThreadPool& pool) {
+  matmul_strided(x, w.cols, M, w, Layout::NK, bias, y, w.rows, pool);
+}
+
+void matmul_kn(const float* x, size_t M, const Weight& w, float* y, ThreadPool& pool) {
+  matmul_strided(x, w.rows, M, w, Layout::KN, nullptr, y, w.cols, pool);
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::Scalar: return true;
+    case Isa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return "avx512";
+    case Isa::Avx2: return "avx2";
+    case Isa::Scalar: break;
+  }
+  return "scalar";
+}
+
+void set_matmul_isa(Isa isa) {
+  if (!isa_supported(isa)) fail("matmul: this CPU does not support the {} path", isa_name(isa));
+  current_isa().store(int(isa));
+}
+
+Isa matmul_isa_id() { return Isa(current_isa().load()); }
+
+const char* matmul_isa() { return isa_name(matmul_isa_id()); }
 
 }  // namespace vlm::kernels

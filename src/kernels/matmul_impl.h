@@ -1,0 +1,265 @@
+// ISA-generic bodies of the matmul kernels, written against a SIMD traits class S:
+//   S::V, S::W (floats per vector), S::MR (rows per register tile), S::NV (vectors
+//   per tile row), S::DOT_RN (weight rows per dot tile at M = 1), S::DOT_RM /
+//   S::DOT_RN2 (tile for M > 1), zero/load/store/bcast/fma/add/hsum,
+//   load_bf16/load_f16 (exact widening of W elements), transpose (W×W in place).
+// Every function is a template on S, and each ISA file defines S with internal
+// linkage, so the instantiations of different ISAs never merge at link time.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "kernels/matmul_isa.h"
+
+namespace vlm::kernels::detail {
+
+// K and N block sizes of the packed path: a packed micro-panel (KC × S::W·S::NV f32)
+// stays in L1, the packed block (NC × KC) in L2.
+inline constexpr size_t kKC = 128;
+inline constexpr size_t kNC = 512;
+
+template <DType D>
+inline constexpr size_t kElemSize = D == DType::F32 ? 4 : 2;
+
+template <class S, DType D>
+inline typename S::V load_w(const std::byte* p) {
+  if constexpr (D == DType::F32)
+    return S::load(reinterpret_cast<const float*>(p));
+  else if constexpr (D == DType::BF16)
+    return S::load_bf16(reinterpret_cast<const uint16_t*>(p));
+  else
+    return S::load_f16(reinterpret_cast<const uint16_t*>(p));
+}
+
+// The first n (< S::W) elements, the rest zero.
+template <class S, DType D>
+inline typename S::V load_w_part(const std::byte* p, size_t n) {
+  alignas(64) std::byte tmp[S::W * 4] = {};
+  std::memcpy(tmp, p, n * kElemSize<D>);
+  return load_w<S, D>(tmp);
+}
+
+template <class S>
+inline typename S::V load_part(const float* p, size_t n) {
+  alignas(64) float tmp[S::W] = {};
+  std::memcpy(tmp, p, n * 4);
+  return S::load(tmp);
+}
+
+template <class S>
+inline void store_part(float* p, typename S::V v, size_t n) {
+  alignas(64) float tmp[S::W];
+  S::store(tmp, v);
+  std::memcpy(p, tmp, n * 4);
+}
+
+// ---- small M: RM activation rows × RN weight rows, dot products over all of K ----
+template <class S, DType D, int RM, int RN>
+void dot_tile(const GemmArgs& a, size_t m0, size_t n0) {
+  using V = typename S::V;
+  constexpr size_t W = S::W, es = kElemSize<D>;
+  V acc[RM][RN];
+  for (int m = 0; m < RM; ++m)
+    for (int r = 0; r < RN; ++r) acc[m][r] = S::zero();
+  const std::byte* wr[RN];
+  for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r) * a.ldw * es;
+  const float* xr[RM];
+  for (int m = 0; m < RM; ++m) xr[m] = a.x + (m0 + m) * a.ldx;
+  size_t k = 0;
+  for (; k + W <= a.K; k += W) {
+    V wv[RN];
+    for (int r = 0; r < RN; ++r) wv[r] = load_w<S, D>(wr[r] + k * es);
+    for (int m = 0; m < RM; ++m) {
+      const V xv = S::load(xr[m] + k);
+      for (int r = 0; r < RN; ++r) acc[m][r] = S::fma(xv, wv[r], acc[m][r]);
+    }
+  }
+  if (k < a.K) {
+    const size_t n = a.K - k;
+    V wv[RN];
+    for (int r = 0; r < RN; ++r) wv[r] = load_w_part<S, D>(wr[r] + k * es, n);
+    for (int m = 0; m < RM; ++m) {
+      const V xv = load_part<S>(xr[m] + k, n);
+      for (int r = 0; r < RN; ++r) acc[m][r] = S::fma(xv, wv[r], acc[m][r]);
+    }
+  }
+  for (int m = 0; m < RM; ++m)
+    for (int r = 0; r < RN; ++r) {
+      float v = S::hsum(acc[m][r]);
+      if (a.bias) v += a.bias[n0 + r];
+      a.y[(m0 + m) * a.ldy + n0 + r] = v;
+    }
+}
+
+template <class S, DType D, int RM, int RN>
+void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
+  size_t n = n0;
+  for (; n + RN <= n1; n += RN) dot_tile<S, D, RM, RN>(a, m0, n);
+  for (; n < n1; ++n) dot_tile<S, D, RM, 1>(a, m0, n);
+}
+
+template <class S, DType D>
+void dot_typed(const GemmArgs& a, size_t n0, size_t n1) {
+  size_t m = 0;
+  // With several rows, each weight vector is widened once per RM rows; process the
+  // columns in L1-sized slices so the rows of one slice are reused from cache.
+  constexpr size_t kSlice = 16;
+  for (size_t s = n0; s < n1; s += kSlice) {
+    const size_t e = s + kSlice < n1 ? s + kSlice : n1;
+    m = 0;
+    if (a.M > 1)
+      for (; m + S::DOT_RM <= a.M; m += S::DOT_RM) dot_rows<S, D, S::DOT_RM, S::DOT_RN2>(a, m, s, e);
+    for (; m < a.M; ++m) dot_rows<S, D, 1, S::DOT_RN>(a, m, s, e);
+  }
+}
+
+template <class S>
+void dot(const GemmArgs& a, size_t n0, size_t n1) {
+  switch (a.dtype) {
+    case DType::F32: return dot_typed<S, DType::F32>(a, n0, n1);
+    case DType::F16: return dot_typed<S, DType::F16>(a, n0, n1);
+    case DType::BF16: return dot_typed<S, DType::BF16>(a, n0, n1);
+  }
+}
+
+// ---- packed path ----
+// Packs W(n0 .. n0+cols, k0 .. k0+kc) as f32 [kc][NR] (columns beyond cols are zero).
+template <class S, DType D>
+void pack_panel(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t kc, float* dst) {
+  using V = typename S::V;
+  constexpr size_t W = S::W, NR = S::W * S::NV, es = kElemSize<D>;
+  if (a.kn) {
+    for (size_t k = 0; k < kc; ++k) {
+      const std::byte* src = a.w + ((k0 + k) * a.ldw + n0) * es;
+      for (size_t j = 0; j < NR; j += W) {
+        V v = j + W <= cols ? load_w<S, D>(src + j * es)
+                            : (j < cols ? load_w_part<S, D>(src + j * es, cols - j) : S::zero());
+        S::store(dst + k * NR + j, v);
+      }
+    }
+    return;
+  }
+  // nk layout: rows of W become columns of the panel, W×W blocks at a time.
+  for (size_t g = 0; g < NR; g += W) {
+    for (size_t k = 0; k < kc; k += W) {
+      const size_t kn = kc - k < W ? kc - k : W;
+      V blk[W];
+      for (size_t i = 0; i < W; ++i) {
+        if (g + i >= cols) {
+          blk[i] = S::zero();
+          continue;
+        }
+        const std::byte* src = a.w + ((n0 + g + i) * a.ldw + k0 + k) * es;
+        blk[i] = kn == W ? load_w<S, D>(src) : load_w_part<S, D>(src, kn);
+      }
+      S::transpose(blk);
+      for (size_t i = 0; i < kn; ++i) S::store(dst + (k + i) * NR + g, blk[i]);
+    }
+  }
+}
+
+// One register tile: R rows × NVv vectors over kc, stored (first) or added into y.
+template <class S, int R, int NVv>
+void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* y, size_t cols,
+           bool first, const float* bias) {
+  using V = typename S::V;
+  constexpr size_t W = S::W, NR = S::W * S::NV;
+  V acc[R][NVv];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NVv; ++v) acc[r][v] = S::zero();
+  for (size_t k = 0; k < kc; ++k) {
+    V bv[NVv];
+    for (int v = 0; v < NVv; ++v) bv[v] = S::load(b + k * NR + v * W);
+    for (int r = 0; r < R; ++r) {
+      const V av = S::bcast(x + r * a.ldx + k);
+      for (int v = 0; v < NVv; ++v) acc[r][v] = S::fma(av, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* yr = y + r * a.ldy;
+    for (int v = 0; v < NVv; ++v) {
+      const size_t j = size_t(v) * W;
+      if (j >= cols) break;
+      const size_t n = cols - j < W ? cols - j : W;
+      V base;
+      if (first)
+        base = bias ? (n == W ? S::load(bias + j) : load_part<S>(bias + j, n)) : S::zero();
+      else
+        base = n == W ? S::load(yr + j) : load_part<S>(yr + j, n);
+      const V out = S::add(base, acc[r][v]);
+      if (n == W)
+        S::store(yr + j, out);
+      else
+        store_part<S>(yr + j, out, n);
+    }
+  }
+}
+
+template <class S>
+using MicroFn = void (*)(const GemmArgs&, size_t, const float*, const float*, float*, size_t, bool,
+                         const float*);
+
+template <class S, int R, size_t... V>
+constexpr void fill_row(MicroFn<S>* row, std::index_sequence<V...>) {
+  ((row[V] = &micro<S, R, int(V) + 1>), ...);
+}
+template <class S, size_t... R>
+constexpr void fill_table(MicroFn<S> (*t)[S::NV], std::index_sequence<R...>) {
+  (fill_row<S, int(R) + 1>(t[R], std::make_index_sequence<S::NV>()), ...);
+}
+
+template <class S, DType D>
+void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  constexpr size_t NR = S::W * S::NV, MR = S::MR, MC = 8 * S::MR * 4;
+  static const auto table = [] {
+    struct T {
+      MicroFn<S> f[S::MR][S::NV];
+    } t{};
+    fill_table<S>(t.f, std::make_index_sequence<S::MR>());
+    return t;
+  }();
+  for (size_t n0 = nb; n0 < ne; n0 += kNC) {
+    const size_t nc = ne - n0 < kNC ? ne - n0 : kNC;
+    const size_t panels = (nc + NR - 1) / NR;
+    for (size_t k0 = 0; k0 < a.K; k0 += kKC) {
+      const size_t kc = a.K - k0 < kKC ? a.K - k0 : kKC;
+      for (size_t p = 0; p < panels; ++p) {
+        const size_t c = nc - p * NR < NR ? nc - p * NR : NR;
+        pack_panel<S, D>(a, n0 + p * NR, c, k0, kc, pack + p * kKC * NR);
+      }
+      const float* bias = a.bias ? a.bias + n0 : nullptr;
+      for (size_t m0 = mb; m0 < me; m0 += MC) {
+        const size_t m1 = me - m0 < MC ? me : m0 + MC;
+        for (size_t p = 0; p < panels; ++p) {
+          const size_t c = nc - p * NR < NR ? nc - p * NR : NR;
+          const size_t nv = (c + S::W - 1) / S::W;
+          for (size_t m = m0; m < m1; m += MR) {
+            const size_t r = m1 - m < MR ? m1 - m : MR;
+            table.f[r - 1][nv - 1](a, kc, a.x + m * a.ldx + k0, pack + p * kKC * NR,
+                                   a.y + m * a.ldy + n0 + p * NR, c, k0 == 0,
+                                   bias ? bias + p * NR : nullptr);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class S>
+void gemm(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) {
+  switch (a.dtype) {
+    case DType::F32: return gemm_typed<S, DType::F32>(a, n0, n1, m0, m1, pack);
+    case DType::F16: return gemm_typed<S, DType::F16>(a, n0, n1, m0, m1, pack);
+    case DType::BF16: return gemm_typed<S, DType::BF16>(a, n0, n1, m0, m1, pack);
+  }
+}
+
+template <class S>
+constexpr IsaKernels make_kernels(const char* name) {
+  return IsaKernels{name,   &dot<S>, &gemm<S>, S::W * S::NV, S::MR,
+                    kNC * kKC};
+}
+
+}  // namespace vlm::kernels::detail

@@ -1,0 +1,42 @@
+// Internal interface between the matmul dispatcher (matmul.cpp, baseline ISA) and
+// the per-ISA kernel files. The ISA files expose only plain function pointers, so no
+// inline library code compiled for a wider ISA can leak into baseline code.
+#pragma once
+#include <cstddef>
+
+#include "core/dtype.h"
+
+namespace vlm::kernels::detail {
+
+// y[m, n] (+)= sum_k x[m, k] · W(n, k) over m in [0, M), n in [0, N).
+// W(n, k) is w[n·ldw + k] (nk layout, nn.Linear) or w[k·ldw + n] (kn layout).
+struct GemmArgs {
+  const float* x;
+  size_t ldx, M;
+  const std::byte* w;
+  DType dtype;
+  size_t ldw;
+  bool kn;
+  size_t K, N;
+  const float* bias;  // N entries or nullptr
+  float* y;
+  size_t ldy;
+};
+
+struct IsaKernels {
+  const char* name;
+  // Small M (nk layout only): y[:, n0:n1] by dot products, weights streamed once.
+  void (*dot)(const GemmArgs&, size_t n0, size_t n1);
+  // Packed, register-tiled product for y[m0:m1, n0:n1]; pack holds pack_floats floats
+  // (64-byte aligned). n0 is a multiple of panel.
+  void (*gemm)(const GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
+  size_t panel;        // output columns per packed panel
+  size_t row_tile;     // rows per register tile
+  size_t pack_floats;  // scratch size for gemm
+};
+
+extern const IsaKernels kScalarKernels;
+extern const IsaKernels kAvx2Kernels;
+extern const IsaKernels kAvx512Kernels;
+
+}  // namespace vlm::kernels::detail

@@ -1,0 +1,331 @@
+// Matmul paths (every ISA this CPU has) against matmul_ref and an exact double
+// product, and the row/element ops against plain double-precision loops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+
+namespace vlm::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // f32 unit roundoff
+
+// A weight stored in a given dtype, with its exactly representable f32 values.
+struct StoredWeight {
+  std::vector<std::byte> bytes;
+  std::vector<float> values;  // [rows, cols] as the kernels see them
+  Weight w;
+};
+
+StoredWeight make_weight(DType dt, size_t rows, size_t cols, std::mt19937& rng, size_t ld = 0) {
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  const size_t stride = ld ? ld : cols, es = dtype_size(dt);
+  StoredWeight s;
+  s.bytes.resize(rows * stride * es);
+  s.values.resize(rows * cols);
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t c = 0; c < stride; ++c) {
+      float v = dist(rng);
+      std::byte* p = s.bytes.data() + (r * stride + c) * es;
+      if (dt == DType::F32) {
+        std::memcpy(p, &v, 4);
+      } else {
+        const uint16_t h = dt == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+        std::memcpy(p, &h, 2);
+        v = dt == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+      if (c < cols) s.values[r * cols + c] = v;
+    }
+  s.w = Weight{s.bytes.data(), dt, rows, cols, ld};
+  return s;
+}
+
+std::vector<float> random_vec(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Any summation order of K f32 products is within (K + 1)·u·Σ|x·w| of the exact sum,
+// so that is the stated tolerance against the exact (double) product; a wrong index
+// or a dropped term is off by O(Σ|x·w| / K) or more.
+void expect_close(const float* y, size_t ldy, const float* x, size_t ldx, size_t M,
+                  const std::vector<float>& wv, size_t N, size_t K, bool kn, const float* bias,
+                  const std::string& what) {
+  double worst = 0;
+  for (size_t m = 0; m < M; ++m)
+    for (size_t n = 0; n < N; ++n) {
+      double exact = bias ? bias[n] : 0.0, mag = bias ? std::fabs(bias[n]) : 0.0;
+      for (size_t k = 0; k < K; ++k) {
+        const double p = double(x[m * ldx + k]) * (kn ? wv[k * N + n] : wv[n * K + k]);
+        exact += p;
+        mag += std::fabs(p);
+      }
+      const double err = std::fabs(y[m * ldy + n] - exact), tol = (K + 2) * kU * mag + 1e-30;
+      worst = std::max(worst, err / tol);
+      ASSERT_LE(err, tol) << what << " m=" << m << " n=" << n << " y=" << y[m * ldy + n]
+                          << " exact=" << exact;
+    }
+  EXPECT_LE(worst, 1.0) << what;
+}
+
+std::vector<Isa> isas() {
+  std::vector<Isa> v;
+  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (isa_supported(i)) v.push_back(i);
+  return v;
+}
+
+// Restores the default ISA after a test that forces paths.
+struct IsaGuard {
+  Isa saved = matmul_isa_id();
+  ~IsaGuard() { set_matmul_isa(saved); }
+};
+
+const DType kDTypes[] = {DType::F32, DType::F16, DType::BF16};
+
+TEST(Matmul, EveryPathMatchesReferenceOnOddShapes) {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  std::mt19937 rng(7);
+  struct Shape {
+    size_t M, N, K;
+  };
+  std::vector<Shape> shapes;
+  for (size_t M = 1; M <= 17; ++M) shapes.push_back({M, 37, 45});
+  for (size_t K : {1, 7, 15, 16, 17, 31, 32, 33, 129, 300}) shapes.push_back({3, 19, K});
+  for (size_t K : {1, 16, 33, 129, 300}) shapes.push_back({13, 70, K});
+  for (size_t N : {1, 2, 15, 16, 17, 63, 64, 65, 129, 520, 1100}) shapes.push_back({9, N, 40});
+  shapes.push_back({1, 1, 1});
+  shapes.push_back({1, 300, 5000});   // large K, GEMV
+  shapes.push_back({40, 130, 3000});  // large K, packed
+  shapes.push_back({200, 1, 70});     // N = 1, many rows
+  for (Isa isa : isas()) {
+    set_matmul_isa(isa);
+    for (DType dt : kDTypes)
+      for (const Shape& s : shapes) {
+        const StoredWeight w = make_weight(dt, s.N, s.K, rng);
+        const auto x = random_vec(s.M * s.K, rng);
+        std::vector<float> y(s.M * s.N, NAN), ref(s.M * s.N, NAN);
+        matmul(x.data(), s.M, w.w, y.data(), pool);
+        matmul_ref(x.data(), s.M, w.w, ref.data());
+        const std::string what = std::string(isa_name(isa)) + " " + std::string(dtype_name(dt)) +
+                                 " M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                                 " K=" + std::to_string(s.K);
+        expect_close(y.data(), s.N, x.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
+        expect_close(ref.data(), s.N, x.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr,
+                     what + " (ref)");
+        // Both are within the bound of the exact product, hence of each other.
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_NEAR(y[i], ref[i], 2 * (s.K + 2) * kU * s.K) << what;
+      }
+  }
+}
+
+TEST(Matmul, BiasStridesAndKnLayout) {
+  IsaGuard guard;
+  ThreadPool pool(2);
+  std::mt19937 rng(11);
+  for (Isa isa : isas()) {
+    set_matmul_isa(isa);
+    for (DType dt : kDTypes)
+      for (size_t M : {1, 4, 5, 30}) {
+        const size_t N = 83, K = 150, ldx = K + 9, ldy = N + 5;
+        const auto x = random_vec(M * ldx, rng);
+        const auto bias = random_vec(N, rng);
+        // nk with bias, strided x / y, and a weight row stride wider than K.
+        const StoredWeight w = make_weight(dt, N, K, rng, K + 3);
+        std::vector<float> y(M * ldy, NAN);
+        matmul_strided(x.data(), ldx, M, w.w, Layout::NK, bias.data(), y.data(), ldy, pool);
+        const std::string what = std::string(isa_name(isa)) + " " + std::string(dtype_name(dt)) +
+                                 " M=" + std::to_string(M);
+        expect_close(y.data(), ldy, x.data(), ldx, M, w.values, N, K, false, bias.data(),
+                     what + " nk+bias");
+        for (size_t m = 0; m < M; ++m)
+          for (size_t j = N; j < ldy; ++j) ASSERT_TRUE(std::isnan(y[m * ldy + j])) << "wrote past N";
+        // kn layout: W stored [K, N].
+        const StoredWeight wkn = make_weight(dt, K, N, rng);
+        std::vector<float> ykn(M * N);
+        std::vector<float> xc(M * K);
+        for (size_t m = 0; m < M; ++m)
+          for (size_t k = 0; k < K; ++k) xc[m * K + k] = x[m * ldx + k];
+        matmul_kn(xc.data(), M, wkn.w, ykn.data(), pool);
+        expect_close(ykn.data(), N, xc.data(), K, M, wkn.values, N, K, true, nullptr, what + " kn");
+        // matmul_bias is matmul_strided with dense strides.
+        std::vector<float> yb(M * N);
+        const StoredWeight wd = make_weight(dt, N, K, rng);
+        matmul_bias(xc.data(), M, wd.w, bias.data(), yb.data(), pool);
+        expect_close(yb.data(), N, xc.data(), K, M, wd.values, N, K, false, bias.data(),
+                     what + " bias");
+      }
+  }
+}
+
+TEST(Matmul, EmptyKGivesBias) {
+  ThreadPool pool(2);
+  const float bias[3] = {1.f, -2.f, 3.f};
+  std::vector<float> y(6, NAN);
+  const Weight w{nullptr, DType::BF16, 3, 0};
+  matmul_bias(nullptr, 2, w, bias, y.data(), pool);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(y[i], bias[i % 3]);
+}
+
+TEST(Matmul, IsaSelection) {
+  IsaGuard guard;
+  EXPECT_TRUE(isa_supported(Isa::Scalar));
+  for (Isa isa : isas()) {
+    set_matmul_isa(isa);
+    EXPECT_STREQ(matmul_isa(), isa_name(isa));
+  }
+  for (Isa isa : {Isa::Avx2, Isa::Avx512})
+    if (!isa_supported(isa)) EXPECT_THROW(set_matmul_isa(isa), Error);
+}
+
+// ---- ops ----
+
+TEST(Ops, RmsNormMatchesDouble) {
+  std::mt19937 rng(3);
+  const size_t rows = 5, dim = 333;
+  auto x = random_vec(rows * dim, rng), w = random_vec(dim, rng);
+  for (size_t i = 0; i < dim; ++i) x[i] *= 1000.f;  // a large-magnitude row
+  std::vector<float> y(rows * dim);
+  rms_norm(x.data(), w.data(), y.data(), rows, dim, 1e-6f);
+  for (size_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (size_t i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + 1e-6);
+    for (size_t i = 0; i < dim; ++i) {
+      const double want = x[r * dim + i] * inv * (1.0 + w[i]);
+      // a few f32 roundings of values of size |want|
+      EXPECT_NEAR(y[r * dim + i], want, 4 * kU * (std::fabs(want) + 1e-30) + 1e-12) << r << "," << i;
+    }
+  }
+  // in place
+  std::vector<float> z = x;
+  rms_norm(z.data(), w.data(), z.data(), rows, dim, 1e-6f);
+  EXPECT_EQ(z, y);
+}
+
+TEST(Ops, LayerNormMatchesDouble) {
+  std::mt19937 rng(4);
+  const size_t rows = 4, dim = 1152;
+  auto x = random_vec(rows * dim, rng), g = random_vec(dim, rng), b = random_vec(dim, rng);
+  for (size_t i = 0; i < dim; ++i) x[dim + i] += 50.f;  // a row with a large mean
+  std::vector<float> y(rows * dim);
+  layer_norm(x.data(), g.data(), b.data(), y.data(), rows, dim, 1e-6f);
+  for (size_t r = 0; r < rows; ++r) {
+    double s = 0, v = 0;
+    for (size_t i = 0; i < dim; ++i) s += x[r * dim + i];
+    const double mean = s / dim;
+    for (size_t i = 0; i < dim; ++i) v += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
+    const double inv = 1.0 / std::sqrt(v / dim + 1e-6);
+    for (size_t i = 0; i < dim; ++i) {
+      const double t = (x[r * dim + i] - mean) * inv * g[i];
+      // x − mean is rounded at the scale of |x|: allow that, times inv·|g|.
+      const double tol = 4 * kU * (std::fabs(t) + std::fabs(b[i])) +
+                         2 * kU * std::fabs(x[r * dim + i]) * inv * std::fabs(g[i]);
+      EXPECT_NEAR(y[r * dim + i], t + b[i], tol) << r << "," << i;
+    }
+  }
+}
+
+TEST(Ops, GeluTanhMatchesFormula) {
+  std::vector<float> x;
+  for (float v = -12.f; v <= 12.f; v += 0.01f) x.push_back(v);
+  x.push_back(0.f);
+  x.push_back(-0.f);
+  x.push_back(1e-30f);
+  x.push_back(30000.f);
+  x.push_back(-30000.f);
+  std::vector<float> y = x, up(x.size()), gm = x;
+  for (size_t i = 0; i < x.size(); ++i) up[i] = float(i % 7) - 3.f;
+  gelu_tanh(y.data(), y.size());
+  gelu_tanh_mul(gm.data(), up.data(), gm.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = x[i];
+    const double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    // 1 + tanh(z) cancels for z ≪ 0; its f32 error is ~u, scaled by 0.5·|x|.
+    const double tol = 8 * kU * std::fabs(want) + 2 * kU * std::fabs(v);
+    ASSERT_NEAR(y[i], want, tol) << "x=" << v;
+    ASSERT_TRUE(std::isfinite(y[i]));
+    ASSERT_EQ(gm[i], y[i] * up[i]) << "x=" << v;
+  }
+}
+
+TEST(Ops, SoftmaxMatchesDoubleAndStaysFinite) {
+  std::mt19937 rng(5);
+  for (size_t n : {1, 2, 15, 16, 17, 100, 4096}) {
+    auto x = random_vec(n, rng);
+    for (auto& v : x) v *= 30.f;
+    std::vector<float> y = x;
+    softmax(y.data(), n);
+    double mx = -INFINITY, s = 0;
+    for (float v : x) mx = std::max(mx, double(v));
+    for (float v : x) s += std::exp(v - mx);
+    for (size_t i = 0; i < n; ++i) {
+      const double want = std::exp(x[i] - mx) / s;
+      // x − max is rounded in f32 (abs. error u·|x − max|, amplified by exp), then a
+      // few roundings in exp, the sum and the division.
+      const double tol = want * (2 * kU * (std::fabs(x[i]) + std::fabs(mx)) + 16 * kU) + 1e-44;
+      EXPECT_NEAR(y[i], want, tol) << n << "," << i;
+    }
+  }
+  const float lo = std::numeric_limits<float>::lowest();
+  std::vector<float> all_low(37, lo);
+  softmax(all_low.data(), all_low.size());
+  for (float v : all_low) EXPECT_FLOAT_EQ(v, 1.f / 37);
+  // a masked row: lowest f32 everywhere but two entries
+  std::vector<float> masked(20, lo);
+  masked[3] = 0.f;
+  masked[7] = 0.f;
+  softmax(masked.data(), masked.size());
+  for (size_t i = 0; i < masked.size(); ++i) EXPECT_EQ(masked[i], (i == 3 || i == 7) ? 0.5f : 0.f);
+  std::vector<float> all_inf(5, -INFINITY);
+  softmax(all_inf.data(), all_inf.size());
+  for (float v : all_inf) EXPECT_EQ(v, 0.f);
+}
+
+TEST(Ops, RopeRotateHalfMatchesDouble) {
+  std::mt19937 rng(6);
+  const size_t heads = 3, d = 24, half = d / 2;
+  std::vector<float> inv(half), c(half), s(half);
+  rope_inv_freq(d, 10000.f, 1.f, inv.data());
+  for (size_t i = 0; i < half; ++i) {
+    const double want = 1.0 / std::pow(10000.0, double(float(2 * i) / float(d)));
+    EXPECT_NEAR(inv[i], want, 2 * kU * want) << i;
+  }
+  std::vector<float> inv8(half);
+  rope_inv_freq(d, 1e6f, 8.f, inv8.data());
+  for (size_t i = 0; i < half; ++i) {
+    // the exponent 2i/d is an f32 (as HF computes it), so compare with its exact power
+    const double want = 1.0 / std::pow(1e6, double(float(2 * i) / float(d))) / 8;
+    EXPECT_NEAR(inv8[i], want, 2 * kU * want) << i;
+  }
+  const int64_t pos = 777;
+  rope_cos_sin(pos, inv.data(), half, c.data(), s.data());
+  for (size_t i = 0; i < half; ++i) {
+    const float t = float(pos) * inv[i];  // the f32 angle, as the spec defines it
+    EXPECT_NEAR(c[i], std::cos(double(t)), 2 * kU);
+    EXPECT_NEAR(s[i], std::sin(double(t)), 2 * kU);
+  }
+  const auto x = random_vec(heads * d, rng);
+  std::vector<float> y = x;
+  rope_rotate_half(y.data(), heads, d, c.data(), s.data());
+  for (size_t h = 0; h < heads; ++h)
+    for (size_t i = 0; i < half; ++i) {
+      const double a = x[h * d + i], b = x[h * d + i + half];
+      EXPECT_NEAR(y[h * d + i], a * c[i] - b * s[i], 4 * kU);
+      EXPECT_NEAR(y[h * d + i + half], b * c[i] + a * s[i], 4 * kU);
+    }
+}
+
+}  // namespace
+}  // namespace vlm::kernels
