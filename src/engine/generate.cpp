@@ -1,0 +1,119 @@
+#include "engine/generate.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "multimodal/merge.h"
+
+namespace vlm {
+
+std::string_view finish_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+StopStrings::StopStrings(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
+}
+
+std::string StopStrings::feed(std::string_view piece) {
+  if (stopped_) return {};
+  held_ += piece;
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, first);
+    held_.clear();
+    return out;
+  }
+  // Keep the longest tail that is a proper prefix of some stop string.
+  size_t keep = 0;
+  for (const std::string& s : stops_)
+    for (size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n)
+      if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+        keep = n;
+        break;
+      }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+std::string StopStrings::flush() {
+  std::string out;
+  if (!stopped_) out.swap(held_);
+  return out;
+}
+
+GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
+                        const GenerateIO& io) {
+  const TextConfig& c = model.config();
+  const int64_t context = opt.context > 0 ? opt.context : c.max_position_embeddings;
+  if (opt.context > c.max_position_embeddings)
+    fail("context {} exceeds max_position_embeddings {}", opt.context, c.max_position_embeddings);
+  if (prompt.empty()) fail("the prompt has no tokens");
+  if (int64_t(prompt.size()) > context)
+    fail("prompt of {} tokens exceeds the context limit of {}", prompt.size(), context);
+  if (opt.max_tokens < 0) fail("max_tokens must be >= 0, got {}", opt.max_tokens);
+  if (!opt.stop_strings.empty() && !io.piece) fail("stop strings need a detokenizer");
+
+  Sampler sampler(opt.sampling);
+  sampler.add_prompt(prompt);
+  StopStrings stops(opt.stop_strings);
+  GenerateResult res;
+  res.prompt_tokens = int(prompt.size());
+  auto emit = [&](const std::string& t) {
+    if (t.empty()) return;
+    res.text += t;
+    if (io.on_text) io.on_text(t);
+  };
+
+  KvCache cache = model.new_cache(context);
+  const int n = int(prompt.size());
+  std::vector<float> logits = model.prefill_from_embeddings(
+      text_prefill(model.embedder(), prompt, n, c.sliding_window, 0), cache);
+  for (;;) {
+    if (io.cancel && io.cancel->load()) {
+      res.finish = FinishReason::Cancelled;
+      break;
+    }
+    if (int(res.tokens.size()) >= opt.max_tokens) {
+      res.finish = FinishReason::Length;
+      break;
+    }
+    const int32_t id = sampler.sample(logits);
+    if (std::find(opt.stop_ids.begin(), opt.stop_ids.end(), id) != opt.stop_ids.end()) {
+      res.finish = FinishReason::Stop;
+      break;
+    }
+    res.tokens.push_back(id);
+    if (io.on_token) io.on_token(id);
+    if (io.piece) {
+      emit(stops.feed(io.piece(id)));
+      if (stops.stopped()) {
+        res.finish = FinishReason::Stop;
+        break;
+      }
+    }
+    // The token just sampled needs a position of its own before the next one.
+    if (cache.length() >= context) {
+      res.finish = FinishReason::Length;
+      break;
+    }
+    if (int(res.tokens.size()) >= opt.max_tokens) {
+      res.finish = FinishReason::Length;
+      break;
+    }
+    const DecodeItem item{&cache, id};
+    logits = model.decode_step({&item, 1});
+  }
+  emit(stops.flush());
+  return res;
+}
+
+}  // namespace vlm

@@ -1,0 +1,52 @@
+#include "engine/kv_cache.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace vlm {
+
+KvCache::KvCache(const TextConfig& cfg, int64_t context)
+    : row_(size_t(cfg.num_kv_heads) * size_t(cfg.head_dim)), context_(context) {
+  if (context <= 0) fail("KV cache: context must be positive, got {}", context);
+  layers_.resize(size_t(cfg.num_layers));
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    Layer& L = layers_[size_t(l)];
+    L.sliding = cfg.layer_kinds.at(size_t(l)) == LayerKind::Sliding;
+    L.cap = L.sliding ? size_t(std::min<int64_t>(cfg.sliding_window, context)) : size_t(context);
+  }
+}
+
+void KvCache::reserve(int64_t n) {
+  const int64_t need = length_ + n;
+  if (need > context_)
+    fail("KV cache: {} positions exceed the context limit of {}", need, context_);
+  for (Layer& L : layers_) {
+    const size_t slots = std::min(L.cap, size_t(need));
+    if (L.k.size() >= slots * row_) continue;
+    // Geometric growth keeps appends amortised O(1) without a full-context allocation.
+    size_t grow = std::min(L.cap, std::max(slots, L.k.size() / row_ * 2));
+    L.k.resize(grow * row_);
+    L.v.resize(grow * row_);
+  }
+}
+
+size_t KvCache::slot(int layer, int64_t pos) const {
+  const Layer& L = layers_[size_t(layer)];
+  return L.sliding ? size_t(pos) % L.cap : size_t(pos);
+}
+
+float* KvCache::key_slot(int layer, int64_t pos) {
+  return layers_[size_t(layer)].k.data() + slot(layer, pos) * row_;
+}
+float* KvCache::value_slot(int layer, int64_t pos) {
+  return layers_[size_t(layer)].v.data() + slot(layer, pos) * row_;
+}
+
+void KvCache::advance(int64_t n) { length_ += n; }
+
+size_t KvCache::visible(int layer, int64_t positions) const {
+  return std::min(layers_[size_t(layer)].cap, size_t(positions));
+}
+
+}  // namespace vlm

@@ -1,0 +1,53 @@
+// Keys and values of one sequence, per decoder layer (spec §11). Keys are stored
+// after q/k-norm and RoPE, so positions are baked in and slot order does not matter
+// to the math. Sliding layers keep a ring of exactly `sliding_window` slots (position
+// p lives in slot p mod W); global layers append up to the context limit. Storage
+// grows on demand, so a short sequence never holds a full-context buffer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "io/config.h"
+
+namespace vlm {
+
+class KvCache {
+ public:
+  // `context` is the most positions this sequence may ever hold.
+  KvCache(const TextConfig& cfg, int64_t context);
+
+  int64_t length() const { return length_; }  // positions written = next position
+  int64_t context() const { return context_; }
+  size_t row_size() const { return row_; }    // nKV · d floats per position
+
+  // Makes room for positions [length, length + n) in every layer; fails past the context.
+  void reserve(int64_t n);
+  // Where position `pos` (< length + reserved) is written in layer `layer`.
+  float* key_slot(int layer, int64_t pos);
+  float* value_slot(int layer, int64_t pos);
+  // Marks n more positions as written.
+  void advance(int64_t n);
+
+  // Slots holding the keys visible to a query once `positions` positions are written
+  // (the query's own included): all of them for global layers, the last min(positions, W)
+  // for sliding ones. Those slots are 0 .. visible − 1.
+  size_t visible(int layer, int64_t positions) const;
+  const float* keys(int layer) const { return layers_[layer].k.data(); }
+  const float* values(int layer) const { return layers_[layer].v.data(); }
+
+ private:
+  struct Layer {
+    bool sliding = false;
+    size_t cap = 0;  // W for sliding layers, context for global ones
+    std::vector<float> k, v;
+  };
+  size_t slot(int layer, int64_t pos) const;
+
+  std::vector<Layer> layers_;
+  size_t row_ = 0;
+  int64_t length_ = 0;
+  int64_t context_ = 0;
+};
+
+}  // namespace vlm

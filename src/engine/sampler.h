@@ -1,0 +1,47 @@
+// Next-token choice from one row of logits. Order: repetition penalty (HF: over the
+// prompt and everything generated), presence/frequency penalties (OpenAI: over
+// generated tokens), masking of ids ≥ vocab_limit, then greedy argmax when
+// temperature is 0, else temperature → top-k → top-p → min-p → draw.
+// The draw uses its own 64-bit generator, so a seed gives the same tokens everywhere.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace vlm {
+
+struct SamplingParams {
+  float temperature = 0.f;  // 0 = greedy
+  int top_k = 0;            // 0 = off
+  float top_p = 1.f;        // 1 = off
+  float min_p = 0.f;        // 0 = off
+  float repetition_penalty = 1.f;
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  uint64_t seed = 0;
+  int vocab_limit = 0;  // ids ≥ this are never sampled (0 = no limit); VLM vocab padding
+};
+
+// Throws Error naming the parameter when out of range.
+void validate(const SamplingParams& p);
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p);
+  // Records prompt tokens (repetition penalty only).
+  void add_prompt(std::span<const int32_t> ids);
+  // Picks a token from logits (modified in place) and records it as generated.
+  int32_t sample(std::span<float> logits);
+
+ private:
+  double uniform();  // [0, 1)
+
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+  std::unordered_map<int32_t, int> seen_;       // prompt + generated (repetition)
+  std::unordered_map<int32_t, int> generated_;  // counts of generated tokens
+};
+
+}  // namespace vlm

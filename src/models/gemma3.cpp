@@ -1,0 +1,211 @@
+#include "models/gemma3.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace vlm {
+
+namespace {
+
+kernels::Weight matrix(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
+  const TensorView& t = ck.get(name);
+  if (t.shape != std::vector<int64_t>{rows, cols})
+    fail("{}: shape [{}] does not match the config's [{}, {}]", name, fmt::join(t.shape, ", "),
+         rows, cols);
+  return kernels::as_weight(t);
+}
+
+std::vector<float> vec(const Checkpoint& ck, const std::string& name, int64_t n) {
+  const TensorView& t = ck.get(name);
+  if (t.shape != std::vector<int64_t>{n})
+    fail("{}: shape [{}] does not match the config's [{}]", name, fmt::join(t.shape, ", "), n);
+  return t.to_f32();
+}
+
+void check_mask(const std::vector<float>& m, size_t Lp, const char* what) {
+  if (m.size() != Lp * Lp) fail("prefill: {} has {} entries, expected {}x{}", what, m.size(), Lp, Lp);
+  for (float v : m)
+    if (std::isnan(v) || v == INFINITY) fail("prefill: {} holds NaN or +inf", what);
+}
+
+}  // namespace
+
+Gemma3::Gemma3(const Checkpoint& ckpt, ThreadPool& pool, EmbedScaling scaling)
+    : cfg_(ckpt.config().text),
+      pool_(pool),
+      embedder_(ckpt.get("text.embed_tokens.weight"), scaling) {
+  const TextConfig& c = cfg_;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
+  const int64_t nH = c.num_heads, nKV = c.num_kv_heads;
+  if (nKV <= 0 || nH % nKV != 0)
+    fail("config: num_attention_heads {} is not a multiple of num_key_value_heads {}", nH, nKV);
+  if (d % 2) fail("config: head_dim {} must be even for RoPE", d);
+  if (embedder_.hidden() != H)
+    fail("text.embed_tokens.weight: width {} does not match hidden_size {}", embedder_.hidden(), H);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "text.layers." + std::to_string(l) + ".";
+    Layer L;
+    L.q = matrix(ckpt, p + "self_attn.q_proj.weight", nH * d, H);
+    L.k = matrix(ckpt, p + "self_attn.k_proj.weight", nKV * d, H);
+    L.v = matrix(ckpt, p + "self_attn.v_proj.weight", nKV * d, H);
+    L.o = matrix(ckpt, p + "self_attn.o_proj.weight", H, nH * d);
+    L.gate = matrix(ckpt, p + "mlp.gate_proj.weight", I, H);
+    L.up = matrix(ckpt, p + "mlp.up_proj.weight", I, H);
+    L.down = matrix(ckpt, p + "mlp.down_proj.weight", H, I);
+    L.input_norm = vec(ckpt, p + "input_layernorm.weight", H);
+    L.post_attn_norm = vec(ckpt, p + "post_attention_layernorm.weight", H);
+    L.pre_ff_norm = vec(ckpt, p + "pre_feedforward_layernorm.weight", H);
+    L.post_ff_norm = vec(ckpt, p + "post_feedforward_layernorm.weight", H);
+    L.q_norm = vec(ckpt, p + "self_attn.q_norm.weight", d);
+    L.k_norm = vec(ckpt, p + "self_attn.k_norm.weight", d);
+    L.sliding = c.layer_kinds.at(size_t(l)) == LayerKind::Sliding;
+    layers_.push_back(std::move(L));
+  }
+  final_norm_ = vec(ckpt, "text.norm.weight", H);
+  const TensorView& head = ckpt.lm_head();
+  if (head.shape.size() != 2 || head.dim(1) != H)
+    fail("{}: output head must be [V, {}]", head.name, H);
+  head_ = kernels::as_weight(head);
+  attn_ = {size_t(nH), size_t(nKV), size_t(d), float(1.0 / std::sqrt(c.query_pre_attn_scalar))};
+  eps_ = float(c.rms_norm_eps);
+  inv_freq_local_.resize(size_t(d / 2));
+  inv_freq_global_.resize(size_t(d / 2));
+  // Sliding layers use the local base and are never scaled (spec §1.5, §10.3).
+  kernels::rope_inv_freq(size_t(d), float(c.rope_local_base_freq), 1.f, inv_freq_local_.data());
+  kernels::rope_inv_freq(size_t(d), float(c.rope_theta), float(c.rope_scaling_factor),
+                         inv_freq_global_.data());
+}
+
+void Gemma3::project_qkv(const Layer& L, const float* x, size_t n, const int64_t* pos, float* q,
+                         float* k, float* v) {
+  const size_t H = size_t(cfg_.hidden_size), d = attn_.head_dim;
+  const size_t nH = attn_.n_heads, nKV = attn_.n_kv_heads;
+  std::vector<float> a(n * H);
+  kernels::rms_norm(x, L.input_norm.data(), a.data(), n, H, eps_);
+  kernels::matmul(a.data(), n, L.q, q, pool_);
+  kernels::matmul(a.data(), n, L.k, k, pool_);
+  kernels::matmul(a.data(), n, L.v, v, pool_);
+  kernels::rms_norm(q, L.q_norm.data(), q, n * nH, d, eps_);
+  kernels::rms_norm(k, L.k_norm.data(), k, n * nKV, d, eps_);
+  const std::vector<float>& f = inv_freq(L.sliding);
+  std::vector<float> cs(d / 2), sn(d / 2);
+  for (size_t r = 0; r < n; ++r) {
+    kernels::rope_cos_sin(pos[r], f.data(), d / 2, cs.data(), sn.data());
+    kernels::rope_rotate_half(q + r * nH * d, nH, d, cs.data(), sn.data());
+    kernels::rope_rotate_half(k + r * nKV * d, nKV, d, cs.data(), sn.data());
+  }
+}
+
+void Gemma3::finish_layer(const Layer& L, float* x, const float* attn, size_t n) {
+  const size_t H = size_t(cfg_.hidden_size), I = size_t(cfg_.intermediate_size);
+  std::vector<float> t(n * H), gate(n * I), up(n * I);
+  kernels::matmul(attn, n, L.o, t.data(), pool_);
+  kernels::rms_norm(t.data(), L.post_attn_norm.data(), t.data(), n, H, eps_);
+  for (size_t i = 0; i < n * H; ++i) x[i] += t[i];
+  kernels::rms_norm(x, L.pre_ff_norm.data(), t.data(), n, H, eps_);
+  kernels::matmul(t.data(), n, L.gate, gate.data(), pool_);
+  kernels::matmul(t.data(), n, L.up, up.data(), pool_);
+  kernels::gelu_tanh_mul(gate.data(), up.data(), n * I);
+  kernels::matmul(gate.data(), n, L.down, t.data(), pool_);
+  kernels::rms_norm(t.data(), L.post_ff_norm.data(), t.data(), n, H, eps_);
+  for (size_t i = 0; i < n * H; ++i) x[i] += t[i];
+}
+
+std::vector<float> Gemma3::head(const float* x, size_t n) {
+  const size_t H = size_t(cfg_.hidden_size);
+  std::vector<float> h(n * H), logits(n * head_.rows);
+  kernels::rms_norm(x, final_norm_.data(), h.data(), n, H, eps_);
+  kernels::matmul(h.data(), n, head_, logits.data(), pool_);
+  return logits;
+}
+
+std::vector<float> Gemma3::prefill_from_embeddings(const PrefillInput& in, KvCache& cache,
+                                                   const PrefillOptions& opts) {
+  const size_t H = size_t(cfg_.hidden_size), Lp = size_t(in.Lp);
+  if (in.Lp <= 0 || in.valid_len <= 0 || in.valid_len > in.Lp)
+    fail("prefill: valid length {} must be in [1, Lp = {}]", in.valid_len, in.Lp);
+  if (in.embeds.size() != Lp * H)
+    fail("prefill: embeddings have {} values, expected {}x{}", in.embeds.size(), Lp, H);
+  check_mask(in.mask_global, Lp, "global mask");
+  if (!in.mask_sliding.empty()) check_mask(in.mask_sliding, Lp, "sliding mask");
+  if (cache.length() != 0) fail("prefill: the KV cache already holds {} positions", cache.length());
+  cache.reserve(in.valid_len);  // fails before compute when the prompt exceeds the context
+
+  const size_t qrow = attn_.n_heads * attn_.head_dim, krow = cache.row_size();
+  std::vector<float> x = in.embeds, q(Lp * qrow), k(Lp * krow), v(Lp * krow), o(Lp * qrow);
+  std::vector<int64_t> pos(Lp);
+  std::iota(pos.begin(), pos.end(), int64_t{0});
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    project_qkv(L, x.data(), Lp, pos.data(), q.data(), k.data(), v.data());
+    const std::vector<float>& mask =
+        L.sliding && !in.mask_sliding.empty() ? in.mask_sliding : in.mask_global;
+    models::attention_prefill(q.data(), k.data(), v.data(), mask.data(), Lp, attn_, o.data(), pool_);
+    // Only real positions enter the cache; a ring keeps the last W of them.
+    const int64_t first = L.sliding ? std::max<int64_t>(0, in.valid_len - cfg_.sliding_window) : 0;
+    for (int64_t p = first; p < in.valid_len; ++p) {
+      std::memcpy(cache.key_slot(int(l), p), k.data() + size_t(p) * krow, krow * sizeof(float));
+      std::memcpy(cache.value_slot(int(l), p), v.data() + size_t(p) * krow, krow * sizeof(float));
+    }
+    finish_layer(L, x.data(), o.data(), Lp);
+    if (opts.on_layer) opts.on_layer(int(l), x.data());
+  }
+  cache.advance(in.valid_len);
+  if (opts.all_logits) return head(x.data(), Lp);
+  return head(x.data() + size_t(in.valid_len - 1) * H, 1);
+}
+
+std::vector<float> Gemma3::decode_step(std::span<const DecodeItem> batch) {
+  const size_t B = batch.size();
+  if (B == 0) return {};
+  std::set<const KvCache*> seen;
+  std::vector<int32_t> tokens(B);
+  std::vector<int64_t> pos(B);
+  for (size_t b = 0; b < B; ++b) {
+    if (!seen.insert(batch[b].cache).second) fail("decode: a sequence appears twice in one batch");
+    if (batch[b].cache->length() == 0) fail("decode: the sequence has no prefill");
+    tokens[b] = batch[b].token;
+    pos[b] = batch[b].cache->length();
+  }
+  std::vector<float> x = embedder_.embed(tokens);  // validates ids before any cache change
+  for (size_t b = 0; b < B; ++b) batch[b].cache->reserve(1);
+
+  const size_t qrow = attn_.n_heads * attn_.head_dim, krow = batch[0].cache->row_size();
+  std::vector<float> q(B * qrow), k(B * krow), v(B * krow), o(B * qrow);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    project_qkv(L, x.data(), B, pos.data(), q.data(), k.data(), v.data());
+    size_t most = 0;
+    for (size_t b = 0; b < B; ++b) {
+      KvCache& c = *batch[b].cache;
+      std::memcpy(c.key_slot(int(l), pos[b]), k.data() + b * krow, krow * sizeof(float));
+      std::memcpy(c.value_slot(int(l), pos[b]), v.data() + b * krow, krow * sizeof(float));
+      most = std::max(most, c.visible(int(l), pos[b] + 1));
+    }
+    const size_t nH = attn_.n_heads;
+    pool_.parallel_for(B * nH, [&](size_t u0, size_t u1) {
+      std::vector<float> scratch(most);
+      for (size_t u = u0; u < u1; ++u) {
+        const size_t b = u / nH, h = u % nH;
+        const KvCache& c = *batch[b].cache;
+        models::attention_one(q.data() + b * qrow, c.keys(int(l)), c.values(int(l)),
+                              c.visible(int(l), pos[b] + 1), attn_, h, o.data() + b * qrow,
+                              scratch.data());
+      }
+    });
+    finish_layer(L, x.data(), o.data(), B);
+  }
+  for (size_t b = 0; b < B; ++b) batch[b].cache->advance(1);
+  return head(x.data(), B);
+}
+
+}  // namespace vlm
