@@ -1,0 +1,595 @@
+#include "vision/image.h"
+
+#include <gif_lib.h>
+#include <png.h>
+#include <webp/decode.h>
+#include <webp/demux.h>
+
+#include <algorithm>
+#include <array>
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+// jpeglib.h needs FILE and size_t declared first.
+#include <jerror.h>
+#include <jpeglib.h>
+
+#include "core/error.h"
+
+namespace vlm::vision {
+
+namespace {
+
+using Bytes = std::span<const uint8_t>;
+
+void check_size(uint64_t w, uint64_t h, const DecodeLimits& lim, std::string_view what) {
+  if (w == 0 || h == 0) fail("{}: image has zero size ({}x{})", what, w, h);
+  if (w > lim.max_pixels / h)  // division: w·h may not fit 64 bits
+    fail("{}: image of {}x{} pixels exceeds the limit of {} pixels (decompression bomb guard)", what,
+         w, h, lim.max_pixels);
+}
+
+RgbImage new_image(uint64_t w, uint64_t h) {
+  RgbImage im;
+  im.width = int(w);
+  im.height = int(h);
+  im.rgb.assign(size_t(w * h * 3), 0);
+  return im;
+}
+
+// A 256-entry palette as PIL holds it: stored entries first, the rest a grey ramp.
+using Palette = std::array<uint8_t, 256 * 3>;
+Palette ramp_palette() {
+  Palette p;
+  for (int i = 0; i < 256; ++i) p[3 * i] = p[3 * i + 1] = p[3 * i + 2] = uint8_t(i);
+  return p;
+}
+
+// ---------------------------------------------------------------- PNG (libpng)
+
+struct PngCtx {
+  Bytes in;
+  size_t pos = 0;
+  std::string what;
+  const DecodeLimits* lim = nullptr;
+  char err[256] = {};
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  std::vector<uint8_t> raw;
+  std::vector<png_bytep> rows;
+  RgbImage out;
+  bool size_error = false;
+};
+
+void png_read_cb(png_structp png, png_bytep dst, size_t n) {
+  auto* c = static_cast<PngCtx*>(png_get_io_ptr(png));
+  if (n > c->in.size() - c->pos) png_error(png, "file is truncated");
+  std::memcpy(dst, c->in.data() + c->pos, n);
+  c->pos += n;
+}
+void png_error_cb(png_structp png, png_const_charp msg) {
+  auto* c = static_cast<PngCtx*>(png_get_error_ptr(png));
+  std::snprintf(c->err, sizeof c->err, "%s", msg);
+  png_longjmp(png, 1);
+}
+void png_warning_cb(png_structp, png_const_charp) {}
+
+// All state lives in *c (memory outside this frame), so nothing is lost by the longjmp.
+bool png_decode_inner(PngCtx* c) {
+  if (setjmp(png_jmpbuf(c->png))) return false;
+  png_set_read_fn(c->png, c, png_read_cb);
+  png_set_user_limits(c->png, 0x7fffffff, 0x7fffffff);  // our own pixel limit applies below
+  png_set_chunk_malloc_max(c->png, 8u << 20);            // bounds text/ICC chunk allocations
+  png_read_info(c->png, c->info);
+  png_uint_32 w = 0, h = 0;
+  int depth = 0, ctype = 0, interlace = 0;
+  png_get_IHDR(c->png, c->info, &w, &h, &depth, &ctype, &interlace, nullptr, nullptr);
+  if (w == 0 || h == 0 || w > c->lim->max_pixels / h) {
+    c->size_error = true;
+    c->out.width = int(w);
+    c->out.height = int(h);
+    return false;
+  }
+  if (ctype == PNG_COLOR_TYPE_PALETTE && depth < 8) png_set_packing(c->png);
+  if (ctype == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(c->png);
+  png_set_interlace_handling(c->png);
+  png_read_update_info(c->png, c->info);
+  const size_t rowbytes = png_get_rowbytes(c->png, c->info);
+  c->raw.resize(rowbytes * h);
+  c->rows.resize(h);
+  for (png_uint_32 y = 0; y < h; ++y) c->rows[y] = c->raw.data() + size_t(y) * rowbytes;
+  png_read_image(c->png, c->rows.data());
+
+  Palette pal = ramp_palette();
+  if (ctype == PNG_COLOR_TYPE_PALETTE) {
+    png_colorp plte = nullptr;
+    int n = 0;
+    if (png_get_PLTE(c->png, c->info, &plte, &n) != 0)
+      for (int i = 0; i < std::min(n, 256); ++i) {
+        pal[3 * i] = plte[i].red;
+        pal[3 * i + 1] = plte[i].green;
+        pal[3 * i + 2] = plte[i].blue;
+      }
+  }
+  c->out = new_image(w, h);
+  const int b = depth == 16 ? 2 : 1;  // bytes per sample; 16-bit is big-endian, high byte first
+  for (png_uint_32 y = 0; y < h; ++y) {
+    const uint8_t* s = c->rows[y];
+    uint8_t* d = c->out.rgb.data() + size_t(y) * w * 3;
+    for (png_uint_32 x = 0; x < w; ++x, d += 3) {
+      switch (ctype) {
+        case PNG_COLOR_TYPE_PALETTE: std::memcpy(d, &pal[3 * s[x]], 3); break;
+        case PNG_COLOR_TYPE_GRAY:
+          if (b == 2)  // PIL mode "I": convert("RGB") clips the 16-bit value to 255
+            d[0] = d[1] = d[2] = uint8_t(std::min(255, (s[2 * x] << 8) | s[2 * x + 1]));
+          else
+            d[0] = d[1] = d[2] = s[x];
+          break;
+        case PNG_COLOR_TYPE_GRAY_ALPHA: d[0] = d[1] = d[2] = s[2 * b * x]; break;
+        case PNG_COLOR_TYPE_RGB:
+          for (int k = 0; k < 3; ++k) d[k] = s[(3 * x + k) * b];
+          break;
+        case PNG_COLOR_TYPE_RGB_ALPHA:
+          for (int k = 0; k < 3; ++k) d[k] = s[(4 * x + k) * b];
+          break;
+      }
+    }
+  }
+  return true;
+}
+
+RgbImage decode_png(Bytes in, std::string_view what, const DecodeLimits& lim) {
+  PngCtx c;
+  c.in = in;
+  c.lim = &lim;
+  c.png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &c, png_error_cb, png_warning_cb);
+  if (!c.png) fail("{}: cannot create PNG decoder", what);
+  c.info = png_create_info_struct(c.png);
+  if (!c.info) {
+    png_destroy_read_struct(&c.png, nullptr, nullptr);
+    fail("{}: cannot create PNG decoder", what);
+  }
+  const bool ok = png_decode_inner(&c);
+  png_destroy_read_struct(&c.png, &c.info, nullptr);
+  if (c.size_error) check_size(uint32_t(c.out.width), uint32_t(c.out.height), lim, what);
+  if (!ok) fail("{}: corrupt PNG: {}", what, c.err);
+  return std::move(c.out);
+}
+
+// ---------------------------------------------------------- JPEG (libjpeg-turbo)
+
+struct JpegErr {
+  jpeg_error_mgr mgr;
+  jmp_buf jb;
+  char msg[JMSG_LENGTH_MAX] = {};
+};
+
+void jpeg_error_exit_cb(j_common_ptr ci) {
+  auto* e = reinterpret_cast<JpegErr*>(ci->err);
+  ci->err->format_message(ci, e->msg);
+  std::longjmp(e->jb, 1);
+}
+// Warnings (corrupt entropy data and the like) are ignored, as PIL ignores them.
+void jpeg_emit_cb(j_common_ptr, int) {}
+
+// The whole input is one buffer; asking for more means the file is truncated
+// (PIL reports "image file is truncated" there too).
+void jpeg_src_init(j_decompress_ptr) {}
+boolean jpeg_src_fill(j_decompress_ptr ci) {
+  ERREXIT(ci, JERR_INPUT_EOF);
+  return FALSE;
+}
+void jpeg_src_skip(j_decompress_ptr ci, long n) {
+  if (n <= 0) return;
+  if (size_t(n) > ci->src->bytes_in_buffer) ERREXIT(ci, JERR_INPUT_EOF);
+  ci->src->next_input_byte += n;
+  ci->src->bytes_in_buffer -= size_t(n);
+}
+void jpeg_src_term(j_decompress_ptr) {}
+
+// Pathological progressive files can hold thousands of scans, each a full pass
+// over the coefficients; libjpeg-turbo's own tools cap them the same way.
+constexpr int kMaxJpegScans = 500;
+void jpeg_progress_cb(j_common_ptr ci) {
+  auto* d = reinterpret_cast<j_decompress_ptr>(ci);
+  if (d->is_decompressor && d->progressive_mode && d->input_scan_number > kMaxJpegScans) {
+    auto* e = reinterpret_cast<JpegErr*>(ci->err);
+    std::snprintf(e->msg, sizeof e->msg, "more than %d progressive scans", kMaxJpegScans);
+    std::longjmp(e->jb, 1);
+  }
+}
+
+struct JpegCtx {
+  jpeg_decompress_struct ci;
+  JpegErr err;
+  jpeg_source_mgr src;
+  jpeg_progress_mgr progress;
+  std::vector<uint8_t> row;
+  RgbImage out;
+  bool size_error = false;
+};
+
+bool jpeg_decode_inner(JpegCtx* c, Bytes in, const DecodeLimits* lim) {
+  if (setjmp(c->err.jb)) return false;
+  jpeg_create_decompress(&c->ci);
+  c->src.init_source = jpeg_src_init;
+  c->src.fill_input_buffer = jpeg_src_fill;
+  c->src.skip_input_data = jpeg_src_skip;
+  c->src.resync_to_restart = jpeg_resync_to_restart;
+  c->src.term_source = jpeg_src_term;
+  c->src.next_input_byte = in.data();
+  c->src.bytes_in_buffer = in.size();
+  c->ci.src = &c->src;
+  c->progress.progress_monitor = jpeg_progress_cb;
+  c->ci.progress = &c->progress;
+  jpeg_read_header(&c->ci, TRUE);
+  const uint64_t w = c->ci.image_width, h = c->ci.image_height;
+  if (w == 0 || h == 0 || w > lim->max_pixels / h) {
+    c->out.width = int(w);
+    c->out.height = int(h);
+    c->size_error = true;
+    return false;
+  }
+  // PIL: 1 component → "L", 3 → "RGB", 4 → "CMYK" read as "CMYK;I" (Adobe polarity).
+  const int nc = c->ci.num_components;
+  if (nc == 1) c->ci.out_color_space = JCS_GRAYSCALE;
+  else if (nc == 3) c->ci.out_color_space = JCS_RGB;
+  else if (nc == 4) c->ci.out_color_space = JCS_CMYK;
+  else {
+    std::snprintf(c->err.msg, sizeof c->err.msg, "cannot handle %d-component JPEG", nc);
+    return false;
+  }
+  jpeg_start_decompress(&c->ci);
+  const int oc = c->ci.output_components;
+  c->row.resize(size_t(w) * size_t(oc));
+  c->out = new_image(w, h);
+  while (c->ci.output_scanline < c->ci.output_height) {
+    uint8_t* d = c->out.rgb.data() + size_t(c->ci.output_scanline) * w * 3;
+    JSAMPROW r = c->row.data();
+    jpeg_read_scanlines(&c->ci, &r, 1);
+    const uint8_t* s = c->row.data();
+    for (uint64_t x = 0; x < w; ++x, d += 3) {
+      if (oc == 1) {
+        d[0] = d[1] = d[2] = s[x];
+      } else if (oc == 3) {
+        std::memcpy(d, s + 3 * x, 3);
+      } else {
+        // "CMYK;I" inverts the stored values, then PIL's cmyk2rgb:
+        // out = clip(nk − nk·c/255) with PIL's rounding MULDIV255.
+        const int nk = 255 - (255 - s[4 * x + 3]);
+        for (int k = 0; k < 3; ++k) {
+          const int t = (255 - s[4 * x + k]) * nk + 128;
+          const int v = nk - (((t >> 8) + t) >> 8);
+          d[k] = uint8_t(std::clamp(v, 0, 255));
+        }
+      }
+    }
+  }
+  // No jpeg_finish_decompress: like PIL, a file whose last scan is complete is
+  // accepted even if the EOI marker is missing.
+  return true;
+}
+
+RgbImage decode_jpeg(Bytes in, std::string_view what, const DecodeLimits& lim) {
+  auto c = std::make_unique<JpegCtx>();
+  std::memset(&c->ci, 0, sizeof c->ci);
+  c->ci.err = jpeg_std_error(&c->err.mgr);
+  c->err.mgr.error_exit = jpeg_error_exit_cb;
+  c->err.mgr.emit_message = jpeg_emit_cb;
+  const bool ok = jpeg_decode_inner(c.get(), in, &lim);
+  jpeg_destroy_decompress(&c->ci);
+  if (c->size_error) check_size(uint32_t(c->out.width), uint32_t(c->out.height), lim, what);
+  if (!ok) fail("{}: corrupt JPEG: {}", what, c->err.msg);
+  return std::move(c->out);
+}
+
+// ------------------------------------------------------------ WebP (libwebp)
+
+// PIL (with WebP animation support, as Debian builds it) decodes every WebP
+// through WebPAnimDecoder with default options (RGBA) and shows the first frame.
+RgbImage decode_webp(Bytes in, std::string_view what, const DecodeLimits& lim) {
+  WebPBitstreamFeatures feat;
+  if (WebPGetFeatures(in.data(), in.size(), &feat) != VP8_STATUS_OK)
+    fail("{}: corrupt WebP: bad header", what);
+  check_size(uint32_t(feat.width), uint32_t(feat.height), lim, what);
+  WebPData data{in.data(), in.size()};
+  WebPAnimDecoder* dec = WebPAnimDecoderNew(&data, nullptr);
+  if (!dec) fail("{}: corrupt WebP: cannot parse the container", what);
+  WebPAnimInfo info;
+  uint8_t* buf = nullptr;
+  int ts = 0;
+  if (!WebPAnimDecoderGetInfo(dec, &info) || uint64_t(info.canvas_width) * info.canvas_height == 0 ||
+      uint64_t(info.canvas_width) * info.canvas_height > lim.max_pixels ||
+      !WebPAnimDecoderGetNext(dec, &buf, &ts)) {
+    WebPAnimDecoderDelete(dec);
+    fail("{}: corrupt WebP: cannot decode the first frame", what);
+  }
+  RgbImage im = new_image(info.canvas_width, info.canvas_height);
+  const size_t n = size_t(info.canvas_width) * info.canvas_height;
+  for (size_t i = 0; i < n; ++i) std::memcpy(&im.rgb[3 * i], buf + 4 * i, 3);
+  WebPAnimDecoderDelete(dec);
+  return im;
+}
+
+// --------------------------------------------------------------- GIF (giflib)
+
+struct GifSrc {
+  Bytes in;
+  size_t pos = 0;
+};
+int gif_read_cb(GifFileType* g, GifByteType* dst, int n) {
+  auto* s = static_cast<GifSrc*>(g->UserData);
+  const size_t k = std::min(size_t(std::max(n, 0)), s->in.size() - s->pos);
+  std::memcpy(dst, s->in.data() + s->pos, k);
+  s->pos += k;
+  return int(k);
+}
+
+struct GifCloser {
+  void operator()(GifFileType* g) const {
+    int e = 0;
+    DGifCloseFile(g, &e);
+  }
+};
+
+// First frame as PIL 9.4 shows it: the canvas is the logical screen grown to
+// the frame's extent, filled with the frame's transparent index if its graphic
+// control block has one (else index 0), then the frame's pixels; colours come
+// from the local table, else the global one, else the grey ramp.
+RgbImage decode_gif(Bytes in, std::string_view what, const DecodeLimits& lim) {
+  GifSrc src{in};
+  int err = 0;
+  std::unique_ptr<GifFileType, GifCloser> g(DGifOpen(&src, gif_read_cb, &err));
+  auto gif_fail = [&](const char* where) {
+    const char* m = GifErrorString(g ? g->Error : err);
+    fail("{}: corrupt GIF: {} ({})", what, where, m ? m : "unknown error");
+  };
+  if (!g) gif_fail("bad header");
+  int transparent = -1;
+  for (;;) {
+    GifRecordType rt;
+    if (DGifGetRecordType(g.get(), &rt) == GIF_ERROR) gif_fail("reading a record");
+    if (rt == TERMINATE_RECORD_TYPE) fail("{}: GIF holds no image", what);
+    if (rt == EXTENSION_RECORD_TYPE) {
+      int code = 0;
+      GifByteType* ext = nullptr;
+      if (DGifGetExtension(g.get(), &code, &ext) == GIF_ERROR) gif_fail("reading an extension");
+      if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4)
+        transparent = (ext[1] & 1) ? ext[4] : -1;
+      while (ext) {
+        if (DGifGetExtensionNext(g.get(), &ext) == GIF_ERROR) gif_fail("reading an extension");
+      }
+      continue;
+    }
+    if (rt != IMAGE_DESC_RECORD_TYPE) continue;
+    if (DGifGetImageDesc(g.get()) == GIF_ERROR) gif_fail("reading the image descriptor");
+    const GifImageDesc& d = g->Image;
+    const uint64_t fw = uint64_t(d.Width), fh = uint64_t(d.Height);
+    const uint64_t cw = std::max<uint64_t>(uint64_t(g->SWidth), uint64_t(d.Left) + fw);
+    const uint64_t ch = std::max<uint64_t>(uint64_t(g->SHeight), uint64_t(d.Top) + fh);
+    check_size(cw, ch, lim, what);
+    Palette pal = ramp_palette();
+    const ColorMapObject* cm = d.ColorMap ? d.ColorMap : g->SColorMap;
+    if (cm)
+      for (int i = 0; i < std::min(cm->ColorCount, 256); ++i) {
+        pal[3 * i] = cm->Colors[i].Red;
+        pal[3 * i + 1] = cm->Colors[i].Green;
+        pal[3 * i + 2] = cm->Colors[i].Blue;
+      }
+    std::vector<uint8_t> idx(size_t(cw * ch), uint8_t(transparent >= 0 ? transparent : 0));
+    std::vector<GifPixelType> line(size_t(std::max<uint64_t>(fw, 1)));
+    // Interlaced frames store rows in four passes.
+    std::vector<uint64_t> order;
+    if (d.Interlace) {
+      for (uint64_t y = 0; y < fh; y += 8) order.push_back(y);
+      for (uint64_t y = 4; y < fh; y += 8) order.push_back(y);
+      for (uint64_t y = 2; y < fh; y += 4) order.push_back(y);
+      for (uint64_t y = 1; y < fh; y += 2) order.push_back(y);
+    } else {
+      for (uint64_t y = 0; y < fh; ++y) order.push_back(y);
+    }
+    for (uint64_t y : order) {
+      if (fw && DGifGetLine(g.get(), line.data(), int(fw)) == GIF_ERROR) gif_fail("decoding pixels");
+      std::memcpy(&idx[size_t((d.Top + y) * cw + uint64_t(d.Left))], line.data(), size_t(fw));
+    }
+    RgbImage im = new_image(cw, ch);
+    for (size_t i = 0; i < idx.size(); ++i) std::memcpy(&im.rgb[3 * i], &pal[3 * idx[i]], 3);
+    return im;
+  }
+}
+
+// ------------------------------------------------------------------ BMP (own)
+
+uint32_t le32(Bytes b, size_t o) {
+  return uint32_t(b[o]) | uint32_t(b[o + 1]) << 8 | uint32_t(b[o + 2]) << 16 | uint32_t(b[o + 3]) << 24;
+}
+uint16_t le16(Bytes b, size_t o) { return uint16_t(b[o] | b[o + 1] << 8); }
+
+// Follows PIL 9.4's BmpImagePlugin: header sizes 12/40/64/108/124, bottom-up
+// unless the height's top byte is 0xFF, rows padded to 4 bytes.
+RgbImage decode_bmp(Bytes in, std::string_view what, const DecodeLimits& lim) {
+  auto need = [&](size_t end) {
+    if (end > in.size()) fail("{}: corrupt BMP: file is truncated", what);
+  };
+  need(18);
+  const uint32_t offset = le32(in, 10);
+  const uint32_t hsize = le32(in, 14);
+  uint64_t w = 0, h = 0;
+  uint32_t bits = 0, comp = 0, colors = 0, pal_stride = 4;
+  bool top_down = false;
+  uint32_t masks[4] = {0, 0, 0, 0};
+  size_t after_header = 14 + size_t(hsize);
+  if (hsize == 12) {
+    need(26);
+    w = le16(in, 18);
+    h = le16(in, 20);
+    bits = le16(in, 24);
+    pal_stride = 3;
+  } else if (hsize == 40 || hsize == 64 || hsize == 108 || hsize == 124) {
+    need(after_header);
+    w = le32(in, 18);
+    const uint32_t rawh = le32(in, 22);
+    top_down = in[25] == 0xFF;
+    h = top_down ? (uint64_t(1) << 32) - rawh : rawh;
+    bits = le16(in, 28);
+    comp = le32(in, 30);
+    colors = le32(in, 46);
+    if (comp == 3) {
+      if (hsize >= 56) {
+        for (int i = 0; i < 4; ++i) masks[i] = le32(in, 54 + 4 * size_t(i));
+      } else {  // masks follow a 40-byte header
+        need(after_header + 12);
+        for (int i = 0; i < 3; ++i) masks[i] = le32(in, after_header + 4 * size_t(i));
+        after_header += 12;
+      }
+    }
+  } else {
+    fail("{}: unsupported BMP header size {}", what, hsize);
+  }
+  if (bits != 1 && bits != 4 && bits != 8 && bits != 16 && bits != 24 && bits != 32)
+    fail("{}: unsupported BMP pixel depth {}", what, bits);
+  if (comp == 1 || comp == 2) fail("{}: RLE-compressed BMP is not supported", what);
+  // Channel extraction for direct-colour pixels: byte offsets, or 16-bit 5/6-bit fields.
+  enum class Px { Pal, Bgr, X16_555, X16_565 } px = Px::Pal;
+  int roff[3] = {2, 1, 0};  // byte offsets of R, G, B within a pixel
+  if (bits <= 8) {
+    px = Px::Pal;
+  } else if (comp == 0) {
+    px = bits == 16 ? Px::X16_555 : Px::Bgr;
+  } else if (comp == 3) {
+    const uint32_t r = masks[0], g = masks[1], b = masks[2], a = masks[3];
+    if (bits == 32 && ((r == 0xFF0000 && g == 0xFF00 && b == 0xFF && (a == 0 || a == 0xFF000000)) ||
+                       (r == 0 && g == 0 && b == 0 && a == 0))) {
+      px = Px::Bgr;  // BGRX / BGRA
+    } else if (bits == 32 && r == 0xFF000000 && g == 0xFF0000 && b == 0xFF00 && (a == 0 || a == 0xFF)) {
+      px = Px::Bgr;  // XBGR / ABGR
+      roff[0] = 3, roff[1] = 2, roff[2] = 1;
+    } else if (bits == 32 && r == 0xFF && g == 0xFF00 && b == 0xFF0000 && a == 0xFF000000) {
+      px = Px::Bgr;  // RGBA
+      roff[0] = 0, roff[1] = 1, roff[2] = 2;
+    } else if (bits == 24 && r == 0xFF0000 && g == 0xFF00 && b == 0xFF) {
+      px = Px::Bgr;
+    } else if (bits == 16 && r == 0xF800 && g == 0x7E0 && b == 0x1F) {
+      px = Px::X16_565;
+    } else if (bits == 16 && r == 0x7C00 && g == 0x3E0 && b == 0x1F) {
+      px = Px::X16_555;
+    } else {
+      fail("{}: unsupported BMP bitfields layout", what);
+    }
+  } else {
+    fail("{}: unsupported BMP compression {}", what, comp);
+  }
+  check_size(w, h, lim, what);
+
+  Palette pal = ramp_palette();
+  size_t data_off = offset;
+  if (px == Px::Pal) {
+    const uint64_t n = colors ? colors : (uint64_t(1) << bits);
+    if (n > 65536) fail("{}: unsupported BMP palette size {}", what, n);
+    const size_t pal_off = after_header;
+    need(pal_off + size_t(n) * pal_stride);
+    if (offset == 14 + hsize) data_off += size_t(4 * n);  // PIL's fix for a zero data offset field
+    // PIL reads a grey-identity palette as mode "1"/"L"; a lookup gives the same pixels.
+    for (uint64_t i = 0; i < std::min<uint64_t>(n, 256); ++i) {
+      const uint8_t* e = &in[pal_off + size_t(i) * pal_stride];
+      pal[3 * i] = e[2], pal[3 * i + 1] = e[1], pal[3 * i + 2] = e[0];
+    }
+  }
+  const uint64_t stride = ((w * bits + 31) >> 3) & ~uint64_t(3);
+  if (data_off > in.size() || stride * h > in.size() - data_off)
+    fail("{}: corrupt BMP: file is truncated", what);
+  RgbImage im = new_image(w, h);
+  const uint32_t bpp = bits / 8;
+  for (uint64_t y = 0; y < h; ++y) {
+    const uint8_t* s = in.data() + data_off + size_t(stride * y);
+    uint8_t* d = im.rgb.data() + size_t((top_down ? y : h - 1 - y) * w * 3);
+    for (uint64_t x = 0; x < w; ++x, d += 3) {
+      switch (px) {
+        case Px::Pal: {
+          const unsigned per = 8 / bits;
+          const unsigned byte = s[x / per];
+          const unsigned shift = 8 - bits * (unsigned(x % per) + 1);
+          const unsigned i = (byte >> shift) & ((1u << bits) - 1);
+          std::memcpy(d, &pal[3 * i], 3);
+          break;
+        }
+        case Px::Bgr:
+          for (int k = 0; k < 3; ++k) d[k] = s[x * bpp + size_t(roff[k])];
+          break;
+        case Px::X16_555:
+        case Px::X16_565: {
+          // PIL's "BGR;15"/"BGR;16" unpackers: field · 255 / max (integer division).
+          const unsigned v = le16(Bytes(s, size_t(stride)), size_t(2 * x));
+          if (px == Px::X16_555) {
+            d[0] = uint8_t(((v >> 10) & 31) * 255 / 31);
+            d[1] = uint8_t(((v >> 5) & 31) * 255 / 31);
+          } else {
+            d[0] = uint8_t(((v >> 11) & 31) * 255 / 31);
+            d[1] = uint8_t(((v >> 5) & 63) * 255 / 63);
+          }
+          d[2] = uint8_t((v & 31) * 255 / 31);
+          break;
+        }
+      }
+    }
+  }
+  return im;
+}
+
+}  // namespace
+
+std::string_view format_name(ImageFormat f) {
+  switch (f) {
+    case ImageFormat::Png: return "PNG";
+    case ImageFormat::Jpeg: return "JPEG";
+    case ImageFormat::WebP: return "WebP";
+    case ImageFormat::Gif: return "GIF";
+    case ImageFormat::Bmp: return "BMP";
+  }
+  return "?";
+}
+
+ImageFormat sniff_format(Bytes b, std::string_view what) {
+  auto starts = [&](std::string_view magic, size_t at = 0) {
+    return b.size() >= at + magic.size() && std::memcmp(b.data() + at, magic.data(), magic.size()) == 0;
+  };
+  if (b.empty()) fail("{}: empty input, not an image", what);
+  if (starts("\x89PNG\r\n\x1a\n")) return ImageFormat::Png;
+  if (starts("\xFF\xD8\xFF")) return ImageFormat::Jpeg;
+  if (starts("RIFF") && starts("WEBP", 8)) return ImageFormat::WebP;
+  if (starts("GIF87a") || starts("GIF89a")) return ImageFormat::Gif;
+  if (starts("BM")) return ImageFormat::Bmp;
+  fail("{}: not a supported image (PNG, JPEG, WebP, GIF or BMP expected)", what);
+}
+
+RgbImage decode_image(Bytes bytes, std::string_view what, const DecodeLimits& limits) {
+  if (bytes.size() > limits.max_bytes)
+    fail("{}: {} bytes exceeds the input limit of {} bytes", what, bytes.size(), limits.max_bytes);
+  switch (sniff_format(bytes, what)) {
+    case ImageFormat::Png: return decode_png(bytes, what, limits);
+    case ImageFormat::Jpeg: return decode_jpeg(bytes, what, limits);
+    case ImageFormat::WebP: return decode_webp(bytes, what, limits);
+    case ImageFormat::Gif: return decode_gif(bytes, what, limits);
+    case ImageFormat::Bmp: return decode_bmp(bytes, what, limits);
+  }
+  fail("{}: unknown image format", what);
+}
+
+RgbImage load_image(const std::filesystem::path& path, const DecodeLimits& limits) {
+  const std::string what = path.string();
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) fail("{}: cannot read image: {}", what, ec.message());
+  if (size > limits.max_bytes)
+    fail("{}: {} bytes exceeds the input limit of {} bytes", what, size, limits.max_bytes);
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open image", what);
+  std::vector<uint8_t> buf(size_t(size), 0);
+  if (size && !f.read(reinterpret_cast<char*>(buf.data()), std::streamsize(size)))
+    fail("{}: cannot read image", what);
+  return decode_image(buf, what, limits);
+}
+
+}  // namespace vlm::vision

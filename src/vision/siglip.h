@@ -1,0 +1,49 @@
+// The SigLIP vision tower of Gemma 3 (spec §6): patch embedding (a matmul over
+// unfolded patches), learned position embeddings, pre-norm encoder layers with
+// unmasked multi-head attention and a gelu_tanh MLP, post-layernorm. Weights are
+// views into the checkpoint in their stored dtype; activations are f32.
+#pragma once
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "io/checkpoint.h"
+#include "kernels/matmul.h"
+
+namespace vlm::vision {
+
+class SiglipTower {
+ public:
+  // Checks every vision_config value it uses against the tensors and each other;
+  // errors name the field or tensor.
+  explicit SiglipTower(const Checkpoint& ck);
+
+  int image_size() const { return image_size_; }
+  int patch_size() const { return patch_; }
+  int patches_per_side() const { return image_size_ / patch_; }
+  int num_patches() const { return patches_per_side() * patches_per_side(); }
+  int hidden() const { return hidden_; }
+  DType weight_dtype() const { return patch_w_.dtype; }
+
+  // pixels [n, 3, S, S] (the processor's f32 output) → [n, P, hidden] after the
+  // post-layernorm. The pixels are first rounded to the weight dtype, as HF casts
+  // pixel_values to the tower's dtype before the patch convolution (spec §5.2).
+  std::vector<float> forward(const float* pixels, int n, ThreadPool& pool) const;
+
+  // Floating-point operations of forward() for n images (matmuls and attention).
+  double flops(int n) const;
+
+ private:
+  struct Layer {
+    std::vector<float> ln1_w, ln1_b, ln2_w, ln2_b;
+    kernels::Weight q, k, v, o, fc1, fc2;
+    std::vector<float> q_b, k_b, v_b, o_b, fc1_b, fc2_b;
+  };
+  int image_size_ = 0, patch_ = 0, hidden_ = 0, inter_ = 0, heads_ = 0;
+  float eps_ = 0;
+  kernels::Weight patch_w_;  // [hidden, 3·p·p], the OIHW kernel flattened
+  std::vector<float> patch_b_, pos_;  // [hidden], [P, hidden]
+  std::vector<Layer> layers_;
+  std::vector<float> post_w_, post_b_;
+};
+
+}  // namespace vlm::vision
