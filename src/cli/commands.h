@@ -10,4 +10,6 @@ struct Command {
   int (*run)(int argc, char** argv);  // argv[0] is "vlm <name>"
 };
 
+int cmd_inspect(int argc, char** argv);
+
 }  // namespace vlm::cli

@@ -18,6 +18,7 @@ int version(int, char**) {
 // Each subcommand lives in a file of its own in this folder.
 const Command kCommands[] = {
     {"version", "print the version", version},
+    {"inspect", "describe a checkpoint folder (tensors, config, identity)", vlm::cli::cmd_inspect},
 };
 
 void usage() {

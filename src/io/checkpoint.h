@@ -52,15 +52,27 @@ class Checkpoint {
   const std::vector<std::string>& unknown() const { return unknown_; }
   // Original (file) name of a canonical tensor, and the file that holds it.
   std::string file_name_of(std::string_view canonical) const;
+  std::string file_of(std::string_view canonical) const;  // shard basename
+  // Stored dtypes of all known tensors (loaded parts or not), from the headers:
+  // "BF16" when uniform, else per part, e.g. "text=BF16,vision=F32,projector=F32".
+  const std::string& weight_dtypes() const { return weight_dtypes_; }
 
  private:
+  struct Origin {
+    std::string file_name;  // name in the safetensors header
+    std::string file;       // shard basename
+  };
   std::filesystem::path dir_;
   ModelConfig config_;
   Naming naming_ = Naming::New;
   std::vector<std::shared_ptr<MappedFile>> files_;
   std::map<std::string, TensorView, std::less<>> tensors_;
-  std::map<std::string, std::string, std::less<>> original_names_;
+  std::map<std::string, Origin, std::less<>> origins_;
   std::vector<std::string> unknown_;
+  std::string weight_dtypes_;
 };
+
+// Canonical name -> part: "text" (decoder and lm_head), "vision" or "projector".
+std::string_view part_of(std::string_view canonical);
 
 }  // namespace vlm

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/dtype.h"
@@ -75,11 +76,22 @@ struct ModelConfig {
   std::optional<DType> torch_dtype;  // declared storage dtype, if any
 
   bool is_vlm() const { return arch == Arch::ConditionalGeneration; }
+  // Side of the pooled token grid, sqrt(mm_tokens_per_image), and the average-pool
+  // kernel that maps the patch grid onto it (spec §7). VLM only.
+  int tokens_per_side() const;
+  int pool_kernel() const { return vision->patches_per_side() / tokens_per_side(); }
 };
 
-// Reads config.json (and preprocessor_config.json for VLMs) from a checkpoint folder.
+// Reads config.json (and preprocessor_config.json for VLMs, when present) from a
+// checkpoint folder; eos ids absent from config.json come from generation_config.json.
 ModelConfig load_config(const std::filesystem::path& dir);
-// Parses config.json text; `where` names the file in errors.
+// Parses config.json text; `where` names the file in errors. eos_token_ids stays
+// empty when the text has none (load_config then looks further).
 ModelConfig parse_config(const std::string& json_text, const std::string& where);
+// Parses preprocessor_config.json text for a parsed VLM config (checked against
+// its image size and token count); nulls take the processor defaults (spec §5.1).
+PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const std::string& where,
+                                             const ModelConfig& model);
+std::string_view layer_kind_name(LayerKind k);  // "sliding" / "global"
 
 }  // namespace vlm

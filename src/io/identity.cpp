@@ -1,0 +1,108 @@
+#include "io/identity.h"
+
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+namespace vlm {
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t Identity::hash() const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const auto& [k, v] : fields) {
+    const std::string line = k + "=" + v + "\n";
+    h = fnv1a64(line.data(), line.size(), h);
+  }
+  return h;
+}
+
+std::string Identity::hash_hex() const { return fmt::format("{:016x}", hash()); }
+
+std::string default_mask_mode(const ModelConfig& c) { return c.is_vlm() ? "hf" : "causal"; }
+
+std::string default_scaling_policy(DType embedding_dtype) {
+  return embedding_dtype == DType::BF16 ? "bf16-normalizer" : "f32-normalizer";
+}
+
+Identity make_identity(const ModelConfig& c, const std::string& weight_dtypes, std::string_view mask_mode,
+                       std::string_view scaling_policy) {
+  Identity id;
+  auto add = [&](std::string k, std::string v) { id.fields.emplace_back(std::move(k), std::move(v)); };
+  // Doubles print in shortest round-trip form, so equal values hash equally.
+  auto num = [](double x) { return fmt::format("{}", x); };
+  const TextConfig& t = c.text;
+
+  add("layout_version", std::to_string(kIdentityLayoutVersion));
+  add("architecture", c.architecture);
+  add("mask_mode", std::string(mask_mode));
+  add("scaling_policy", std::string(scaling_policy));
+  add("weight_dtypes", weight_dtypes);
+
+  add("text.vocab_size", std::to_string(t.vocab_size));
+  add("text.hidden_size", std::to_string(t.hidden_size));
+  add("text.intermediate_size", std::to_string(t.intermediate_size));
+  add("text.num_layers", std::to_string(t.num_layers));
+  add("text.num_heads", std::to_string(t.num_heads));
+  add("text.num_kv_heads", std::to_string(t.num_kv_heads));
+  add("text.head_dim", std::to_string(t.head_dim));
+  add("text.query_pre_attn_scalar", num(t.query_pre_attn_scalar));
+  add("text.rms_norm_eps", num(t.rms_norm_eps));
+  add("text.hidden_activation", t.hidden_activation);
+  add("text.sliding_window", std::to_string(t.sliding_window));
+  std::string kinds;
+  for (LayerKind k : t.layer_kinds) kinds += k == LayerKind::Sliding ? 'S' : 'G';
+  add("text.layer_kinds", kinds);
+  add("text.rope_theta", num(t.rope_theta));
+  add("text.rope_local_base_freq", num(t.rope_local_base_freq));
+  add("text.rope_scaling_type", t.rope_scaling_type);
+  add("text.rope_scaling_factor", num(t.rope_scaling_factor));
+  add("text.tie_word_embeddings", t.tie_word_embeddings ? "true" : "false");
+
+  // Text models still list these fields, as "none", so a diff against a VLM names them.
+  const bool vlm = c.vision.has_value();
+  auto opt = [&](auto f) { return vlm ? f() : std::string("none"); };
+  add("boi_token_id", opt([&] { return std::to_string(c.boi_token_id); }));
+  add("eoi_token_id", opt([&] { return std::to_string(c.eoi_token_id); }));
+  add("image_token_id", opt([&] { return std::to_string(c.image_token_id); }));
+  add("mm_tokens_per_image", opt([&] { return std::to_string(c.mm_tokens_per_image); }));
+  add("vision.image_size", opt([&] { return std::to_string(c.vision->image_size); }));
+  add("vision.patch_size", opt([&] { return std::to_string(c.vision->patch_size); }));
+  add("vision.num_channels", opt([&] { return std::to_string(c.vision->num_channels); }));
+  add("vision.hidden_size", opt([&] { return std::to_string(c.vision->hidden_size); }));
+  add("vision.intermediate_size", opt([&] { return std::to_string(c.vision->intermediate_size); }));
+  add("vision.num_layers", opt([&] { return std::to_string(c.vision->num_layers); }));
+  add("vision.num_heads", opt([&] { return std::to_string(c.vision->num_heads); }));
+  add("vision.layer_norm_eps", opt([&] { return num(c.vision->layer_norm_eps); }));
+  add("vision.hidden_act", opt([&] { return c.vision->hidden_act; }));
+  add("projector.pool_kernel", opt([&] { return std::to_string(c.pool_kernel()); }));
+  add("projector.shape", opt([&] { return fmt::format("{}x{}", c.vision->hidden_size, t.hidden_size); }));
+  return id;
+}
+
+Identity make_identity(const Checkpoint& ck, std::string_view mask_mode, std::string_view scaling_policy) {
+  return make_identity(ck.config(), ck.weight_dtypes(), mask_mode, scaling_policy);
+}
+
+std::vector<std::string> identity_diff(const Identity& a, const Identity& b) {
+  std::map<std::string, std::string> bm(b.fields.begin(), b.fields.end());
+  std::vector<std::string> out;
+  for (const auto& [k, v] : a.fields) {
+    auto it = bm.find(k);
+    if (it == bm.end() || it->second != v) out.push_back(k);
+    if (it != bm.end()) bm.erase(it);
+  }
+  for (const auto& [k, v] : b.fields)
+    if (bm.count(k)) out.push_back(k);
+  return out;
+}
+
+}  // namespace vlm

@@ -1,0 +1,43 @@
+// The compatibility identity: every setting that changes the numbers a run
+// produces (architecture, run options, shapes, RoPE, layer kinds, weight dtypes),
+// as ordered "field=value" pairs plus a stable 64-bit hash of them. Two runs
+// (or a cache and a run) may share results only when their identities match.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "io/checkpoint.h"
+
+namespace vlm {
+
+// Bump when canonical names or the meaning of a field change.
+constexpr int kIdentityLayoutVersion = 1;
+
+struct Identity {
+  std::vector<std::pair<std::string, std::string>> fields;  // in a fixed order
+
+  // FNV-1a 64 over the lines "field=value\n" in order.
+  uint64_t hash() const;
+  std::string hash_hex() const;  // 16 lowercase hex digits
+};
+
+// Run-option defaults: VLMs follow HF's image-aware mask, text models are
+// causal; the embedding normalizer is rounded to bf16 exactly when the
+// embedding matrix is bf16 (spec §8.1).
+std::string default_mask_mode(const ModelConfig& c);
+std::string default_scaling_policy(DType embedding_dtype);
+
+Identity make_identity(const ModelConfig& c, const std::string& weight_dtypes, std::string_view mask_mode,
+                       std::string_view scaling_policy);
+Identity make_identity(const Checkpoint& ck, std::string_view mask_mode, std::string_view scaling_policy);
+
+// Names of the fields whose values differ (or that only one side has), in a's
+// order followed by b's extras; empty when the identities match.
+std::vector<std::string> identity_diff(const Identity& a, const Identity& b);
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+
+}  // namespace vlm

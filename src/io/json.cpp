@@ -1,0 +1,61 @@
+#include "io/json.h"
+
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+
+namespace vlm {
+
+using nlohmann::json;
+
+json parse_json(std::string_view text, const std::string& where, int max_depth) {
+  // One key set per open object, to refuse duplicate keys.
+  std::vector<std::set<std::string>> keys;
+  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+    switch (ev) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (depth >= max_depth) fail("{}: JSON nested deeper than {} levels", where, max_depth);
+        if (ev == json::parse_event_t::object_start) keys.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        keys.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keys.back().insert(parsed.get<std::string>()).second)
+          fail("{}: duplicate JSON key '{}'", where, parsed.get<std::string>());
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), cb);
+  } catch (const json::exception& e) {
+    // Drop nlohmann's "[json.exception.parse_error.101] " tag; keep the position and reason.
+    std::string msg = e.what();
+    if (size_t p = msg.find("] "); msg.rfind("[json.exception", 0) == 0 && p != std::string::npos)
+      msg = msg.substr(p + 2);
+    fail("{}: not valid JSON: {}", where, msg);
+  }
+}
+
+std::string read_text_file(const std::filesystem::path& path, size_t max_bytes) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) fail("{}: not a regular file", path.string());
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail("{}: cannot open", path.string());
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  if (size < 0) fail("{}: cannot read", path.string());
+  if (uint64_t(size) > max_bytes) fail("{}: file too large ({} bytes, limit {})", path.string(), size, max_bytes);
+  std::string text(size_t(size), '\0');
+  f.seekg(0);
+  if (!f.read(text.data(), size)) fail("{}: cannot read", path.string());
+  return text;
+}
+
+}  // namespace vlm
