@@ -69,6 +69,15 @@ struct S1 {
 };
 }  // namespace
 const IsaKernels kScalarKernels = make_kernels<S1>("scalar");
+
+const IsaKernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return kAvx512Kernels;
+    case Isa::Avx2: return kAvx2Kernels;
+    case Isa::Scalar: break;
+  }
+  return kScalarKernels;
+}
 }  // namespace detail
 
 namespace {
@@ -77,16 +86,7 @@ using detail::GemmArgs;
 using detail::IsaKernels;
 
 // Up to this many rows, dot products that stream each weight row once beat packing.
-constexpr size_t kDotMaxM = 4;
-
-const IsaKernels& kernels_for(Isa isa) {
-  switch (isa) {
-    case Isa::Avx512: return detail::kAvx512Kernels;
-    case Isa::Avx2: return detail::kAvx2Kernels;
-    case Isa::Scalar: break;
-  }
-  return detail::kScalarKernels;
-}
+constexpr size_t kDotMaxM = 32;
 
 Isa best_isa() {
   if (isa_supported(Isa::Avx512)) return Isa::Avx512;
@@ -132,7 +132,7 @@ void run(const GemmArgs& a, ThreadPool& pool) {
       for (size_t n = 0; n < a.N; ++n) a.y[m * a.ldy + n] = a.bias ? a.bias[n] : 0.f;
     return;
   }
-  const IsaKernels& k = kernels_for(matmul_isa_id());
+  const IsaKernels& k = detail::kernels_for(matmul_isa_id());
   if (a.M <= kDotMaxM && !a.kn) {
     pool.parallel_for(a.N, [&](size_t n0, size_t n1) { k.dot(a, n0, n1); });
     return;

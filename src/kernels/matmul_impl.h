@@ -20,6 +20,10 @@ namespace vlm::kernels::detail {
 inline constexpr size_t kKC = 128;
 inline constexpr size_t kNC = 512;
 
+// Tile loops must be fully unrolled so the accumulators live in registers; GCC at -O2
+// does not always do it by itself.
+#define VLM_UNROLL _Pragma("GCC unroll 32")
+
 template <DType D>
 inline constexpr size_t kElemSize = D == DType::F32 ? 4 : 2;
 
@@ -61,36 +65,50 @@ void dot_tile(const GemmArgs& a, size_t m0, size_t n0) {
   using V = typename S::V;
   constexpr size_t W = S::W, es = kElemSize<D>;
   V acc[RM][RN];
-  for (int m = 0; m < RM; ++m)
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
     for (int r = 0; r < RN; ++r) acc[m][r] = S::zero();
+  }
   const std::byte* wr[RN];
+  VLM_UNROLL
   for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r) * a.ldw * es;
   const float* xr[RM];
+  VLM_UNROLL
   for (int m = 0; m < RM; ++m) xr[m] = a.x + (m0 + m) * a.ldx;
   size_t k = 0;
   for (; k + W <= a.K; k += W) {
     V wv[RN];
+    VLM_UNROLL
     for (int r = 0; r < RN; ++r) wv[r] = load_w<S, D>(wr[r] + k * es);
+    VLM_UNROLL
     for (int m = 0; m < RM; ++m) {
       const V xv = S::load(xr[m] + k);
+      VLM_UNROLL
       for (int r = 0; r < RN; ++r) acc[m][r] = S::fma(xv, wv[r], acc[m][r]);
     }
   }
   if (k < a.K) {
     const size_t n = a.K - k;
     V wv[RN];
+    VLM_UNROLL
     for (int r = 0; r < RN; ++r) wv[r] = load_w_part<S, D>(wr[r] + k * es, n);
+    VLM_UNROLL
     for (int m = 0; m < RM; ++m) {
       const V xv = load_part<S>(xr[m] + k, n);
+      VLM_UNROLL
       for (int r = 0; r < RN; ++r) acc[m][r] = S::fma(xv, wv[r], acc[m][r]);
     }
   }
-  for (int m = 0; m < RM; ++m)
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
     for (int r = 0; r < RN; ++r) {
       float v = S::hsum(acc[m][r]);
       if (a.bias) v += a.bias[n0 + r];
       a.y[(m0 + m) * a.ldy + n0 + r] = v;
     }
+  }
 }
 
 template <class S, DType D, int RM, int RN>
@@ -100,18 +118,27 @@ void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
   for (; n < n1; ++n) dot_tile<S, D, RM, 1>(a, m0, n);
 }
 
+// Rows m .. m+rm (rm < RMAX) with the largest tile that fits.
+template <class S, DType D, int RMAX>
+void dot_rest(const GemmArgs& a, size_t m, size_t rm, size_t n0, size_t n1) {
+  if constexpr (RMAX > 1) {
+    if (rm == RMAX - 1) return dot_rows<S, D, RMAX - 1, S::DOT_RN2>(a, m, n0, n1);
+    return dot_rest<S, D, RMAX - 1>(a, m, rm, n0, n1);
+  }
+}
+
 template <class S, DType D>
 void dot_typed(const GemmArgs& a, size_t n0, size_t n1) {
-  size_t m = 0;
-  // With several rows, each weight vector is widened once per RM rows; process the
-  // columns in L1-sized slices so the rows of one slice are reused from cache.
-  constexpr size_t kSlice = 16;
-  for (size_t s = n0; s < n1; s += kSlice) {
-    const size_t e = s + kSlice < n1 ? s + kSlice : n1;
-    m = 0;
-    if (a.M > 1)
-      for (; m + S::DOT_RM <= a.M; m += S::DOT_RM) dot_rows<S, D, S::DOT_RM, S::DOT_RN2>(a, m, s, e);
-    for (; m < a.M; ++m) dot_rows<S, D, 1, S::DOT_RN>(a, m, s, e);
+  if (a.M == 1) return dot_rows<S, D, 1, S::DOT_RN>(a, 0, n0, n1);
+  // Every row group reads the same weights: take them in slices that stay in L2 (about
+  // 128 KiB), so the weights come from memory once.
+  const size_t bytes_per_row = a.K * kElemSize<D>;
+  const size_t slice = bytes_per_row >= (size_t(128) << 10) ? 1 : (size_t(128) << 10) / bytes_per_row;
+  for (size_t s = n0; s < n1; s += slice) {
+    const size_t e = n1 - s < slice ? n1 : s + slice;
+    size_t m = 0;
+    for (; m + S::DOT_RM <= a.M; m += S::DOT_RM) dot_rows<S, D, S::DOT_RM, S::DOT_RN2>(a, m, s, e);
+    if (m < a.M) dot_rest<S, D, S::DOT_RM>(a, m, a.M - m, s, e);
   }
 }
 
@@ -152,6 +179,9 @@ void pack_panel(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t kc,
           continue;
         }
         const std::byte* src = a.w + ((n0 + g + i) * a.ldw + k0 + k) * es;
+        // Rows are read in short runs that the hardware prefetcher misses: fetch the
+        // same run of the next K block now.
+        __builtin_prefetch(src + kKC * es);
         blk[i] = kn == W ? load_w<S, D>(src) : load_w_part<S, D>(src, kn);
       }
       S::transpose(blk);
@@ -167,18 +197,26 @@ void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* 
   using V = typename S::V;
   constexpr size_t W = S::W, NR = S::W * S::NV;
   V acc[R][NVv];
-  for (int r = 0; r < R; ++r)
+  VLM_UNROLL
+  for (int r = 0; r < R; ++r) {
+    VLM_UNROLL
     for (int v = 0; v < NVv; ++v) acc[r][v] = S::zero();
+  }
   for (size_t k = 0; k < kc; ++k) {
     V bv[NVv];
+    VLM_UNROLL
     for (int v = 0; v < NVv; ++v) bv[v] = S::load(b + k * NR + v * W);
+    VLM_UNROLL
     for (int r = 0; r < R; ++r) {
       const V av = S::bcast(x + r * a.ldx + k);
+      VLM_UNROLL
       for (int v = 0; v < NVv; ++v) acc[r][v] = S::fma(av, bv[v], acc[r][v]);
     }
   }
+  VLM_UNROLL
   for (int r = 0; r < R; ++r) {
     float* yr = y + r * a.ldy;
+    VLM_UNROLL
     for (int v = 0; v < NVv; ++v) {
       const size_t j = size_t(v) * W;
       if (j >= cols) break;
@@ -256,10 +294,35 @@ void gemm(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* 
   }
 }
 
+// As many independent FMA chains as the GEMM tile keeps in registers; the result is
+// bounded (a fixed point near 1000) and written to a volatile so nothing is elided.
+template <class S>
+double fma_loop(size_t iters) {
+  using V = typename S::V;
+  constexpr int N = S::MR * S::NV;
+  alignas(64) float av[S::W], bv[S::W], init[N * S::W];
+  for (int i = 0; i < S::W; ++i) av[i] = 0.999f, bv[i] = 1.f;
+  // distinct starting values, or the compiler may merge identical chains
+  for (int i = 0; i < N * S::W; ++i) init[i] = float(i);
+  const V a = S::load(av), b = S::load(bv);
+  V acc[N];
+  VLM_UNROLL
+  for (int i = 0; i < N; ++i) acc[i] = S::load(init + i * S::W);
+  for (size_t it = 0; it < iters; ++it) {
+    VLM_UNROLL
+    for (int i = 0; i < N; ++i) acc[i] = S::fma(acc[i], a, b);
+  }
+  V s = acc[0];
+  VLM_UNROLL
+  for (int i = 1; i < N; ++i) s = S::add(s, acc[i]);
+  volatile float sink = S::hsum(s);
+  (void)sink;
+  return 2.0 * double(iters) * N * S::W;
+}
+
 template <class S>
 constexpr IsaKernels make_kernels(const char* name) {
-  return IsaKernels{name,   &dot<S>, &gemm<S>, S::W * S::NV, S::MR,
-                    kNC * kKC};
+  return IsaKernels{name, &dot<S>, &gemm<S>, S::W * S::NV, S::MR, kNC * kKC, &fma_loop<S>};
 }
 
 }  // namespace vlm::kernels::detail

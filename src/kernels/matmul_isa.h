@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "core/dtype.h"
+#include "kernels/matmul.h"
 
 namespace vlm::kernels::detail {
 
@@ -33,10 +34,13 @@ struct IsaKernels {
   size_t panel;        // output columns per packed panel
   size_t row_tile;     // rows per register tile
   size_t pack_floats;  // scratch size for gemm
+  // A register-resident FMA loop (the roofline's compute peak); returns FLOPs done.
+  double (*fma_loop)(size_t iters);
 };
 
 extern const IsaKernels kScalarKernels;
 extern const IsaKernels kAvx2Kernels;
 extern const IsaKernels kAvx512Kernels;
+const IsaKernels& kernels_for(Isa isa);
 
 }  // namespace vlm::kernels::detail

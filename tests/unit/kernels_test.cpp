@@ -108,6 +108,9 @@ TEST(Matmul, EveryPathMatchesReferenceOnOddShapes) {
   shapes.push_back({1, 300, 5000});   // large K, GEMV
   shapes.push_back({40, 130, 3000});  // large K, packed
   shapes.push_back({200, 1, 70});     // N = 1, many rows
+  // packed path (M above the dot-product threshold): odd tiles and K/N tails
+  for (size_t K : {1, 17, 129, 300}) shapes.push_back({37, 70, K});
+  for (size_t N : {1, 15, 65, 520}) shapes.push_back({50, N, 33});
   for (Isa isa : isas()) {
     set_matmul_isa(isa);
     for (DType dt : kDTypes)
@@ -137,7 +140,7 @@ TEST(Matmul, BiasStridesAndKnLayout) {
   for (Isa isa : isas()) {
     set_matmul_isa(isa);
     for (DType dt : kDTypes)
-      for (size_t M : {1, 4, 5, 30}) {
+      for (size_t M : {1, 4, 5, 30, 47}) {
         const size_t N = 83, K = 150, ldx = K + 9, ldy = N + 5;
         const auto x = random_vec(M * ldx, rng);
         const auto bias = random_vec(N, rng);

@@ -1,0 +1,151 @@
+// Kernel throughput against this machine's measured limits (2 threads unless
+// VLM_THREADS says otherwise): GEMV (decode) as a fraction of read bandwidth, GEMM
+// (prefill, vision encoder) as a fraction of the f32 FMA peak, and the scalar path
+// for comparison. Usage: bench_kernels [--quick]
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/roofline.h"
+
+using namespace vlm;
+using namespace vlm::kernels;
+
+namespace {
+
+struct Buffer {
+  std::vector<std::byte> bytes;
+  Weight w;
+};
+
+// Random weights in the given dtype (values in [-1, 1)).
+Buffer make_weight(DType dt, size_t rows, size_t cols) {
+  Buffer b;
+  const size_t n = rows * cols, es = dtype_size(dt);
+  b.bytes.resize(n * es);
+  std::mt19937 rng(1);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = float(int32_t(rng() >> 8) - (1 << 23)) / float(1 << 23);
+    if (dt == DType::F32) {
+      std::memcpy(b.bytes.data() + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = dt == DType::BF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      std::memcpy(b.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  b.w = Weight{b.bytes.data(), dt, rows, cols};
+  return b;
+}
+
+// Best seconds per call over `reps` timed calls after one warm-up call.
+template <class F>
+double best_time(int reps, F&& f) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string_view(argv[1]) == "--quick";
+  const int threads = default_threads() > 2 ? 2 : default_threads();
+  ThreadPool pool(threads);
+  const Isa best = matmul_isa_id();
+
+  const double bw = measure_read_bandwidth(threads);
+  const double peak = measure_peak_flops(threads);
+  const double peak1 = measure_peak_flops(1);
+  fmt::print("machine: {} threads, matmul path {}\n", threads, matmul_isa());
+  fmt::print("  read bandwidth      {:8.1f} GB/s  (1 GiB streamed)\n", bw / 1e9);
+  fmt::print("  f32 FMA peak        {:8.1f} GFLOP/s ({:.1f} on 1 thread)\n", peak / 1e9, peak1 / 1e9);
+
+  fmt::print("\nGEMV (M = 1, decode): weight bytes / time vs read bandwidth\n");
+  struct GemvCase {
+    DType dt;
+    size_t N, K;
+    const char* what;
+  };
+  std::vector<GemvCase> gemv = {{DType::BF16, 10240, 2560, "4B gate/up"},
+                                {DType::BF16, 2560, 10240, "4B down"},
+                                {DType::BF16, 2048, 2560, "4B q"},
+                                {DType::F16, 10240, 2560, "4B gate/up"},
+                                {DType::F32, 10240, 2560, "4B gate/up"}};
+  if (!quick) gemv.push_back({DType::BF16, 262208, 2560, "4B LM head"});
+  for (const auto& c : gemv) {
+    const Buffer b = make_weight(c.dt, c.N, c.K);
+    std::vector<float> x(c.K, 0.5f), y(c.N);
+    const double t = best_time(5, [&] { matmul(x.data(), 1, b.w, y.data(), pool); });
+    const double gbs = double(b.bytes.size()) / t;
+    fmt::print("  {:<4} [{:6}, {:5}] {:<11} {:8.3f} ms {:7.1f} GB/s  {:5.1f}% of bandwidth\n",
+               dtype_name(c.dt), c.N, c.K, c.what, t * 1e3, gbs / 1e9, 100 * gbs / bw);
+  }
+  {
+    const Buffer b = make_weight(DType::BF16, 10240, 2560);
+    std::vector<float> x(2560, 0.5f), y(10240);
+    set_matmul_isa(Isa::Scalar);
+    const double t = best_time(2, [&] { matmul(x.data(), 1, b.w, y.data(), pool); });
+    set_matmul_isa(best);
+    const double gbs = double(b.bytes.size()) / t;
+    fmt::print("  scalar path, BF16 [10240, 2560]: {:8.3f} ms {:7.1f} GB/s  {:5.1f}% of bandwidth\n",
+               t * 1e3, gbs / 1e9, 100 * gbs / bw);
+  }
+
+  fmt::print("\nGEMM (prefill, vision): 2·M·N·K / time vs f32 FMA peak\n");
+  struct GemmCase {
+    size_t M, N, K;
+    const char* what;
+  };
+  std::vector<GemmCase> gemm = {{256, 4304, 1152, "vision fc1"}, {256, 1152, 1152, "vision attn"},
+                                {256, 10240, 2560, "text gate"}, {4096, 1152, 1152, "vision attn"}};
+  if (!quick) {
+    gemm.push_back({4096, 4304, 1152, "vision fc1"});
+    gemm.push_back({4096, 1152, 4304, "vision fc2"});
+    gemm.push_back({4096, 10240, 2560, "text gate"});
+  }
+  for (DType dt : {DType::BF16, DType::F32})
+    for (const auto& c : gemm) {
+      if (dt == DType::F32 && c.M == 4096 && c.N == 10240) continue;
+      const Buffer b = make_weight(dt, c.N, c.K);
+      std::vector<float> x(c.M * c.K, 0.25f), y(c.M * c.N);
+      const double flop = 2.0 * double(c.M) * double(c.N) * double(c.K);
+      const double t = best_time(c.M == 4096 ? 1 : 3, [&] { matmul(x.data(), c.M, b.w, y.data(), pool); });
+      fmt::print("  {:<4} M={:4} [{:5}, {:5}] {:<11} {:9.2f} ms {:7.1f} GFLOP/s  {:5.1f}% of peak\n",
+                 dtype_name(dt), c.M, c.N, c.K, c.what, t * 1e3, flop / t / 1e9, 100 * flop / t / peak);
+    }
+  {
+    const Buffer b = make_weight(DType::BF16, 1152, 1152);
+    std::vector<float> x(256 * 1152, 0.25f), y(256 * 1152);
+    set_matmul_isa(Isa::Scalar);
+    const double t = best_time(1, [&] { matmul(x.data(), 256, b.w, y.data(), pool); });
+    set_matmul_isa(best);
+    const double flop = 2.0 * 256 * 1152 * 1152;
+    fmt::print("  scalar path, BF16 M=256 [1152, 1152]: {:9.2f} ms {:7.1f} GFLOP/s  {:5.1f}% of peak\n",
+               t * 1e3, flop / t / 1e9, 100 * flop / t / peak);
+  }
+  {
+    // Small M (several sequences decoding at once, short prefill chunks).
+    const Buffer b = make_weight(DType::BF16, 10240, 2560);
+    fmt::print("\nsmall M, BF16 [10240, 2560]:\n");
+    for (size_t M : {1, 2, 4, 5, 8, 16, 32, 64}) {
+      std::vector<float> x(M * 2560, 0.25f), y(M * 10240);
+      const double t = best_time(3, [&] { matmul(x.data(), M, b.w, y.data(), pool); });
+      const double flop = 2.0 * double(M) * 10240 * 2560;
+      fmt::print("  M={:3} {:8.3f} ms  {:6.1f} GB/s weights  {:7.1f} GFLOP/s\n", M, t * 1e3,
+                 double(b.bytes.size()) / t / 1e9, flop / t / 1e9);
+    }
+  }
+  return 0;
+}
