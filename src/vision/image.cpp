@@ -174,12 +174,20 @@ void jpeg_error_exit_cb(j_common_ptr ci) {
 // Warnings (corrupt entropy data and the like) are ignored, as PIL ignores them.
 void jpeg_emit_cb(j_common_ptr, int) {}
 
-// The whole input is one buffer; asking for more means the file is truncated
-// (PIL reports "image file is truncated" there too).
+// The whole input is one buffer: asking for more means the file is truncated
+// (PIL: "image file is truncated"), except after the last scanline, where PIL
+// accepts a missing end marker; there we supply one.
+struct JpegSource {
+  jpeg_source_mgr pub;
+  bool finishing = false;
+};
+constexpr JOCTET kJpegEoi[2] = {0xFF, JPEG_EOI};
 void jpeg_src_init(j_decompress_ptr) {}
 boolean jpeg_src_fill(j_decompress_ptr ci) {
-  ERREXIT(ci, JERR_INPUT_EOF);
-  return FALSE;
+  if (!reinterpret_cast<JpegSource*>(ci->src)->finishing) ERREXIT(ci, JERR_INPUT_EOF);
+  ci->src->next_input_byte = kJpegEoi;
+  ci->src->bytes_in_buffer = 2;
+  return TRUE;
 }
 void jpeg_src_skip(j_decompress_ptr ci, long n) {
   if (n <= 0) return;
@@ -204,7 +212,7 @@ void jpeg_progress_cb(j_common_ptr ci) {
 struct JpegCtx {
   jpeg_decompress_struct ci;
   JpegErr err;
-  jpeg_source_mgr src;
+  JpegSource src;
   jpeg_progress_mgr progress;
   std::vector<uint8_t> row;
   RgbImage out;
@@ -214,14 +222,15 @@ struct JpegCtx {
 bool jpeg_decode_inner(JpegCtx* c, Bytes in, const DecodeLimits* lim) {
   if (setjmp(c->err.jb)) return false;
   jpeg_create_decompress(&c->ci);
-  c->src.init_source = jpeg_src_init;
-  c->src.fill_input_buffer = jpeg_src_fill;
-  c->src.skip_input_data = jpeg_src_skip;
-  c->src.resync_to_restart = jpeg_resync_to_restart;
-  c->src.term_source = jpeg_src_term;
-  c->src.next_input_byte = in.data();
-  c->src.bytes_in_buffer = in.size();
-  c->ci.src = &c->src;
+  jpeg_source_mgr& src = c->src.pub;
+  src.init_source = jpeg_src_init;
+  src.fill_input_buffer = jpeg_src_fill;
+  src.skip_input_data = jpeg_src_skip;
+  src.resync_to_restart = jpeg_resync_to_restart;
+  src.term_source = jpeg_src_term;
+  src.next_input_byte = in.data();
+  src.bytes_in_buffer = in.size();
+  c->ci.src = &src;
   c->progress.progress_monitor = jpeg_progress_cb;
   c->ci.progress = &c->progress;
   jpeg_read_header(&c->ci, TRUE);
@@ -267,8 +276,9 @@ bool jpeg_decode_inner(JpegCtx* c, Bytes in, const DecodeLimits* lim) {
       }
     }
   }
-  // No jpeg_finish_decompress: like PIL, a file whose last scan is complete is
-  // accepted even if the EOI marker is missing.
+  // As PIL: markers after the last scan are still read (corrupt ones are errors).
+  c->src.finishing = true;
+  jpeg_finish_decompress(&c->ci);
   return true;
 }
 
@@ -498,7 +508,9 @@ RgbImage decode_bmp(Bytes in, std::string_view what, const DecodeLimits& lim) {
     }
   }
   const uint64_t stride = ((w * bits + 31) >> 3) & ~uint64_t(3);
-  if (data_off > in.size() || stride * h > in.size() - data_off)
+  // The last stored row needs no padding bytes (PIL reads only what it unpacks).
+  const uint64_t need_bytes = stride * (h - 1) + ((w * bits + 7) >> 3);
+  if (data_off > in.size() || need_bytes > in.size() - data_off)
     fail("{}: corrupt BMP: file is truncated", what);
   RgbImage im = new_image(w, h);
   const uint32_t bpp = bits / 8;
