@@ -11,5 +11,7 @@ struct Command {
 };
 
 int cmd_inspect(int argc, char** argv);
+int cmd_run(int argc, char** argv);
+int cmd_dump(int argc, char** argv);
 
 }  // namespace vlm::cli

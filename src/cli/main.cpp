@@ -19,6 +19,8 @@ int version(int, char**) {
 const Command kCommands[] = {
     {"version", "print the version", version},
     {"inspect", "describe a checkpoint folder (tensors, config, identity)", vlm::cli::cmd_inspect},
+    {"run", "generate text from a prompt (streamed)", vlm::cli::cmd_run},
+    {"dump", "write prefill intermediates and greedy decode as .npy", vlm::cli::cmd_dump},
 };
 
 void usage() {

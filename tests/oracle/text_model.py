@@ -22,9 +22,10 @@ from st import load_checkpoint
 
 def round_bf16(x):
     """float32 -> nearest-even bfloat16, returned as float32 (spec conventions)."""
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return (u.astype(np.uint32) << 16).view(np.float32)
+    u = np.atleast_1d(np.asarray(x, np.float32)).view(np.uint32).astype(np.uint64)
+    u16 = np.uint64(16)
+    u = (u + np.uint64(0x7FFF) + ((u >> u16) & np.uint64(1))) >> u16
+    return (u.astype(np.uint32) << np.uint32(16)).view(np.float32).reshape(np.shape(x))
 
 
 def round_to(x, dtype):

@@ -1,0 +1,120 @@
+// `vlm dump`: every intermediate of a text prefill plus greedy decode, as float32
+// .npy files (little endian, C order) and JSON, for comparison with any reference.
+//   inputs_embeds.npy [Lp,H]  mask_global.npy / mask_sliding.npy [1,1,Lp,Lp]
+//   hidden_<i>.npy [Lp,H] after decoder layer i   logits.npy [Lp,V]
+//   tokens.json (prompt ids)  greedy.json (N greedy ids)  decode_logits.npy [N,V]
+// decode_logits[i] are the logits of the decode step fed greedy[i]. Rows ≥ valid
+// length (with --pad-to) are padding: finite, meaningless. Greedy ignores stop ids and,
+// on VLM checkpoints, never picks ids ≥ image_token_id (vocabulary padding, spec §10.2).
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/prompt_args.h"
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "io/checkpoint.h"
+#include "io/npy.h"
+#include "models/gemma3.h"
+#include "multimodal/mask.h"
+#include "multimodal/merge.h"
+#include "vision/encode.h"
+
+namespace vlm::cli {
+
+namespace {
+void write_json(const std::filesystem::path& p, const nlohmann::json& j) {
+  std::ofstream f(p);
+  f << j.dump() << "\n";
+  if (!f) fail("cannot write {}", p.string());
+}
+}  // namespace
+
+int cmd_dump(int argc, char** argv) {
+  CLI::App app{"Write a prefill's intermediates and greedy decode as .npy/.json"};
+  std::string model_dir, out_dir, scaling = "reference";
+  PromptArgs pa;
+  int pad_to = 0, steps = 32, threads = default_threads();
+  app.add_option("--model", model_dir, "checkpoint folder")->required();
+  app.add_option("--prompt", pa.prompt, "prompt text (chat template unless --raw)");
+  app.add_option("--tokens", pa.tokens, "prompt as a JSON list of token ids (used raw)");
+  app.add_flag("--raw", pa.raw, "no chat template");
+  app.add_option("--out", out_dir, "output folder")->required();
+  app.add_option("--pad-to", pad_to, "right-pad the prefill to this many positions");
+  app.add_option("--steps", steps, "greedy tokens to generate")->check(CLI::Range(0, 1 << 20));
+  app.add_option("--embed-scaling", scaling, "reference (HF, weight dtype) or f32");
+  app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
+  std::vector<std::string> image_files;
+  bool pan_and_scan = false;
+  app.add_option("--image", image_files,
+                 "image file (repeatable): also writes pixel_values.npy [n,3,S,S], vision_raw.npy "
+                 "[n,P,Hv], image_features.npy [n,T,H]");
+  app.add_flag("--pan-and-scan", pan_and_scan, "Pan & Scan crops follow each image (spec 5.4)");
+  CLI11_PARSE(app, argc, argv);
+  if (scaling != "reference" && scaling != "f32")
+    fail("--embed-scaling: expected reference or f32, got '{}'", scaling);
+
+  const std::vector<int32_t> ids = prompt_ids(pa, model_dir);
+  const int n = int(ids.size());
+  const int Lp = pad_to > 0 ? pad_to : n;
+  if (Lp < n) fail("--pad-to {} is shorter than the prompt ({} tokens)", Lp, n);
+
+  Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = !image_files.empty()});
+  const ModelConfig& mc = ck.config();
+  const int64_t context = mc.text.max_position_embeddings;
+  if (int64_t(n) + steps > context)
+    fail("prompt of {} tokens plus {} steps exceeds the context limit of {}", n, steps, context);
+  ThreadPool pool(threads);
+  Gemma3 model(ck, pool, scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference);
+  const int H = mc.text.hidden_size, V = model.vocab();
+
+  PrefillInput in = text_prefill(model.embedder(), ids, Lp, mc.text.sliding_window, mc.pad_token_id);
+  std::filesystem::create_directories(out_dir);
+  const std::filesystem::path out(out_dir);
+  if (!image_files.empty()) {
+    std::vector<vision::RgbImage> images;
+    for (const std::string& f : image_files) images.push_back(vision::load_image(f));
+    const vision::ImageEncoding e = vision::VisionEncoder(ck).encode(
+        images, pool, pan_and_scan ? std::optional<bool>(true) : std::nullopt);
+    const int64_t ni = e.pixels.count;
+    write_npy(out / "pixel_values.npy", e.pixels.values.data(), {ni, 3, e.pixels.height, e.pixels.width});
+    write_npy(out / "vision_raw.npy", e.vision_raw.data(), {ni, e.patches, e.vision_hidden});
+    write_npy(out / "image_features.npy", e.features.data(), {ni, e.tokens, e.hidden});
+    write_json(out / "num_crops.json", e.pixels.num_crops);
+  }
+  write_json(out / "tokens.json", ids);
+  write_npy(out / "inputs_embeds.npy", in.embeds.data(), {Lp, H});
+  write_npy(out / "mask_global.npy", in.mask_global.data(), {1, 1, Lp, Lp});
+  const std::vector<float>& sliding = in.mask_sliding.empty() ? in.mask_global : in.mask_sliding;
+  write_npy(out / "mask_sliding.npy", sliding.data(), {1, 1, Lp, Lp});
+
+  PrefillOptions opts;
+  opts.all_logits = true;
+  opts.on_layer = [&](int layer, const float* h) {
+    write_npy(out / ("hidden_" + std::to_string(layer) + ".npy"), h, {Lp, H});
+  };
+  KvCache cache = model.new_cache(context);
+  std::vector<float> logits = model.prefill_from_embeddings(in, cache, opts);
+  write_npy(out / "logits.npy", logits.data(), {Lp, V});
+
+  SamplingParams greedy;
+  if (mc.is_vlm()) greedy.vocab_limit = mc.image_token_id;
+  Sampler sampler(greedy);
+  std::vector<float> row(logits.begin() + int64_t(n - 1) * V, logits.begin() + int64_t(n) * V);
+  std::vector<int32_t> tokens;
+  std::vector<float> decode_logits;
+  decode_logits.reserve(size_t(steps) * size_t(V));
+  for (int s = 0; s < steps; ++s) {
+    tokens.push_back(sampler.sample(row));
+    const DecodeItem item{&cache, tokens.back()};
+    row = model.decode_step({&item, 1});
+    decode_logits.insert(decode_logits.end(), row.begin(), row.end());
+  }
+  write_json(out / "greedy.json", tokens);
+  write_npy(out / "decode_logits.npy", decode_logits.data(), {steps, V});
+  return 0;
+}
+
+}  // namespace vlm::cli

@@ -1,0 +1,79 @@
+// `vlm run`: generate from a prompt, streaming the answer to stdout. Ctrl-C stops
+// generation at the next token; what was produced stays printed (exit code 130).
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "cli/prompt_args.h"
+#include "core/error.h"
+#include "engine/generate.h"
+#include "io/checkpoint.h"
+#include "models/gemma3.h"
+
+namespace vlm::cli {
+
+namespace {
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_sigint(int) {
+  g_interrupted.store(true);
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
+}
+}  // namespace
+
+int cmd_run(int argc, char** argv) {
+  CLI::App app{"Generate text from a prompt"};
+  std::string model_dir;
+  PromptArgs pa;
+  GenerateOptions opt;
+  SamplingParams& sp = opt.sampling;
+  int threads = default_threads();
+  app.add_option("--model", model_dir, "checkpoint folder")->required();
+  app.add_option("--prompt", pa.prompt, "prompt text (chat template unless --raw)");
+  app.add_option("--tokens", pa.tokens, "prompt as a JSON list of token ids (used raw)");
+  app.add_flag("--raw", pa.raw, "no chat template");
+  app.add_option("--max-tokens", opt.max_tokens, "most tokens to generate")->check(CLI::Range(0, 1 << 30));
+  app.add_option("--temperature", sp.temperature, "0 = greedy");
+  app.add_option("--top-k", sp.top_k, "0 = off");
+  app.add_option("--top-p", sp.top_p, "1 = off");
+  app.add_option("--min-p", sp.min_p, "0 = off");
+  app.add_option("--repetition-penalty", sp.repetition_penalty, "1 = off");
+  app.add_option("--presence-penalty", sp.presence_penalty, "0 = off");
+  app.add_option("--frequency-penalty", sp.frequency_penalty, "0 = off");
+  app.add_option("--seed", sp.seed, "sampling seed");
+  app.add_option("--stop", opt.stop_strings, "stop string (repeatable)");
+  app.add_option("--context", opt.context, "context limit (default: max_position_embeddings)");
+  app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
+  CLI11_PARSE(app, argc, argv);
+  validate(sp);
+
+  const std::vector<int32_t> ids = prompt_ids(pa, model_dir);
+  Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = false});
+  const ModelConfig& mc = ck.config();
+  if (mc.is_vlm()) sp.vocab_limit = mc.image_token_id;  // ids past it are vocabulary padding
+  opt.stop_ids = mc.eos_token_ids;
+  ThreadPool pool(threads);
+  Gemma3 model(ck, pool);
+
+  GenerateIO io;
+  io.cancel = &g_interrupted;
+  bool first = true;
+  io.on_token = [&](int32_t id) {
+    std::printf(first ? "%d" : " %d", id);
+    first = false;
+    std::fflush(stdout);
+  };
+  g_interrupted = false;
+  std::signal(SIGINT, on_sigint);
+  GenerateResult r = generate(model, ids, opt, io);
+  std::signal(SIGINT, SIG_DFL);
+  std::printf("\n");
+  std::fflush(stdout);
+  std::fprintf(stderr, "[%d prompt tokens, %zu generated, finish: %s]\n", r.prompt_tokens,
+               r.tokens.size(), std::string(finish_name(r.finish)).c_str());
+  return r.finish == FinishReason::Cancelled ? 130 : 0;
+}
+
+}  // namespace vlm::cli

@@ -1,0 +1,171 @@
+// Decoder behaviour that the oracle test cannot see through `vlm dump`: batched decode
+// of sequences with different lengths against decoding each alone, KV cache limits,
+// and the prefill door's input checks. Uses the tiny-text-f32 fixture.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <vector>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "models/gemma3.h"
+#include "multimodal/merge.h"
+
+namespace vlm {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fixture(const char* name) {
+  const char* root = std::getenv("VLM_FIXTURES");
+  return root ? fs::path(root) / name : fs::path();
+}
+
+std::vector<int32_t> prompt_of(int n, int salt) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ids[size_t(i)] = 2 + (i * 7919 + salt * 104729) % 262000;
+  return ids;
+}
+
+int32_t argmax(const float* x, size_t n) { return int32_t(std::max_element(x, x + n) - x); }
+
+class DecoderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path dir = fixture("tiny-text-f32");
+    if (dir.empty() || !fs::exists(dir / "config.json")) GTEST_SKIP() << "VLM_FIXTURES not built";
+    ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+    pool_ = std::make_unique<ThreadPool>(2);
+    model_ = std::make_unique<Gemma3>(*ckpt_, *pool_);
+  }
+  KvCache prefilled(const std::vector<int32_t>& ids, std::vector<float>* logits, int64_t context = 256) {
+    KvCache c = model_->new_cache(context);
+    const TextConfig& t = model_->config();
+    *logits = model_->prefill_from_embeddings(
+        text_prefill(model_->embedder(), ids, int(ids.size()), t.sliding_window, 0), c);
+    return c;
+  }
+  std::unique_ptr<Checkpoint> ckpt_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Gemma3> model_;
+};
+
+// Sequences of lengths 3..30 (around W = 8) decode 20 steps together (the rings wrap)
+// and one at a time; every step's logits must agree. The kernels compute each row on
+// its own, so with up to 4 rows (the matmul's row-by-row path) they agree bitwise; with 6
+// rows the tiled path sums in another order, so there the bound is 1e-5 relative.
+void check_batched(Gemma3& model, std::vector<KvCache> alone,
+                   std::vector<int32_t> next, bool bitwise) {
+  std::vector<KvCache> together = alone;
+  const size_t B = alone.size(), V = size_t(model.vocab());
+  for (int step = 0; step < 20; ++step) {
+    std::vector<DecodeItem> batch;
+    for (size_t b = 0; b < B; ++b) batch.push_back({&together[b], next[b]});
+    const std::vector<float> joint = model.decode_step(batch);
+    ASSERT_EQ(joint.size(), B * V);
+    for (size_t b = 0; b < B; ++b) {
+      const DecodeItem one{&alone[b], next[b]};
+      const std::vector<float> single = model.decode_step({&one, 1});
+      float worst = 0, scale = 0;
+      for (size_t i = 0; i < V; ++i) {
+        worst = std::max(worst, std::fabs(single[i] - joint[b * V + i]));
+        scale = std::max(scale, std::fabs(single[i]));
+      }
+      if (bitwise)
+        ASSERT_EQ(worst, 0.f) << "step " << step << " seq " << b;
+      else
+        ASSERT_LE(worst, 1e-5f * scale) << "step " << step << " seq " << b;
+      next[b] = argmax(single.data(), V);
+      EXPECT_EQ(together[b].length(), alone[b].length());
+    }
+  }
+}
+
+TEST_F(DecoderTest, BatchedDecodeEqualsAloneUpTo4Rows) {
+  std::vector<KvCache> caches;
+  std::vector<int32_t> next;
+  for (int n : {3, 9, 17, 30}) {
+    std::vector<float> logits;
+    caches.push_back(prefilled(prompt_of(n, n), &logits));
+    next.push_back(argmax(logits.data(), logits.size()));
+  }
+  check_batched(*model_, caches, next, /*bitwise=*/true);
+}
+
+TEST_F(DecoderTest, BatchedDecodeEqualsAloneSixRows) {
+  std::vector<KvCache> caches;
+  std::vector<int32_t> next;
+  for (int n : {1, 4, 8, 9, 15, 24}) {
+    std::vector<float> logits;
+    caches.push_back(prefilled(prompt_of(n, n + 1), &logits));
+    next.push_back(argmax(logits.data(), logits.size()));
+  }
+  check_batched(*model_, caches, next, /*bitwise=*/false);
+}
+
+TEST_F(DecoderTest, SlidingRingHoldsExactlyWindow) {
+  std::vector<float> logits;
+  KvCache c = prefilled(prompt_of(20, 3), &logits);
+  const TextConfig& t = model_->config();
+  for (int l = 0; l < t.num_layers; ++l) {
+    const bool sliding = t.layer_kinds[size_t(l)] == LayerKind::Sliding;
+    EXPECT_EQ(c.visible(l, c.length()), sliding ? size_t(t.sliding_window) : size_t(20)) << l;
+  }
+  // Positions 12..19 live in ring slots p mod 8 of a sliding layer (layer 0), as written
+  // by prefill: a decode step writes position 20 into slot 4, overwriting position 12.
+  EXPECT_EQ(c.key_slot(0, 20), c.key_slot(0, 12));
+  EXPECT_EQ(c.key_slot(0, 12) - c.keys(0), std::ptrdiff_t(4 * c.row_size()));
+}
+
+TEST_F(DecoderTest, ContextLimitIsAnErrorBeforeCompute) {
+  std::vector<float> logits;
+  const std::vector<int32_t> ids = prompt_of(10, 1);
+  KvCache small = model_->new_cache(9);
+  const TextConfig& t = model_->config();
+  PrefillInput in = text_prefill(model_->embedder(), ids, 10, t.sliding_window, 0);
+  EXPECT_THROW(model_->prefill_from_embeddings(in, small), Error);
+  EXPECT_EQ(small.length(), 0);
+  KvCache full = prefilled(ids, &logits, 10);
+  const DecodeItem item{&full, 5};
+  EXPECT_THROW(model_->decode_step({&item, 1}), Error);
+  EXPECT_EQ(full.length(), 10);
+}
+
+TEST_F(DecoderTest, PrefillRejectsBadInputs) {
+  const TextConfig& t = model_->config();
+  const std::vector<int32_t> ids = prompt_of(6, 2);
+  PrefillInput in = text_prefill(model_->embedder(), ids, 8, t.sliding_window, 0);
+  {
+    KvCache c = model_->new_cache(64);
+    PrefillInput bad = in;
+    bad.mask_global.pop_back();
+    EXPECT_THROW(model_->prefill_from_embeddings(bad, c), Error);
+  }
+  {
+    KvCache c = model_->new_cache(64);
+    PrefillInput bad = in;
+    bad.mask_sliding[3] = NAN;
+    EXPECT_THROW(model_->prefill_from_embeddings(bad, c), Error);
+  }
+  {
+    KvCache c = model_->new_cache(64);
+    PrefillInput bad = in;
+    bad.valid_len = 9;
+    EXPECT_THROW(model_->prefill_from_embeddings(bad, c), Error);
+  }
+  KvCache c = model_->new_cache(64);
+  model_->prefill_from_embeddings(in, c);
+  EXPECT_EQ(c.length(), 6);  // only the valid positions enter the cache
+  EXPECT_THROW(model_->prefill_from_embeddings(in, c), Error);  // cache not empty
+  const DecodeItem twice[2] = {{&c, 5}, {&c, 6}};
+  EXPECT_THROW(model_->decode_step(twice), Error);
+  const DecodeItem bad_id{&c, 262144};
+  EXPECT_THROW(model_->decode_step({&bad_id, 1}), Error);
+  EXPECT_EQ(c.length(), 6);
+}
+
+}  // namespace
+}  // namespace vlm
