@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/simd_scalar.h"
 
 namespace vlm::kernels {
 
@@ -50,24 +51,6 @@ void matmul_ref(const float* x, size_t M, const Weight& w, float* y) {
 }
 
 namespace detail {
-namespace {
-// Scalar "vectors" of one float: the same tiled code as the SIMD paths, portable.
-struct S1 {
-  using V = float;
-  static constexpr int W = 1, MR = 4, NV = 4;
-  static constexpr int DOT_RN = 4, DOT_RM = 2, DOT_RN2 = 2;
-  static V zero() { return 0.f; }
-  static V load(const float* p) { return *p; }
-  static void store(float* p, V v) { *p = v; }
-  static V bcast(const float* p) { return *p; }
-  static V fma(V a, V b, V c) { return a * b + c; }
-  static V add(V a, V b) { return a + b; }
-  static float hsum(V v) { return v; }
-  static V load_bf16(const uint16_t* p) { return bf16_to_f32(*p); }
-  static V load_f16(const uint16_t* p) { return f16_to_f32(*p); }
-  static void transpose(V*) {}
-};
-}  // namespace
 const IsaKernels kScalarKernels = make_kernels<S1>("scalar");
 
 const IsaKernels& kernels_for(Isa isa) {

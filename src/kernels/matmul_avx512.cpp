@@ -1,63 +1,8 @@
 // AVX-512 (F/BW/VL/DQ) matmul kernels: 16 floats per vector, 6×64 register tiles.
-// GCC 12 warns falsely inside its own intrinsic headers (_mm512_undefined_*, PR 105593).
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-
 #include "kernels/matmul_impl.h"
+#include "kernels/simd_avx512.h"
 
 namespace vlm::kernels::detail {
-namespace {
-
-struct S512 {
-  using V = __m512;
-  static constexpr int W = 16, MR = 6, NV = 4;
-  static constexpr int DOT_RN = 8, DOT_RM = 4, DOT_RN2 = 4;
-  static V zero() { return _mm512_setzero_ps(); }
-  static V load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  static V bcast(const float* p) { return _mm512_set1_ps(*p); }
-  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V add(V a, V b) { return _mm512_add_ps(a, b); }
-  static float hsum(V v) { return _mm512_reduce_add_ps(v); }
-  // bf16 is the top half of an f32: widening is a zero-extend and a shift (exact).
-  static V load_bf16(const uint16_t* p) {
-    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
-  }
-  static V load_f16(const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  }
-  static void transpose(V* r) {
-    V t[16], u[16];
-    for (int i = 0; i < 8; ++i) {
-      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    // u[4j + c], 128-bit lane L: rows 4j..4j+3 of column 4L + c.
-    for (int j = 0; j < 4; ++j) {
-      const __m512d a = _mm512_castps_pd(t[4 * j]), b = _mm512_castps_pd(t[4 * j + 1]);
-      const __m512d c = _mm512_castps_pd(t[4 * j + 2]), d = _mm512_castps_pd(t[4 * j + 3]);
-      u[4 * j + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-      u[4 * j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-      u[4 * j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-      u[4 * j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-    }
-    // 4×4 transpose of 128-bit lanes across u[c], u[4+c], u[8+c], u[12+c].
-    for (int c = 0; c < 4; ++c) {
-      const V v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
-      const V v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xEE);
-      const V v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
-      const V v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xEE);
-      r[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
-      r[4 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
-      r[8 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
-      r[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
-    }
-  }
-};
-
-}  // namespace
 
 const IsaKernels kAvx512Kernels = make_kernels<S512>("avx512");
 

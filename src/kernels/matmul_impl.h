@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "kernels/matmul_isa.h"
+#include "kernels/simd.h"
 
 namespace vlm::kernels::detail {
 
@@ -19,10 +20,6 @@ namespace vlm::kernels::detail {
 // stays in L1, the packed block (NC × KC) in L2.
 inline constexpr size_t kKC = 128;
 inline constexpr size_t kNC = 512;
-
-// Tile loops must be fully unrolled so the accumulators live in registers; GCC at -O2
-// does not always do it by itself.
-#define VLM_UNROLL _Pragma("GCC unroll 32")
 
 template <DType D>
 inline constexpr size_t kElemSize = D == DType::F32 ? 4 : 2;
@@ -43,20 +40,6 @@ inline typename S::V load_w_part(const std::byte* p, size_t n) {
   alignas(64) std::byte tmp[S::W * 4] = {};
   std::memcpy(tmp, p, n * kElemSize<D>);
   return load_w<S, D>(tmp);
-}
-
-template <class S>
-inline typename S::V load_part(const float* p, size_t n) {
-  alignas(64) float tmp[S::W] = {};
-  std::memcpy(tmp, p, n * 4);
-  return S::load(tmp);
-}
-
-template <class S>
-inline void store_part(float* p, typename S::V v, size_t n) {
-  alignas(64) float tmp[S::W];
-  S::store(tmp, v);
-  std::memcpy(p, tmp, n * 4);
 }
 
 // ---- small M: RM activation rows × RN weight rows, dot products over all of K ----

@@ -1,66 +1,43 @@
 #include "kernels/ops.h"
 
 #include <cmath>
-#include <limits>
+
+#include "kernels/matmul.h"
+#include "kernels/ops_impl.h"
+#include "kernels/simd_scalar.h"
 
 namespace vlm::kernels {
 
-void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps) {
-  for (size_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    double ss = 0.0;
-    for (size_t i = 0; i < dim; ++i) ss += double(xr[i]) * xr[i];
-    const float inv = float(1.0 / std::sqrt(ss / double(dim) + double(eps)));
-    for (size_t i = 0; i < dim; ++i) yr[i] = (xr[i] * inv) * (1.f + w[i]);
+namespace detail {
+const OpsKernels kScalarOps = make_ops<S1>();
+}  // namespace detail
+
+namespace {
+// The ops follow the matmul path (best ISA, or the one VLM_ISA / set_matmul_isa chose).
+const detail::OpsKernels& ops() {
+  switch (matmul_isa_id()) {
+    case Isa::Avx512: return detail::kAvx512Ops;
+    case Isa::Avx2: return detail::kAvx2Ops;
+    case Isa::Scalar: break;
   }
+  return detail::kScalarOps;
+}
+}  // namespace
+
+void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps) {
+  ops().rms_norm(x, w, y, rows, dim, eps);
 }
 
 void layer_norm(const float* x, const float* g, const float* b, float* y, size_t rows, size_t dim,
                 float eps) {
-  for (size_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    double s = 0.0;
-    for (size_t i = 0; i < dim; ++i) s += xr[i];
-    const double mean = s / double(dim);
-    double v = 0.0;
-    for (size_t i = 0; i < dim; ++i) v += (xr[i] - mean) * (xr[i] - mean);
-    const float inv = float(1.0 / std::sqrt(v / double(dim) + double(eps)));
-    const float m = float(mean);
-    for (size_t i = 0; i < dim; ++i) yr[i] = (xr[i] - m) * inv * g[i] + b[i];
-  }
+  ops().layer_norm(x, g, b, y, rows, dim, eps);
 }
 
-namespace {
-inline float gelu1(float x) {
-  constexpr float kC = 0.7978845608028654f;  // sqrt(2/pi)
-  return 0.5f * x * (1.f + std::tanh(kC * (x + 0.044715f * x * x * x)));
-}
-}  // namespace
+void gelu_tanh(float* x, size_t n) { ops().gelu_tanh(x, n); }
 
-void gelu_tanh(float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i] = gelu1(x[i]);
-}
+void gelu_tanh_mul(float* gate, const float* up, size_t n) { ops().gelu_tanh_mul(gate, up, n); }
 
-void gelu_tanh_mul(float* gate, const float* up, size_t n) {
-  for (size_t i = 0; i < n; ++i) gate[i] = gelu1(gate[i]) * up[i];
-}
-
-void softmax(float* x, size_t n) {
-  if (n == 0) return;
-  float mx = x[0];
-  for (size_t i = 1; i < n; ++i) mx = std::fmax(mx, x[i]);
-  // An all −inf row would give (−inf) − (−inf) = NaN; shift by 0 instead.
-  if (mx == -std::numeric_limits<float>::infinity()) mx = 0.f;
-  float sum = 0.f;
-  for (size_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - mx);
-    sum += x[i];
-  }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  for (size_t i = 0; i < n; ++i) x[i] *= inv;
-}
+void softmax(float* x, size_t n) { ops().softmax(x, n); }
 
 void rope_rotate_half(float* x, size_t heads, size_t d, const float* cos, const float* sin) {
   const size_t half = d / 2;

@@ -195,105 +195,137 @@ TEST(Matmul, IsaSelection) {
 // ---- ops ----
 
 TEST(Ops, RmsNormMatchesDouble) {
-  std::mt19937 rng(3);
-  const size_t rows = 5, dim = 333;
-  auto x = random_vec(rows * dim, rng), w = random_vec(dim, rng);
-  for (size_t i = 0; i < dim; ++i) x[i] *= 1000.f;  // a large-magnitude row
-  std::vector<float> y(rows * dim);
-  rms_norm(x.data(), w.data(), y.data(), rows, dim, 1e-6f);
-  for (size_t r = 0; r < rows; ++r) {
-    double ss = 0;
-    for (size_t i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
-    const double inv = 1.0 / std::sqrt(ss / dim + 1e-6);
-    for (size_t i = 0; i < dim; ++i) {
-      const double want = x[r * dim + i] * inv * (1.0 + w[i]);
-      // a few f32 roundings of values of size |want|
-      EXPECT_NEAR(y[r * dim + i], want, 4 * kU * (std::fabs(want) + 1e-30) + 1e-12) << r << "," << i;
+  IsaGuard guard;
+  for (Isa isa : isas()) {
+    set_matmul_isa(isa);
+    SCOPED_TRACE(isa_name(isa));
+    std::mt19937 rng(3);
+    const size_t rows = 5, dim = 333;
+    auto x = random_vec(rows * dim, rng), w = random_vec(dim, rng);
+    for (size_t i = 0; i < dim; ++i) x[i] *= 1000.f;  // a large-magnitude row
+    std::vector<float> y(rows * dim);
+    rms_norm(x.data(), w.data(), y.data(), rows, dim, 1e-6f);
+    for (size_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (size_t i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+      const double inv = 1.0 / std::sqrt(ss / dim + 1e-6);
+      for (size_t i = 0; i < dim; ++i) {
+        const double want = x[r * dim + i] * inv * (1.0 + w[i]);
+        // mean(x²) summed in f32 in any order: relative error ≤ dim·u, halved by the
+        // square root; then a few roundings of values of size |want|.
+        EXPECT_NEAR(y[r * dim + i], want, (dim / 2 + 4) * kU * std::fabs(want) + 1e-30) << r << "," << i;
+      }
     }
+    // in place
+    std::vector<float> z = x;
+    rms_norm(z.data(), w.data(), z.data(), rows, dim, 1e-6f);
+    EXPECT_EQ(z, y);
   }
-  // in place
-  std::vector<float> z = x;
-  rms_norm(z.data(), w.data(), z.data(), rows, dim, 1e-6f);
-  EXPECT_EQ(z, y);
 }
 
 TEST(Ops, LayerNormMatchesDouble) {
-  std::mt19937 rng(4);
-  const size_t rows = 4, dim = 1152;
-  auto x = random_vec(rows * dim, rng), g = random_vec(dim, rng), b = random_vec(dim, rng);
-  for (size_t i = 0; i < dim; ++i) x[dim + i] += 50.f;  // a row with a large mean
-  std::vector<float> y(rows * dim);
-  layer_norm(x.data(), g.data(), b.data(), y.data(), rows, dim, 1e-6f);
-  for (size_t r = 0; r < rows; ++r) {
-    double s = 0, v = 0;
-    for (size_t i = 0; i < dim; ++i) s += x[r * dim + i];
-    const double mean = s / dim;
-    for (size_t i = 0; i < dim; ++i) v += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
-    const double inv = 1.0 / std::sqrt(v / dim + 1e-6);
-    for (size_t i = 0; i < dim; ++i) {
-      const double t = (x[r * dim + i] - mean) * inv * g[i];
-      // x − mean is rounded at the scale of |x|: allow that, times inv·|g|.
-      const double tol = 4 * kU * (std::fabs(t) + std::fabs(b[i])) +
-                         2 * kU * std::fabs(x[r * dim + i]) * inv * std::fabs(g[i]);
-      EXPECT_NEAR(y[r * dim + i], t + b[i], tol) << r << "," << i;
+  IsaGuard guard;
+  for (Isa isa : isas()) {
+    set_matmul_isa(isa);
+    SCOPED_TRACE(isa_name(isa));
+    std::mt19937 rng(4);
+    const size_t rows = 4, dim = 1152;
+    auto x = random_vec(rows * dim, rng), g = random_vec(dim, rng), b = random_vec(dim, rng);
+    for (size_t i = 0; i < dim; ++i) x[dim + i] += 50.f;  // a row with a large mean
+    std::vector<float> y(rows * dim);
+    layer_norm(x.data(), g.data(), b.data(), y.data(), rows, dim, 1e-6f);
+    for (size_t r = 0; r < rows; ++r) {
+      double s = 0, v = 0;
+      for (size_t i = 0; i < dim; ++i) s += x[r * dim + i];
+      const double mean = s / dim;
+      for (size_t i = 0; i < dim; ++i) v += (x[r * dim + i] - mean) * (x[r * dim + i] - mean);
+      const double inv = 1.0 / std::sqrt(v / dim + 1e-6);
+      for (size_t i = 0; i < dim; ++i) {
+        const double t = (x[r * dim + i] - mean) * inv * g[i];
+        // x − mean is rounded at the scale of |x|: allow that, times inv·|g|.
+        // the mean and variance are f32 sums (≤ dim·u relative) ...
+        const double tol = (dim / 2 + 4) * kU * (std::fabs(t) + std::fabs(b[i]) + std::fabs(g[i])) +
+                           2 * kU * std::fabs(x[r * dim + i]) * inv * std::fabs(g[i]);
+        EXPECT_NEAR(y[r * dim + i], t + b[i], tol) << r << "," << i;
+      }
     }
   }
 }
 
 TEST(Ops, GeluTanhMatchesFormula) {
-  std::vector<float> x;
-  for (float v = -12.f; v <= 12.f; v += 0.01f) x.push_back(v);
-  x.push_back(0.f);
-  x.push_back(-0.f);
-  x.push_back(1e-30f);
-  x.push_back(30000.f);
-  x.push_back(-30000.f);
-  std::vector<float> y = x, up(x.size()), gm = x;
-  for (size_t i = 0; i < x.size(); ++i) up[i] = float(i % 7) - 3.f;
-  gelu_tanh(y.data(), y.size());
-  gelu_tanh_mul(gm.data(), up.data(), gm.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double v = x[i];
-    const double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
-    // 1 + tanh(z) cancels for z ≪ 0; its f32 error is ~u, scaled by 0.5·|x|.
-    const double tol = 8 * kU * std::fabs(want) + 2 * kU * std::fabs(v);
-    ASSERT_NEAR(y[i], want, tol) << "x=" << v;
-    ASSERT_TRUE(std::isfinite(y[i]));
-    ASSERT_EQ(gm[i], y[i] * up[i]) << "x=" << v;
+  IsaGuard guard;
+  for (Isa isa : isas()) {
+    set_matmul_isa(isa);
+    SCOPED_TRACE(isa_name(isa));
+    std::vector<float> x;
+    for (float v = -12.f; v <= 12.f; v += 0.01f) x.push_back(v);
+    x.push_back(0.f);
+    x.push_back(-0.f);
+    x.push_back(1e-30f);
+    x.push_back(30000.f);
+    x.push_back(-30000.f);
+    std::vector<float> y = x, up(x.size()), gm = x;
+    for (size_t i = 0; i < x.size(); ++i) up[i] = float(i % 7) - 3.f;
+    gelu_tanh(y.data(), y.size());
+    gelu_tanh_mul(gm.data(), up.data(), gm.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double v = x[i];
+      const double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+      // 1 + tanh(z) cancels for z ≪ 0; its f32 error is ~u, scaled by 0.5·|x|.
+      const double tol = 8 * kU * std::fabs(want) + 2 * kU * std::fabs(v);
+      ASSERT_NEAR(y[i], want, tol) << "x=" << v;
+      ASSERT_TRUE(std::isfinite(y[i]));
+      ASSERT_EQ(gm[i], y[i] * up[i]) << "x=" << v;
+    }
   }
 }
 
 TEST(Ops, SoftmaxMatchesDoubleAndStaysFinite) {
-  std::mt19937 rng(5);
-  for (size_t n : {1, 2, 15, 16, 17, 100, 4096}) {
-    auto x = random_vec(n, rng);
-    for (auto& v : x) v *= 30.f;
-    std::vector<float> y = x;
-    softmax(y.data(), n);
-    double mx = -INFINITY, s = 0;
-    for (float v : x) mx = std::max(mx, double(v));
-    for (float v : x) s += std::exp(v - mx);
-    for (size_t i = 0; i < n; ++i) {
-      const double want = std::exp(x[i] - mx) / s;
-      // x − max is rounded in f32 (abs. error u·|x − max|, amplified by exp), then a
-      // few roundings in exp, the sum and the division.
-      const double tol = want * (2 * kU * (std::fabs(x[i]) + std::fabs(mx)) + 16 * kU) + 1e-44;
-      EXPECT_NEAR(y[i], want, tol) << n << "," << i;
+  IsaGuard guard;
+  for (Isa isa : isas()) {
+    set_matmul_isa(isa);
+    SCOPED_TRACE(isa_name(isa));
+    std::mt19937 rng(5);
+    for (size_t n : {1, 2, 15, 16, 17, 100, 4096}) {
+      auto x = random_vec(n, rng);
+      for (auto& v : x) v *= 30.f;
+      std::vector<float> y = x;
+      softmax(y.data(), n);
+      double mx = -INFINITY, s = 0;
+      for (float v : x) mx = std::max(mx, double(v));
+      for (float v : x) s += std::exp(v - mx);
+      for (size_t i = 0; i < n; ++i) {
+        const double want = std::exp(x[i] - mx) / s;
+        // x − max is rounded in f32 (abs. error u·|x − max|, amplified by exp), then a
+        // few roundings in exp, the sum and the division.
+        const double tol = want * (2 * kU * (std::fabs(x[i]) + std::fabs(mx)) + 16 * kU) + 1e-44;
+        EXPECT_NEAR(y[i], want, tol) << n << "," << i;
+      }
+    }
+    const float lo = std::numeric_limits<float>::lowest();
+    std::vector<float> all_low(37, lo);
+    softmax(all_low.data(), all_low.size());
+    for (float v : all_low) EXPECT_FLOAT_EQ(v, 1.f / 37);
+    // a masked row: lowest f32 everywhere but two entries
+    std::vector<float> masked(20, lo);
+    masked[3] = 0.f;
+    masked[7] = 0.f;
+    softmax(masked.data(), masked.size());
+    for (size_t i = 0; i < masked.size(); ++i) EXPECT_EQ(masked[i], (i == 3 || i == 7) ? 0.5f : 0.f);
+    std::vector<float> all_inf(5, -INFINITY);
+    softmax(all_inf.data(), all_inf.size());
+    for (float v : all_inf) EXPECT_EQ(v, 0.f);
+    // exp underflow: results below FLT_MIN are flushed to 0 (stated bound: FLT_MIN)
+    std::vector<float> wide = {0.f, -50.f, -87.f, -88.f, -100.f, -1e30f, 3.f};
+    std::vector<float> yw = wide;
+    softmax(yw.data(), yw.size());
+    double sw = 0;
+    for (float v : wide) sw += std::exp(double(v) - 3.0);
+    for (size_t i = 0; i < wide.size(); ++i) {
+      const double want = std::exp(double(wide[i]) - 3.0) / sw;
+      EXPECT_NEAR(yw[i], want, want * 300 * kU + std::numeric_limits<float>::min()) << wide[i];
     }
   }
-  const float lo = std::numeric_limits<float>::lowest();
-  std::vector<float> all_low(37, lo);
-  softmax(all_low.data(), all_low.size());
-  for (float v : all_low) EXPECT_FLOAT_EQ(v, 1.f / 37);
-  // a masked row: lowest f32 everywhere but two entries
-  std::vector<float> masked(20, lo);
-  masked[3] = 0.f;
-  masked[7] = 0.f;
-  softmax(masked.data(), masked.size());
-  for (size_t i = 0; i < masked.size(); ++i) EXPECT_EQ(masked[i], (i == 3 || i == 7) ? 0.5f : 0.f);
-  std::vector<float> all_inf(5, -INFINITY);
-  softmax(all_inf.data(), all_inf.size());
-  for (float v : all_inf) EXPECT_EQ(v, 0.f);
 }
 
 TEST(Ops, RopeRotateHalfMatchesDouble) {

@@ -1,0 +1,216 @@
+// ISA-generic bodies of the element-wise and row-wise ops (ops.h), written against a
+// SIMD traits class S (see simd.h). exp and tanh are evaluated here rather than by
+// libm so that they vectorize; both stay within a few ulp of the exact functions.
+// sqrt is __builtin_sqrtf: an inline std:: wrapper could be emitted out of line in an
+// ISA file and then picked by the linker for baseline code.
+#pragma once
+#include <cmath>  // INFINITY only: library calls would not be compiled for the ISA
+#include <cstddef>
+
+#include "kernels/simd.h"
+
+namespace vlm::kernels::detail {
+
+struct OpsKernels {
+  void (*rms_norm)(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps);
+  void (*layer_norm)(const float* x, const float* g, const float* b, float* y, size_t rows,
+                     size_t dim, float eps);
+  void (*gelu_tanh)(float* x, size_t n);
+  void (*gelu_tanh_mul)(float* gate, const float* up, size_t n);
+  void (*softmax)(float* x, size_t n);
+};
+extern const OpsKernels kScalarOps;
+extern const OpsKernels kAvx2Ops;
+extern const OpsKernels kAvx512Ops;
+
+// e^x for x ≤ 88; 0 below ln(FLT_MIN) (no subnormal results). Cody–Waite reduction
+// x = n·ln2 + r, |r| ≤ ln2/2, then the Taylor series of e^r to degree 7 (truncation
+// below 0.1 ulp) and a scale by 2^n.
+template <class S>
+inline typename S::V exp_v(typename S::V x) {
+  using V = typename S::V;
+  const V lo = S::set1(-87.33654f);
+  const auto tiny = S::lt(x, lo);
+  x = S::min(S::max(x, lo), S::set1(88.f));
+  const V n = S::round(S::mul(x, S::set1(1.44269504088896341f)));
+  // ln2_hi has 15 significant bits, so n·ln2_hi is exact for |n| ≤ 127.
+  V r = S::fma(n, S::set1(-0.693145751953125f), x);
+  r = S::fma(n, S::set1(-1.428606765330187e-06f), r);
+  V p = S::set1(1.f / 5040);
+  p = S::fma(p, r, S::set1(1.f / 720));
+  p = S::fma(p, r, S::set1(1.f / 120));
+  p = S::fma(p, r, S::set1(1.f / 24));
+  p = S::fma(p, r, S::set1(1.f / 6));
+  p = S::fma(p, r, S::set1(0.5f));
+  p = S::fma(p, r, S::set1(1.f));
+  p = S::fma(p, r, S::set1(1.f));
+  return S::select(tiny, S::zero(), S::mul(p, S::pow2i(n)));
+}
+
+// tanh(z) = (e^{2|z|} − 1) / (e^{2|z|} + 1) with the sign of z. Below 2|z| = 0.75 the
+// numerator cancels, so there e^t − 1 comes from its own Taylor series (degree 10,
+// truncation < 1e-9 relative).
+template <class S>
+inline typename S::V tanh_v(typename S::V z) {
+  using V = typename S::V;
+  const V a = S::abs(z);
+  const V t = S::add(a, a);
+  V p = S::set1(1.f / 3628800);
+  p = S::fma(p, t, S::set1(1.f / 362880));
+  p = S::fma(p, t, S::set1(1.f / 40320));
+  p = S::fma(p, t, S::set1(1.f / 5040));
+  p = S::fma(p, t, S::set1(1.f / 720));
+  p = S::fma(p, t, S::set1(1.f / 120));
+  p = S::fma(p, t, S::set1(1.f / 24));
+  p = S::fma(p, t, S::set1(1.f / 6));
+  p = S::fma(p, t, S::set1(0.5f));
+  p = S::fma(p, t, S::set1(1.f));
+  const V em1 = S::mul(t, p);
+  const V small = S::div(em1, S::add(em1, S::set1(2.f)));
+  // e^40 makes the quotient 1 in f32 already; the clamp keeps e finite.
+  const V e = exp_v<S>(S::min(t, S::set1(40.f)));
+  const V one = S::set1(1.f);
+  const V large = S::div(S::sub(e, one), S::add(e, one));
+  return S::copysign(S::select(S::lt(t, S::set1(0.75f)), small, large), z);
+}
+
+// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), rounded step by step as PyTorch's f32
+// gelu_pytorch_tanh does.
+template <class S>
+inline typename S::V gelu_v(typename S::V x) {
+  using V = typename S::V;
+  const V x3 = S::mul(S::mul(x, x), x);
+  const V inner = S::mul(S::set1(0.7978845608028654f), S::add(x, S::mul(S::set1(0.044715f), x3)));
+  return S::mul(S::mul(S::set1(0.5f), x), S::add(S::set1(1.f), tanh_v<S>(inner)));
+}
+
+template <class S>
+void gelu_k(float* x, size_t n) {
+  size_t i = 0;
+  for (; i + S::W <= n; i += S::W) S::store(x + i, gelu_v<S>(S::load(x + i)));
+  if (i < n) store_part<S>(x + i, gelu_v<S>(load_part<S>(x + i, n - i)), n - i);
+}
+
+template <class S>
+void gelu_mul_k(float* g, const float* u, size_t n) {
+  size_t i = 0;
+  for (; i + S::W <= n; i += S::W) S::store(g + i, S::mul(gelu_v<S>(S::load(g + i)), S::load(u + i)));
+  if (i < n)
+    store_part<S>(g + i, S::mul(gelu_v<S>(load_part<S>(g + i, n - i)), load_part<S>(u + i, n - i)),
+                  n - i);
+}
+
+template <class S>
+void softmax_k(float* x, size_t n) {
+  using V = typename S::V;
+  if (n == 0) return;
+  const float ninf = -INFINITY;
+  V vm = S::set1(ninf);
+  size_t i = 0;
+  for (; i + S::W <= n; i += S::W) vm = S::max(vm, S::load(x + i));
+  if (i < n) vm = S::max(vm, load_part<S>(x + i, n - i, ninf));
+  float mx = S::hmax(vm);
+  // An all −inf row would give (−inf) − (−inf) = NaN; shift by 0 instead (all zeros out).
+  if (mx == ninf) mx = 0.f;
+  const V m = S::set1(mx);
+  V vs = S::zero();
+  for (i = 0; i + S::W <= n; i += S::W) {
+    const V e = exp_v<S>(S::sub(S::load(x + i), m));
+    S::store(x + i, e);
+    vs = S::add(vs, e);
+  }
+  if (i < n) {
+    const V e = exp_v<S>(S::sub(load_part<S>(x + i, n - i, ninf), m));  // padding gives 0
+    store_part<S>(x + i, e, n - i);
+    vs = S::add(vs, e);
+  }
+  const float sum = S::hsum(vs);
+  const V inv = S::set1(sum > 0.f ? 1.f / sum : 0.f);
+  for (i = 0; i + S::W <= n; i += S::W) S::store(x + i, S::mul(S::load(x + i), inv));
+  if (i < n) store_part<S>(x + i, S::mul(load_part<S>(x + i, n - i), inv), n - i);
+}
+
+// Σ (v[i] − c) and Σ (v[i] − c)² over one row, in f32 lanes.
+template <class S>
+void sums(const float* v, size_t n, float c, float& s1, float& s2) {
+  using V = typename S::V;
+  const V cv = S::set1(c);
+  V a0 = S::zero(), a1 = S::zero(), q0 = S::zero(), q1 = S::zero();
+  size_t i = 0;
+  for (; i + 2 * S::W <= n; i += 2 * S::W) {
+    const V d0 = S::sub(S::load(v + i), cv), d1 = S::sub(S::load(v + i + S::W), cv);
+    a0 = S::add(a0, d0);
+    a1 = S::add(a1, d1);
+    q0 = S::fma(d0, d0, q0);
+    q1 = S::fma(d1, d1, q1);
+  }
+  for (; i + S::W <= n; i += S::W) {
+    const V d = S::sub(S::load(v + i), cv);
+    a0 = S::add(a0, d);
+    q0 = S::fma(d, d, q0);
+  }
+  if (i < n) {
+    const V d = S::sub(load_part<S>(v + i, n - i, c), cv);  // padding gives 0
+    a0 = S::add(a0, d);
+    q0 = S::fma(d, d, q0);
+  }
+  s1 = S::hsum(S::add(a0, a1));
+  s2 = S::hsum(S::add(q0, q1));
+}
+
+template <class S>
+void rms_norm_k(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps) {
+  using V = typename S::V;
+  const V one = S::set1(1.f);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    float s1, s2;
+    sums<S>(xr, dim, 0.f, s1, s2);
+    const float ms = s2 / float(dim);
+    const V inv = S::set1(1.f / __builtin_sqrtf(ms + eps));
+    size_t i = 0;
+    for (; i + S::W <= dim; i += S::W)
+      S::store(yr + i, S::mul(S::mul(S::load(xr + i), inv), S::add(one, S::load(w + i))));
+    if (i < dim) {
+      const size_t n = dim - i;
+      store_part<S>(yr + i, S::mul(S::mul(load_part<S>(xr + i, n), inv), S::add(one, load_part<S>(w + i, n))), n);
+    }
+  }
+}
+
+template <class S>
+void layer_norm_k(const float* x, const float* g, const float* b, float* y, size_t rows, size_t dim,
+                  float eps) {
+  using V = typename S::V;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    // Two passes with a corrected mean: the deviations' sum removes the rounding of the
+    // first mean, so rows with a large mean keep their precision. Biased variance.
+    float s0, s1, s2;
+    sums<S>(xr, dim, 0.f, s0, s1);
+    const float mean0 = s0 / float(dim);
+    sums<S>(xr, dim, mean0, s1, s2);
+    const float mean = mean0 + s1 / float(dim);
+    const float var = (s2 - s1 * s1 / float(dim)) / float(dim);
+    const V inv = S::set1(1.f / __builtin_sqrtf(var + eps)), m = S::set1(mean);
+    size_t i = 0;
+    for (; i + S::W <= dim; i += S::W)
+      S::store(yr + i, S::fma(S::mul(S::sub(S::load(xr + i), m), inv), S::load(g + i), S::load(b + i)));
+    if (i < dim) {
+      const size_t n = dim - i;
+      store_part<S>(yr + i,
+                    S::fma(S::mul(S::sub(load_part<S>(xr + i, n), m), inv), load_part<S>(g + i, n),
+                           load_part<S>(b + i, n)),
+                    n);
+    }
+  }
+}
+
+template <class S>
+constexpr OpsKernels make_ops() {
+  return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>};
+}
+
+}  // namespace vlm::kernels::detail

@@ -1,0 +1,89 @@
+// SIMD traits for AVX2 + FMA + F16C kernels (see matmul_impl.h and ops_impl.h for what they
+// provide). Include only from files compiled for this ISA (named *_avx2.cpp); the
+// type has internal linkage, so its code never leaks into other files.
+#pragma once
+// GCC 12 warns falsely inside its own intrinsic headers (_mm512_undefined_*, PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace vlm::kernels::detail {
+namespace {
+
+struct S256 {
+  using V = __m256;
+  static constexpr int W = 8, MR = 6, NV = 2;
+  static constexpr int DOT_RN = 8, DOT_RM = 2, DOT_RN2 = 4;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // bf16 is the top half of an f32: widening is a zero-extend and a shift (exact).
+  static V load_bf16(const uint16_t* p) {
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+  }
+  static V load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void transpose(V* r) {
+    V t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4j + c], 128-bit lane L: rows 4j..4j+3 of column 4L + c.
+    for (int j = 0; j < 2; ++j) {
+      const __m256d a = _mm256_castps_pd(t[4 * j]), b = _mm256_castps_pd(t[4 * j + 1]);
+      const __m256d c = _mm256_castps_pd(t[4 * j + 2]), d = _mm256_castps_pd(t[4 * j + 3]);
+      u[4 * j + 0] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, c));
+      u[4 * j + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, c));
+      u[4 * j + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, d));
+      u[4 * j + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, d));
+    }
+    for (int c = 0; c < 4; ++c) {
+      r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+      r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+  }
+  // ---- element-wise ops (ops_impl.h) ----
+  using M = __m256;
+  static V set1(float v) { return _mm256_set1_ps(v); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V abs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), a); }
+  static float hmax(V v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static V copysign(V mag, V sign) {
+    const V m = _mm256_set1_ps(-0.f);
+    return _mm256_or_ps(_mm256_andnot_ps(m, mag), _mm256_and_ps(m, sign));
+  }
+  static M lt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+  static V select(M m, V a, V b) { return _mm256_blendv_ps(b, a, m); }  // m ? a : b
+  static V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^n for integer-valued n in [-126, 127]
+  static V pow2i(V n) {
+    const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+  }
+};
+
+}  // namespace
+}  // namespace vlm::kernels::detail
