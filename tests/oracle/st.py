@@ -109,11 +109,16 @@ def detect_naming(names, is_vlm):
     return "new"
 
 
+def ignored(name):
+    """Tensors the spec says to skip silently: a SigLIP pooling head (§2.3), rotary buffers (§2.1)."""
+    return name.startswith("vision.head.") or name.endswith("rotary_emb.inv_freq")
+
+
 def load_checkpoint(d):
     """(config dict from cfg.read_config, {canonical name: Tensor}, naming, unknown file names).
 
-    Tensors named by the spec for this config become canonical; every other tensor (a SigLIP
-    `head.*`, rotary inv_freq buffers, anything else) is returned in `unknown`.
+    Tensors named by the spec for this config become canonical; those the spec says to ignore
+    are dropped; every other tensor is returned (by file name) in `unknown`.
     """
     cfg = read_config(d)
     files, weight_map = model_files(d)
@@ -131,7 +136,7 @@ def load_checkpoint(d):
         c = canonical(name, naming)
         if c in expected:
             tensors[c] = t
-        else:
+        elif not ignored(c or name):
             unknown.append(name)
     return cfg, tensors, naming, sorted(unknown)
 
