@@ -1,0 +1,59 @@
+// Image encode time of one 896x896 image through gemma3-4b-shaped SigLIP + projector
+// weights (27 layers, hidden 1152, 4096 patches -> 256 tokens of 2560), 2 threads
+// unless VLM_THREADS says otherwise, with the achieved FLOP/s as a fraction of this
+// machine's f32 FMA peak measured in the same run.
+// Usage: bench_vision [MODEL_DIR] (default /work/ckpt-cache/gemma3-4b; make one with
+//   tools/make_checkpoint.py --preset gemma3-4b). Only the vision tensors are read.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/roofline.h"
+#include "vision/encode.h"
+
+using namespace vlm;
+
+int main(int argc, char** argv) {
+  const std::filesystem::path dir = argc > 1 ? argv[1] : "/work/ckpt-cache/gemma3-4b";
+  const char* env = std::getenv("VLM_THREADS");
+  const int threads = env ? std::max(1, std::atoi(env)) : 2;
+  try {
+    if (!std::filesystem::exists(dir / "config.json"))
+      fail("{}: no checkpoint here; make one with tools/make_checkpoint.py --preset gemma3-4b", dir.string());
+    Checkpoint ck = Checkpoint::open(dir, Parts{.text = false, .vision = true});
+    vision::VisionEncoder enc(ck);
+    const int S = enc.processor().width;
+    // A synthetic photo-like image at the model's size (the resize is then a copy).
+    vision::RgbImage im;
+    im.width = im.height = S;
+    im.rgb.resize(size_t(S) * size_t(S) * 3);
+    for (size_t i = 0; i < im.rgb.size(); ++i) im.rgb[i] = uint8_t((i * 2654435761u) >> 24);
+    ThreadPool pool(threads);
+    fmt::print("model {} ({}), image {}x{}, {} patches x {} -> {} tokens x {}, {} threads, matmul {}\n",
+               dir.string(), dtype_name(enc.tower().weight_dtype()), S, S, enc.tower().num_patches(),
+               enc.tower().hidden(), enc.projector().tokens(), enc.projector().out_dim(), threads,
+               kernels::matmul_isa());
+    const double flops = enc.tower().flops(1) + enc.projector().flops(1);
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const vision::ImageEncoding e = enc.encode({im}, pool);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::min(best, s);
+      fmt::print("  run {}: {:.3f} s ({} features)\n", rep, s, e.features.size());
+    }
+    const double peak = kernels::measure_peak_flops(threads);
+    fmt::print("encode: {:.3f} s best of 3, {:.1f} GFLOP -> {:.1f} GFLOP/s = {:.1f}% of measured peak "
+               "{:.1f} GFLOP/s\n",
+               best, flops * 1e-9, flops / best * 1e-9, 100.0 * flops / best / peak, peak * 1e-9);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_vision: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
