@@ -56,7 +56,7 @@ int cmd_dump(int argc, char** argv) {
   if (scaling != "reference" && scaling != "f32")
     fail("--embed-scaling: expected reference or f32, got '{}'", scaling);
 
-  const std::vector<int32_t> ids = prompt_ids(pa, model_dir);
+  const std::vector<int32_t> ids = make_prompt(pa, model_dir).ids;
   const int n = int(ids.size());
   const int Lp = pad_to > 0 ? pad_to : n;
   if (Lp < n) fail("--pad-to {} is shorter than the prompt ({} tokens)", Lp, n);

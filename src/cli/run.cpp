@@ -4,6 +4,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/prompt_args.h"
@@ -11,6 +12,7 @@
 #include "engine/generate.h"
 #include "io/checkpoint.h"
 #include "models/gemma3.h"
+#include "text/detokenizer.h"
 
 namespace vlm::cli {
 
@@ -30,10 +32,12 @@ int cmd_run(int argc, char** argv) {
   GenerateOptions opt;
   SamplingParams& sp = opt.sampling;
   int threads = default_threads();
+  bool print_ids = false;
   app.add_option("--model", model_dir, "checkpoint folder")->required();
   app.add_option("--prompt", pa.prompt, "prompt text (chat template unless --raw)");
   app.add_option("--tokens", pa.tokens, "prompt as a JSON list of token ids (used raw)");
   app.add_flag("--raw", pa.raw, "no chat template");
+  app.add_flag("--ids", print_ids, "print generated token ids instead of text");
   app.add_option("--max-tokens", opt.max_tokens, "most tokens to generate")->check(CLI::Range(0, 1 << 30));
   app.add_option("--temperature", sp.temperature, "0 = greedy");
   app.add_option("--top-k", sp.top_k, "0 = off");
@@ -49,7 +53,7 @@ int cmd_run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   validate(sp);
 
-  const std::vector<int32_t> ids = prompt_ids(pa, model_dir);
+  Prompt prompt = make_prompt(pa, model_dir);
   Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = false});
   const ModelConfig& mc = ck.config();
   if (mc.is_vlm()) sp.vocab_limit = mc.image_token_id;  // ids past it are vocabulary padding
@@ -59,16 +63,34 @@ int cmd_run(int argc, char** argv) {
 
   GenerateIO io;
   io.cancel = &g_interrupted;
-  bool first = true;
-  io.on_token = [&](int32_t id) {
-    std::printf(first ? "%d" : " %d", id);
-    first = false;
-    std::fflush(stdout);
-  };
+  std::optional<text::StreamDecoder> detok;
+  if (prompt.tokenizer) {
+    detok.emplace(*prompt.tokenizer, text::DecodeOptions{.skip_special = true});
+    io.piece = [&](int32_t id) { return detok->push(id); };
+  } else if (!print_ids) {
+    fail("{} has no tokenizer.json; use --ids to print token ids", model_dir);
+  }
+  if (print_ids) {
+    bool first = true;
+    io.on_token = [&](int32_t id) {
+      std::printf(first ? "%d" : " %d", id);
+      first = false;
+      std::fflush(stdout);
+    };
+  } else {
+    io.on_text = [](std::string_view t) {
+      std::fwrite(t.data(), 1, t.size(), stdout);
+      std::fflush(stdout);
+    };
+  }
   g_interrupted = false;
   std::signal(SIGINT, on_sigint);
-  GenerateResult r = generate(model, ids, opt, io);
+  GenerateResult r = generate(model, prompt.ids, opt, io);
   std::signal(SIGINT, SIG_DFL);
+  if (detok && !print_ids) {
+    const std::string tail = detok->finish();  // an unfinished character at the end
+    std::fwrite(tail.data(), 1, tail.size(), stdout);
+  }
   std::printf("\n");
   std::fflush(stdout);
   std::fprintf(stderr, "[%d prompt tokens, %zu generated, finish: %s]\n", r.prompt_tokens,

@@ -186,7 +186,7 @@ class TestRunAndErrors(unittest.TestCase):
     def test_run_greedy_matches_oracle(self):
         model = os.path.join(FIXTURES, "tiny-text-f32")
         r = run_vlm("run", "--model", model, "--tokens", json.dumps(PROMPT), "--max-tokens", "6",
-                    "--threads", "2")
+                    "--threads", "2", "--ids")
         want = TextModel(model).greedy(PROMPT, 6)
         got = [int(x) for x in r.stdout.split()]
         self.assertEqual(got, want)
@@ -202,7 +202,7 @@ class TestRunAndErrors(unittest.TestCase):
     def test_generation_stops_at_context(self):
         model = os.path.join(FIXTURES, "tiny-text-f32")
         r = run_vlm("run", "--model", model, "--tokens", json.dumps(PROMPT), "--max-tokens", "50",
-                    "--context", str(len(PROMPT) + 3))
+                    "--context", str(len(PROMPT) + 3), "--ids")
         self.assertEqual(len(r.stdout.split()), 4)  # 3 decoded positions + the token after the last
         self.assertIn("finish: length", r.stderr)
 

@@ -1,0 +1,71 @@
+"""`vlm run` / `vlm dump` from the command line: chat-templated prompts, streaming text,
+Ctrl-C, and the text path on both VLM and CausalLM checkpoints."""
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+BIN = os.environ.get("VLM_BIN")
+FIXTURES = os.environ.get("VLM_FIXTURES")
+# Spec §3.3: "Hello" in one user turn with the generation prompt.
+HELLO_IDS = [2, 105, 2364, 107, 9259, 106, 107, 105, 4368, 107]
+
+
+@unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
+class TestRun(unittest.TestCase):
+    def model(self, name):
+        return os.path.join(FIXTURES, name)
+
+    def test_prompt_uses_chat_template(self):
+        for name in ("tiny-bf16", "tiny-text-f32"):
+            with tempfile.TemporaryDirectory() as out:
+                subprocess.run([BIN, "dump", "--model", self.model(name), "--prompt", "Hello", "--out", out,
+                                "--steps", "2"], check=True, capture_output=True, timeout=300)
+                with open(os.path.join(out, "tokens.json")) as f:
+                    self.assertEqual(json.load(f), HELLO_IDS)
+
+    def test_raw_prompt_is_not_templated(self):
+        with tempfile.TemporaryDirectory() as out:
+            subprocess.run([BIN, "dump", "--model", self.model("tiny-text-f32"), "--prompt", "Hello", "--raw",
+                            "--out", out, "--steps", "1"], check=True, capture_output=True, timeout=300)
+            with open(os.path.join(out, "tokens.json")) as f:
+                self.assertEqual(json.load(f), [2, 9259])  # spec §14: "Hello" with special tokens
+
+    def test_text_equals_detokenized_ids(self):
+        """The streamed text is the detokenization of the ids the same greedy run produces."""
+        m = self.model("tiny-text-bf16")
+        ids = subprocess.run([BIN, "run", "--model", m, "--prompt", "Hi", "--max-tokens", "8", "--ids"],
+                             check=True, capture_output=True, text=True, timeout=300).stdout.split()
+        text = subprocess.run([BIN, "run", "--model", m, "--prompt", "Hi", "--max-tokens", "8"],
+                              check=True, capture_output=True, text=True, timeout=300).stdout
+        want = subprocess.run([BIN, "detokenize", "--model", m, "--skip-special", json.dumps([int(i) for i in ids])],
+                              capture_output=True, text=True, timeout=300)
+        if want.returncode != 0:
+            self.skipTest(f"vlm detokenize unavailable: {want.stderr.strip()}")
+        self.assertEqual(text.rstrip("\n"), want.stdout.rstrip("\n"))
+
+    def test_ctrl_c_stops_cleanly(self):
+        p = subprocess.Popen([BIN, "run", "--model", self.model("tiny-text-f32"), "--prompt", "Hi",
+                              "--max-tokens", "1000", "--ids", "--threads", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 130, err)
+        self.assertIn("finish: cancelled", err)
+        produced = out.split()
+        self.assertGreater(len(produced), 0)
+        self.assertLess(len(produced), 1000)
+        self.assertIn(f"{len(produced)} generated", err)
+
+    def test_prompt_needs_tokenizer_or_tokens(self):
+        r = subprocess.run([BIN, "run", "--model", self.model("tiny-f32")], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("exactly one of --prompt or --tokens", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
