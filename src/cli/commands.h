@@ -11,6 +11,8 @@ struct Command {
 };
 
 int cmd_inspect(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_detokenize(int argc, char** argv);
 int cmd_run(int argc, char** argv);
 int cmd_dump(int argc, char** argv);
 

@@ -18,6 +18,8 @@ int version(int, char**) {
 // Each subcommand lives in a file of its own in this folder.
 const Command kCommands[] = {
     {"version", "print the version", version},
+    {"tokenize", "print the token ids of a text or chat (JSON)", vlm::cli::cmd_tokenize},
+    {"detokenize", "print the text of token ids", vlm::cli::cmd_detokenize},
     {"inspect", "describe a checkpoint folder (tensors, config, identity)", vlm::cli::cmd_inspect},
     {"run", "generate text from a prompt (streamed)", vlm::cli::cmd_run},
     {"dump", "write prefill intermediates and greedy decode as .npy", vlm::cli::cmd_dump},

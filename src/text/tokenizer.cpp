@@ -126,6 +126,44 @@ class MergeMap {
   std::vector<Slot> slots_;
 };
 
+// Single-character vocab tokens keyed by their packed UTF-8 bytes: the first
+// BPE step looks up every character, and this table stays in cache where the
+// full vocab map does not.
+class CharMap {
+ public:
+  static uint32_t key(std::string_view c) {
+    uint32_t k = 0;
+    for (unsigned char b : c) k = k << 8 | b;
+    return k;
+  }
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    slots_.assign(cap, Slot{});
+  }
+  void insert(uint32_t k, int32_t id) {
+    for (size_t i = hash(k);; i = (i + 1) & (slots_.size() - 1))
+      if (slots_[i].id < 0 || slots_[i].key == k) {
+        slots_[i] = {k, id};
+        return;
+      }
+  }
+  int32_t find(uint32_t k) const {
+    for (size_t i = hash(k);; i = (i + 1) & (slots_.size() - 1)) {
+      if (slots_[i].id < 0) return -1;
+      if (slots_[i].key == k) return slots_[i].id;
+    }
+  }
+
+ private:
+  size_t hash(uint32_t k) const { return (uint64_t(k) * 0x9E3779B97F4A7C15ull >> 32) & (slots_.size() - 1); }
+  struct Slot {
+    uint32_t key = 0;
+    int32_t id = -1;
+  };
+  std::vector<Slot> slots_;
+};
+
 // Byte trie over the added tokens' contents, for leftmost-longest matching.
 class AddedTrie {
  public:
@@ -248,6 +286,7 @@ struct Tokenizer::Impl {
   std::string arena;
   std::vector<uint32_t> off;
   TokenMap vocab;  // BPE model vocab only (added-only tokens are not BPE symbols)
+  CharMap chars;   // the vocab's single-character tokens
   MergeMap merges;
   AddedTrie added;
   std::vector<uint8_t> special;  // per id
@@ -353,6 +392,12 @@ void parse_tokenizer_json(Tokenizer::Impl& t, std::string_view text) {
   for (size_t i = 0; i < n_vocab_entries; ++i)
     if (!t.vocab.insert(t.tok(entries[i].id), entries[i].id))
       fail("{}: model.vocab: token '{}' listed twice", t.where, entries[i].s);
+  auto single_char = [](std::string_view s) { return !s.empty() && utf8_sequence_length(s, 0) == s.size(); };
+  size_t n_chars = 0;
+  for (size_t i = 0; i < n_vocab_entries; ++i) n_chars += single_char(entries[i].s);
+  t.chars.reserve(n_chars);
+  for (size_t i = 0; i < n_vocab_entries; ++i)
+    if (single_char(entries[i].s)) t.chars.insert(CharMap::key(entries[i].s), entries[i].id);
   t.special.assign(n, 0);
   for (const Added& a : added) {
     t.added.insert(a.content, a.id);
@@ -524,7 +569,7 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<int32_t>& out) cons
   syms.reserve(word.size());
   for (size_t i = 0; i < word.size();) {
     const size_t len = utf8_sequence_length(word, i);  // input was validated
-    const int32_t id = vocab.find(word.substr(i, len));
+    const int32_t id = chars.find(CharMap::key(word.substr(i, len)));
     if (id >= 0) {
       syms.push_back({id, int32_t(syms.size()) - 1, int32_t(syms.size()) + 1});
     } else {
