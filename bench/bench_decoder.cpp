@@ -1,0 +1,93 @@
+// Text decoder speed on a gemma3-4b-shaped checkpoint: prefill tokens/s and decode
+// tokens/s (2 threads unless VLM_THREADS says otherwise), with decode stated as a
+// fraction of the memory-bandwidth limit: every decode step streams all decoder
+// matrices and the tied output head once, so the limit is
+//   read bandwidth (measured in this run) / weight bytes per token.
+// Usage: bench_decoder [MODEL_DIR] [PROMPT_TOKENS] [DECODE_TOKENS]
+//   (defaults /work/ckpt-cache/gemma3-4b, 128, 16; make the folder with
+//   tools/make_checkpoint.py --preset gemma3-4b). Random weights: tokens are meaningless.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "io/checkpoint.h"
+#include "kernels/matmul.h"
+#include "kernels/roofline.h"
+#include "models/gemma3.h"
+#include "multimodal/merge.h"
+
+using namespace vlm;
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::filesystem::path dir = argc > 1 ? argv[1] : "/work/ckpt-cache/gemma3-4b";
+  const int n_prompt = argc > 2 ? std::atoi(argv[2]) : 128;
+  const int n_decode = argc > 3 ? std::atoi(argv[3]) : 16;
+  const char* env = std::getenv("VLM_THREADS");
+  const int threads = env ? std::max(1, std::atoi(env)) : 2;
+  try {
+    if (!std::filesystem::exists(dir / "config.json"))
+      fail("{}: no checkpoint here; make one with tools/make_checkpoint.py --preset gemma3-4b", dir.string());
+    if (n_prompt < 1 || n_decode < 1) fail("prompt and decode token counts must be positive");
+    Checkpoint ck = Checkpoint::open(dir, Parts{.text = true, .vision = false});
+    ThreadPool pool(threads);
+    Gemma3 model(ck, pool);
+    const TextConfig& c = model.config();
+
+    // Bytes one decode step reads from weights: every decoder matrix plus the head.
+    size_t weight_bytes = ck.lm_head().nbytes;
+    for (const auto& [name, t] : ck.tensors())
+      if (name.starts_with("text.layers.") && t.shape.size() == 2) weight_bytes += t.nbytes;
+    fmt::print("model {} ({} layers, H {}, V {}, {}), {} threads, matmul {}\n", dir.string(),
+               c.num_layers, c.hidden_size, model.vocab(), dtype_name(ck.lm_head().dtype), threads,
+               kernels::matmul_isa());
+    fmt::print("weight bytes per decode token: {:.3f} GB\n", double(weight_bytes) * 1e-9);
+
+    std::vector<int32_t> ids(static_cast<size_t>(n_prompt));
+    for (int i = 0; i < n_prompt; ++i) ids[size_t(i)] = i == 0 ? 2 : 1000 + (i * 7919) % 200000;
+    {  // Untimed one-token pass: pages the mmapped weights in, so no timing below reads disk.
+      KvCache warm = model.new_cache(1);
+      model.prefill_from_embeddings(text_prefill(model.embedder(), {ids.data(), 1}, 1, c.sliding_window, 0), warm);
+    }
+    KvCache cache = model.new_cache(n_prompt + n_decode + 1);
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> logits = model.prefill_from_embeddings(
+        text_prefill(model.embedder(), ids, n_prompt, c.sliding_window, 0), cache);
+    const double t_prefill = seconds_since(t0);
+    fmt::print("prefill: {} tokens in {:.2f} s = {:.1f} tokens/s\n", n_prompt, t_prefill, n_prompt / t_prefill);
+
+    int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    double best = 1e30, total = 0;
+    for (int s = 0; s < n_decode; ++s) {
+      const DecodeItem item{&cache, next};
+      t0 = std::chrono::steady_clock::now();
+      logits = model.decode_step({&item, 1});
+      const double dt = seconds_since(t0);
+      best = std::min(best, dt);
+      total += dt;
+      next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    const double bw = kernels::measure_read_bandwidth(threads);
+    const double limit = bw / double(weight_bytes);
+    const double rate = n_decode / total;
+    fmt::print("decode: {} tokens in {:.2f} s = {:.3f} tokens/s (best step {:.3f} s)\n", n_decode, total, rate, best);
+    fmt::print("read bandwidth {:.2f} GB/s ({} threads) -> limit {:.3f} tokens/s; decode at {:.1f}% of the "
+               "bandwidth limit\n",
+               bw * 1e-9, threads, limit, 100.0 * rate / limit);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_decoder: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
