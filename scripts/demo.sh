@@ -10,3 +10,5 @@ if [ ! -f "$DEMO/config.json" ]; then
 fi
 echo "== demo checkpoint: $DEMO (tiny Gemma 3 VLM, random weights: its answers are noise) =="
 build/vlm inspect --model "$DEMO"
+echo "== vlm run (text prompt, streamed; random weights, so the text is noise) =="
+build/vlm run --model "$DEMO" --prompt "Write a haiku about the sea." --max-tokens 32
