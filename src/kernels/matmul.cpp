@@ -94,6 +94,16 @@ std::atomic<int>& current_isa() {
   return isa;
 }
 
+std::atomic<bool>& bf16_dot_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("VLM_BF16_DOT");
+    if (!env || !*env || std::string_view(env) == "0") return false;
+    if (!bf16_dot_supported()) fail("VLM_BF16_DOT={}: this CPU lacks AVX512-BF16", env);
+    return true;
+  }()};
+  return on;
+}
+
 float* pack_buffer(size_t floats) {
   struct Free {
     void operator()(float* p) const { std::free(p); }
@@ -120,6 +130,8 @@ void run(const GemmArgs& a, ThreadPool& pool) {
     pool.parallel_for(a.N, [&](size_t n0, size_t n1) { k.dot(a, n0, n1); });
     return;
   }
+  auto* gemm = k.gemm;
+  if (a.dtype == DType::BF16 && !a.kn && k.gemm_bf16dot && bf16_dot_flag().load()) gemm = k.gemm_bf16dot;
   const size_t threads = size_t(pool.size());
   const size_t panels = (a.N + k.panel - 1) / k.panel;
   const size_t tiles = (a.M + k.row_tile - 1) / k.row_tile;
@@ -128,12 +140,12 @@ void run(const GemmArgs& a, ThreadPool& pool) {
   if (panels >= 4 * threads || tiles < 2 * threads) {
     pool.parallel_for(panels, [&](size_t p0, size_t p1) {
       const size_t n1 = p1 * k.panel < a.N ? p1 * k.panel : a.N;
-      k.gemm(a, p0 * k.panel, n1, 0, a.M, pack_buffer(k.pack_floats));
+      gemm(a, p0 * k.panel, n1, 0, a.M, pack_buffer(k.pack_floats));
     });
   } else {
     pool.parallel_for(tiles, [&](size_t t0, size_t t1) {
       const size_t m1 = t1 * k.row_tile < a.M ? t1 * k.row_tile : a.M;
-      k.gemm(a, 0, a.N, t0 * k.row_tile, m1, pack_buffer(k.pack_floats));
+      gemm(a, 0, a.N, t0 * k.row_tile, m1, pack_buffer(k.pack_floats));
     });
   }
 }
@@ -188,6 +200,17 @@ void set_matmul_isa(Isa isa) {
 }
 
 Isa matmul_isa_id() { return Isa(current_isa().load()); }
+
+bool bf16_dot_supported() {
+  return isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512bf16");
+}
+
+void set_bf16_dot(bool on) {
+  if (on && !bf16_dot_supported()) fail("matmul: this CPU lacks AVX512-BF16 for the bf16-dot path");
+  bf16_dot_flag().store(on);
+}
+
+bool bf16_dot() { return bf16_dot_flag().load() && matmul_isa_id() == Isa::Avx512; }
 
 const char* matmul_isa() { return isa_name(matmul_isa_id()); }
 

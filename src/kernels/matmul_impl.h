@@ -173,6 +173,35 @@ void pack_panel(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t kc,
   }
 }
 
+// Writes a register tile to y (the first `cols` columns): y = acc (+ bias) for the first
+// K block, y += acc for the others.
+template <class S, int R, int NVv>
+inline void store_tile(typename S::V (&acc)[R][NVv], float* y, size_t ldy, size_t cols, bool first,
+                       const float* bias) {
+  using V = typename S::V;
+  constexpr size_t W = S::W;
+  VLM_UNROLL
+  for (int r = 0; r < R; ++r) {
+    float* yr = y + r * ldy;
+    VLM_UNROLL
+    for (int v = 0; v < NVv; ++v) {
+      const size_t j = size_t(v) * W;
+      if (j >= cols) break;
+      const size_t n = cols - j < W ? cols - j : W;
+      V base;
+      if (first)
+        base = bias ? (n == W ? S::load(bias + j) : load_part<S>(bias + j, n)) : S::zero();
+      else
+        base = n == W ? S::load(yr + j) : load_part<S>(yr + j, n);
+      const V out = S::add(base, acc[r][v]);
+      if (n == W)
+        S::store(yr + j, out);
+      else
+        store_part<S>(yr + j, out, n);
+    }
+  }
+}
+
 // One register tile: R rows × NVv vectors over kc, stored (first) or added into y.
 template <class S, int R, int NVv>
 void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* y, size_t cols,
@@ -196,26 +225,7 @@ void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* 
       for (int v = 0; v < NVv; ++v) acc[r][v] = S::fma(av, bv[v], acc[r][v]);
     }
   }
-  VLM_UNROLL
-  for (int r = 0; r < R; ++r) {
-    float* yr = y + r * a.ldy;
-    VLM_UNROLL
-    for (int v = 0; v < NVv; ++v) {
-      const size_t j = size_t(v) * W;
-      if (j >= cols) break;
-      const size_t n = cols - j < W ? cols - j : W;
-      V base;
-      if (first)
-        base = bias ? (n == W ? S::load(bias + j) : load_part<S>(bias + j, n)) : S::zero();
-      else
-        base = n == W ? S::load(yr + j) : load_part<S>(yr + j, n);
-      const V out = S::add(base, acc[r][v]);
-      if (n == W)
-        S::store(yr + j, out);
-      else
-        store_part<S>(yr + j, out, n);
-    }
-  }
+  store_tile<S, R, NVv>(acc, y, a.ldy, cols, first, bias);
 }
 
 template <class S>
@@ -304,8 +314,8 @@ double fma_loop(size_t iters) {
 }
 
 template <class S>
-constexpr IsaKernels make_kernels(const char* name) {
-  return IsaKernels{name, &dot<S>, &gemm<S>, S::W * S::NV, S::MR, kNC * kKC, &fma_loop<S>};
+constexpr IsaKernels make_kernels(const char* name, decltype(IsaKernels::gemm_bf16dot) bf16dot = nullptr) {
+  return IsaKernels{name, &dot<S>, &gemm<S>, bf16dot, S::W * S::NV, S::MR, 2 * kNC * kKC, &fma_loop<S>};
 }
 
 }  // namespace vlm::kernels::detail

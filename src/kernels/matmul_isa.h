@@ -31,6 +31,9 @@ struct IsaKernels {
   // Packed, register-tiled product for y[m0:m1, n0:n1]; pack holds pack_floats floats
   // (64-byte aligned). n0 is a multiple of panel.
   void (*gemm)(const GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
+  // Optional (AVX512-BF16): the same for bf16 nk weights with x rounded to bf16 and
+  // vdpbf16ps products; nullptr where the ISA has none.
+  void (*gemm_bf16dot)(const GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
   size_t panel;        // output columns per packed panel
   size_t row_tile;     // rows per register tile
   size_t pack_floats;  // scratch size for gemm

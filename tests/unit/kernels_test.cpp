@@ -172,6 +172,50 @@ TEST(Matmul, BiasStridesAndKnLayout) {
   }
 }
 
+TEST(Matmul, Bf16DotPathRoundsXOnly) {
+  if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  IsaGuard guard;
+  set_matmul_isa(Isa::Avx512);
+  ThreadPool pool(2);
+  std::mt19937 rng(12);
+  struct Shape {
+    size_t M, N, K;
+  };
+  const Shape shapes[] = {{33, 70, 45}, {40, 1, 1},    {37, 65, 17},  {50, 130, 256},
+                          {45, 64, 257}, {100, 520, 600}, {64, 17, 31}, {200, 96, 33}};
+  for (const Shape& s : shapes) {
+    const StoredWeight w = make_weight(DType::BF16, s.N, s.K, rng);
+    const auto x = random_vec(s.M * s.K, rng);
+    std::vector<float> y(s.M * s.N, NAN), y_exact(s.M * s.N);
+    set_bf16_dot(true);
+    ASSERT_TRUE(bf16_dot());
+    matmul(x.data(), s.M, w.w, y.data(), pool);
+    set_bf16_dot(false);
+    matmul(x.data(), s.M, w.w, y_exact.data(), pool);
+    // Against the exact product of x rounded to bf16 (nearest even): only the f32
+    // summation differs, so the usual (K + 2)·u·Σ|x·w| bound applies.
+    std::vector<float> xr(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
+    const std::string what = "bf16dot M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                             " K=" + std::to_string(s.K);
+    expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
+    // and the stated bound against the exact f32-activation product: 2^-8·Σ|x·w| more.
+    size_t differ = 0;
+    for (size_t m = 0; m < s.M; ++m)
+      for (size_t n = 0; n < s.N; ++n) {
+        double exact = 0, mag = 0;
+        for (size_t k = 0; k < s.K; ++k) {
+          const double p = double(x[m * s.K + k]) * w.values[n * s.K + k];
+          exact += p;
+          mag += std::fabs(p);
+        }
+        ASSERT_NEAR(y[m * s.N + n], exact, (1.0 / 256 + (s.K + 2) * kU) * mag) << what;
+        differ += y[m * s.N + n] != y_exact[m * s.N + n];
+      }
+    if (s.K > 1) EXPECT_GT(differ, 0u) << what << ": the bf16-dot path was not taken";
+  }
+}
+
 TEST(Matmul, EmptyKGivesBias) {
   ThreadPool pool(2);
   const float bias[3] = {1.f, -2.f, 3.f};
