@@ -48,7 +48,7 @@ class Checkpoint {
 
   // All tensors of the loaded parts, by canonical name.
   const std::map<std::string, TensorView, std::less<>>& tensors() const { return tensors_; }
-  // Tensors in the files that no part uses (reported, not an error).
+  // File names of tensors that no part uses (reported, not an error), sorted.
   const std::vector<std::string>& unknown() const { return unknown_; }
   // Original (file) name of a canonical tensor, and the file that holds it.
   std::string file_name_of(std::string_view canonical) const;

@@ -155,6 +155,35 @@ TEST(Checkpoint, WrongShapeNamesTensorAndShapes) {
   EXPECT_TRUE(text.unknown().empty());
 }
 
+// A text-only run does not even map a shard that holds only vision tensors.
+TEST(Checkpoint, TextOnlyLeavesVisionShardUnmapped) {
+  TempDir tmp;
+  const json cfg = test::small_vlm_config();
+  std::vector<Spec> text, vision;
+  for (const Spec& s : model_tensors(cfg, Naming::New, DType::BF16))
+    (s.name.starts_with("model.language_model.") ? text : vision).push_back(s);
+  json index = {{"weight_map", json::object()}};
+  for (const Spec& s : text) index["weight_map"][s.name] = "model-00001-of-00002.safetensors";
+  for (const Spec& s : vision) index["weight_map"][s.name] = "model-00002-of-00002.safetensors";
+  test::write_file(tmp / "config.json", cfg.dump());
+  test::write_file(tmp / "model.safetensors.index.json", index.dump());
+  test::write_file(tmp / "model-00001-of-00002.safetensors", test::make_safetensors(text));
+  test::write_file(tmp / "model-00002-of-00002.safetensors", test::make_safetensors(vision));
+  auto mapped = [](const fs::path& p) {
+    std::ifstream maps("/proc/self/maps");
+    const std::string all((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+    return all.find(fs::canonical(p).string()) != std::string::npos;
+  };
+  {
+    const Checkpoint ck = Checkpoint::open(tmp.path, Parts{true, false});
+    EXPECT_TRUE(mapped(tmp / "model-00001-of-00002.safetensors"));
+    EXPECT_FALSE(mapped(tmp / "model-00002-of-00002.safetensors"));
+  }
+  const Checkpoint full = Checkpoint::open(tmp.path);
+  EXPECT_TRUE(mapped(tmp / "model-00002-of-00002.safetensors"));
+  EXPECT_EQ(full.file_of("vision.post_layernorm.bias"), "model-00002-of-00002.safetensors");
+}
+
 TEST(Checkpoint, MissingTensor) {
   TempDir tmp;
   const json cfg = test::small_vlm_config();
