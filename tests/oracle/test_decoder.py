@@ -16,8 +16,11 @@ ring of 8 slots wraps six times):
 The decode logits are compared with a full forward over prompt + greedy ids: row n-1+i of a
 causal full recomputation is exactly decode step i's query (same visible keys, §9.9/§11).
 
-Right padding (--pad-to): valid rows, greedy ids and decode logits bit-identical to the
-unpadded run (the matmul kernels compute each row independently), and no NaN/inf anywhere.
+Right padding (--pad-to): greedy ids identical to the unpadded run, valid rows and decode
+logits within TOL of it, and no NaN/inf anywhere (pad rows included). Not bitwise: the matmul
+picks its kernel path by row count (a row-by-row dot path for small M, packed tiles above), so
+13 more rows can change the f32 summation order of every row (measured ~8e-7 relative); a pad
+key leaking into a valid row would move it by orders of magnitude more.
 Negative checks: an oracle with a wrong attention scale (head_dim^-0.5) or the normalizer
 applied twice disagrees with our dump far beyond TOL, so the comparison catches such bugs.
 """
@@ -120,7 +123,7 @@ class TestDecoderVsOracle(unittest.TestCase):
 class TestPadding(unittest.TestCase):
     def check_padding(self, name):
         model = os.path.join(FIXTURES, name)
-        n, Lp = len(PROMPT), len(PROMPT) + 13
+        n, Lp = len(PROMPT), len(PROMPT) + 13  # 33 rows: past the small-M matmul path
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
             la, _, ga = dump(model, a)
             lb, tb, gb = dump(model, b, PROMPT, "--pad-to", str(Lp))
@@ -136,8 +139,9 @@ class TestPadding(unittest.TestCase):
             for f in files:
                 if f.startswith("mask") or f == "decode_logits.npy":
                     continue
-                self.assertTrue(np.array_equal(lb(f)[:n], la(f)), f"{f}: padding changed valid rows")
-            self.assertTrue(np.array_equal(lb("decode_logits.npy"), la("decode_logits.npy")))
+                self.assertLess(rel_err(lb(f)[:n], la(f)), TOL, f"{f}: padding changed valid rows")
+            self.assertTrue(np.array_equal(lb("inputs_embeds.npy")[:n], la("inputs_embeds.npy")))
+            self.assertLess(rel_err(lb("decode_logits.npy"), la("decode_logits.npy")), TOL)
 
     def test_padding_f32(self):
         self.check_padding("tiny-f32")

@@ -53,12 +53,13 @@ class DecoderTest : public ::testing::Test {
   std::unique_ptr<Gemma3> model_;
 };
 
-// Sequences of lengths 3..30 (around W = 8) decode 20 steps together (the rings wrap)
-// and one at a time; every step's logits must agree. The kernels compute each row on
-// its own, so with up to 4 rows (the matmul's row-by-row path) they agree bitwise; with 6
-// rows the tiled path sums in another order, so there the bound is 1e-5 relative.
-void check_batched(Gemma3& model, std::vector<KvCache> alone,
-                   std::vector<int32_t> next, bool bitwise) {
+// Sequences of lengths 1..30 (around W = 8) decode 20 steps together (the rings wrap)
+// and one at a time; every step's logits must agree within 1e-5 of the largest logit.
+// Attention is per sequence and identical either way; only the matmul may sum in another
+// order for another row count (it chooses its path by M), so bitwise equality is not
+// promised (today's kernels happen to give it for these sizes). Cross-talk between
+// sequences would show as differences of order 1.
+void check_batched(Gemma3& model, std::vector<KvCache> alone, std::vector<int32_t> next) {
   std::vector<KvCache> together = alone;
   const size_t B = alone.size(), V = size_t(model.vocab());
   for (int step = 0; step < 20; ++step) {
@@ -74,17 +75,14 @@ void check_batched(Gemma3& model, std::vector<KvCache> alone,
         worst = std::max(worst, std::fabs(single[i] - joint[b * V + i]));
         scale = std::max(scale, std::fabs(single[i]));
       }
-      if (bitwise)
-        ASSERT_EQ(worst, 0.f) << "step " << step << " seq " << b;
-      else
-        ASSERT_LE(worst, 1e-5f * scale) << "step " << step << " seq " << b;
+      ASSERT_LE(worst, 1e-5f * scale) << "step " << step << " seq " << b;
       next[b] = argmax(single.data(), V);
       EXPECT_EQ(together[b].length(), alone[b].length());
     }
   }
 }
 
-TEST_F(DecoderTest, BatchedDecodeEqualsAloneUpTo4Rows) {
+TEST_F(DecoderTest, BatchedDecodeEqualsAloneFourRows) {
   std::vector<KvCache> caches;
   std::vector<int32_t> next;
   for (int n : {3, 9, 17, 30}) {
@@ -92,7 +90,7 @@ TEST_F(DecoderTest, BatchedDecodeEqualsAloneUpTo4Rows) {
     caches.push_back(prefilled(prompt_of(n, n), &logits));
     next.push_back(argmax(logits.data(), logits.size()));
   }
-  check_batched(*model_, caches, next, /*bitwise=*/true);
+  check_batched(*model_, caches, next);
 }
 
 TEST_F(DecoderTest, BatchedDecodeEqualsAloneSixRows) {
@@ -103,7 +101,7 @@ TEST_F(DecoderTest, BatchedDecodeEqualsAloneSixRows) {
     caches.push_back(prefilled(prompt_of(n, n + 1), &logits));
     next.push_back(argmax(logits.data(), logits.size()));
   }
-  check_batched(*model_, caches, next, /*bitwise=*/false);
+  check_batched(*model_, caches, next);
 }
 
 TEST_F(DecoderTest, SlidingRingHoldsExactlyWindow) {
