@@ -191,7 +191,11 @@ boolean jpeg_src_fill(j_decompress_ptr ci) {
 }
 void jpeg_src_skip(j_decompress_ptr ci, long n) {
   if (n <= 0) return;
-  if (size_t(n) > ci->src->bytes_in_buffer) ERREXIT(ci, JERR_INPUT_EOF);
+  if (size_t(n) > ci->src->bytes_in_buffer) {  // skipping past the end: as running out of data
+    ci->src->bytes_in_buffer = 0;
+    jpeg_src_fill(ci);
+    return;
+  }
   ci->src->next_input_byte += n;
   ci->src->bytes_in_buffer -= size_t(n);
 }
