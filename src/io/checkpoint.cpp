@@ -166,7 +166,7 @@ std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]"
 void check_shard_name(const std::string& name, const fs::path& index) {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
       name.find('\0') != std::string::npos)
-    fail("{}: weight_map: '{}' is not a plain file name in the model folder", index.string(), name);
+    fail("{}: weight_map: '{}' is not a plain file name in the model folder", index.string(), printable(name));
 }
 
 struct File {
@@ -183,14 +183,14 @@ std::vector<File> read_headers(const fs::path& dir) {
       fail("{}: weight_map: missing or not an object", index.string());
     std::map<std::string, std::string> where;  // tensor -> shard
     for (const auto& [tensor, shard] : j["weight_map"].items()) {
-      if (!shard.is_string()) fail("{}: weight_map: '{}' must map to a file name", index.string(), tensor);
+      if (!shard.is_string()) fail("{}: weight_map: '{}' must map to a file name", index.string(), printable(tensor));
       check_shard_name(shard.get<std::string>(), index);
       where[tensor] = shard.get<std::string>();
     }
     std::set<std::string> shards;
     for (const auto& [tensor, shard] : where) shards.insert(shard);
     for (const std::string& shard : shards) {
-      if (!fs::exists(dir / shard)) fail("{}: shard '{}' named in index.json is missing", index.string(), shard);
+      if (!fs::exists(dir / shard)) fail("{}: shard '{}' named in index.json is missing", index.string(), printable(shard));
       files.push_back({shard, read_safetensors_header(dir / shard)});
     }
     // The index and the shards must agree tensor by tensor.
@@ -207,7 +207,7 @@ std::vector<File> read_headers(const fs::path& dir) {
       }
       for (const auto& [tensor, shard] : where)
         if (shard == f.name && !in_file.count(tensor))
-          fail("{}: tensor '{}' listed in {} is absent from the shard", (dir / f.name).string(), tensor,
+          fail("{}: tensor '{}' listed in {} is absent from the shard", (dir / f.name).string(), printable(tensor),
                index.filename().string());
     }
   } else if (fs::exists(dir / "model.safetensors")) {

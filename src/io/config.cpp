@@ -112,7 +112,7 @@ std::pair<std::string, double> parse_rope_kind(const Fields& f) {
   if (type == "default") return {type, 1.0};
   if (type == "linear") return {type, f.positive("factor", std::nullopt)};
   f.bad(f.has("rope_type") ? "rope_type" : "type",
-        fmt::format("unsupported RoPE type '{}' (supported: default, linear)", type));
+        fmt::format("unsupported RoPE type '{}' (supported: default, linear)", printable(type)));
 }
 
 void parse_rope(const Fields& f, TextConfig& t) {
@@ -154,7 +154,7 @@ void parse_layer_kinds(const Fields& f, TextConfig& t) {
         t.layer_kinds.push_back(LayerKind::Global);
       else
         f.bad(fmt::format("layer_types[{}]", i),
-              fmt::format("unknown layer type '{}' (expected sliding_attention or full_attention)", s));
+              fmt::format("unknown layer type '{}' (expected sliding_attention or full_attention)", printable(s)));
     }
     return;
   }
@@ -184,7 +184,7 @@ TextConfig parse_text(const Fields& f) {
                                              t.num_kv_heads));
   if (t.head_dim % 2 != 0) f.bad("head_dim", "must be even (RoPE rotates pairs)");
   if (t.hidden_activation != "gelu_pytorch_tanh")
-    f.bad("hidden_activation", fmt::format("unsupported '{}' (supported: gelu_pytorch_tanh)", t.hidden_activation));
+    f.bad("hidden_activation", fmt::format("unsupported '{}' (supported: gelu_pytorch_tanh)", printable(t.hidden_activation)));
   if (f.boolean("use_bidirectional_attention", false))
     f.bad("use_bidirectional_attention", "true is not supported (EmbeddingGemma; spec §1.3)");
   if (f.boolean("attention_bias", false)) f.bad("attention_bias", "true is not supported (Gemma 3 has no biases)");
@@ -210,7 +210,7 @@ VisionConfig parse_vision(const Fields& f, int tokens_per_side) {
 
   if (v.num_channels != 3) f.bad("num_channels", "must be 3 (RGB)");
   if (v.hidden_act != "gelu_pytorch_tanh")
-    f.bad("hidden_act", fmt::format("unsupported '{}' (supported: gelu_pytorch_tanh)", v.hidden_act));
+    f.bad("hidden_act", fmt::format("unsupported '{}' (supported: gelu_pytorch_tanh)", printable(v.hidden_act)));
   if (v.hidden_size % v.num_heads != 0)
     f.bad("num_attention_heads", fmt::format("{} does not divide hidden_size {}", v.num_heads, v.hidden_size));
   if (v.image_size % v.patch_size != 0)
@@ -280,7 +280,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& where)
   else
     top.bad("architectures", fmt::format("unsupported architecture '{}' (supported: "
                                          "Gemma3ForConditionalGeneration, Gemma3ForCausalLM)",
-                                         c.architecture));
+                                         printable(c.architecture)));
 
   const Fields text = c.is_vlm() ? top.sub("text_config") : top;
   c.text = parse_text(text);
@@ -335,7 +335,7 @@ PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const
 
   const std::string type = f.string("image_processor_type", "Gemma3ImageProcessor");
   if (type != "Gemma3ImageProcessor" && type != "Gemma3ImageProcessorFast")
-    f.bad("image_processor_type", fmt::format("unsupported '{}' (expected Gemma3ImageProcessor)", type));
+    f.bad("image_processor_type", fmt::format("unsupported '{}' (expected Gemma3ImageProcessor)", printable(type)));
   // Gemma3ImageProcessor's own default size is 224x224.
   if (f.has("size")) {
     const Fields size = f.sub("size");

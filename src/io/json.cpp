@@ -25,7 +25,7 @@ json parse_json(std::string_view text, const std::string& where, int max_depth) 
         break;
       case json::parse_event_t::key:
         if (!keys.back().insert(parsed.get<std::string>()).second)
-          fail("{}: duplicate JSON key '{}'", where, parsed.get<std::string>());
+          fail("{}: duplicate JSON key '{}'", where, printable(parsed.get<std::string>()));
         break;
       default:
         break;
@@ -41,6 +41,17 @@ json parse_json(std::string_view text, const std::string& where, int max_depth) 
       msg = msg.substr(p + 2);
     fail("{}: not valid JSON: {}", where, msg);
   }
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if ((unsigned char)c < 0x20 || c == 0x7f)
+      out += fmt::format("\\x{:02x}", (unsigned char)c);
+    else
+      out += c;
+  }
+  return out;
 }
 
 std::string read_text_file(const std::filesystem::path& path, size_t max_bytes) {

@@ -40,7 +40,7 @@ DType parse_dtype(const json& v, const std::string& where, const std::string& na
   if (s == "F32") return DType::F32;
   if (s == "F16") return DType::F16;
   if (s == "BF16") return DType::BF16;
-  fail("{}: tensor '{}': unsupported dtype '{}' (supported: F32, F16, BF16)", where, name, s);
+  fail("{}: tensor '{}': unsupported dtype '{}' (supported: F32, F16, BF16)", where, name, printable(s));
 }
 
 // A JSON integer in [0, INT64_MAX]; floats, negatives and huge values are refused.
@@ -55,10 +55,12 @@ uint64_t non_negative(const json& v, const std::string& where, const std::string
 SafetensorsEntry parse_entry(const std::string& name, const json& e, uint64_t data_offset, uint64_t data_size,
                              const std::string& where) {
   if (name.empty()) fail("{}: empty tensor name", where);
+  // Names are echoed in one-line error messages; refuse control characters.
+  if (printable(name) != name) fail("{}: tensor name '{}' contains control characters", where, printable(name));
   if (!e.is_object()) fail("{}: tensor '{}': entry must be an object", where, name);
   for (const auto& [k, v] : e.items())
     if (k != "dtype" && k != "shape" && k != "data_offsets")
-      fail("{}: tensor '{}': unexpected key '{}'", where, name, k);
+      fail("{}: tensor '{}': unexpected key '{}'", where, name, printable(k));
   if (!e.contains("dtype")) fail("{}: tensor '{}': missing dtype", where, name);
   if (!e.contains("shape")) fail("{}: tensor '{}': missing shape", where, name);
   if (!e.contains("data_offsets")) fail("{}: tensor '{}': missing data_offsets", where, name);
@@ -127,7 +129,7 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t file_
     if (name == "__metadata__") {
       if (!e.is_object()) fail("{}: __metadata__ must be an object", where);
       for (const auto& [k, v] : e.items()) {
-        if (!v.is_string()) fail("{}: __metadata__ '{}' must be a string", where, k);
+        if (!v.is_string()) fail("{}: __metadata__ '{}' must be a string", where, printable(k));
         h.metadata[k] = v.get<std::string>();
       }
       continue;

@@ -141,6 +141,8 @@ TEST(Config, CausalLM) {
   expect_refused(j, {"architectures"});
   j["architectures"] = {"LlamaForCausalLM"};
   expect_refused(j, {"architectures", "LlamaForCausalLM"});
+  j["architectures"] = {"Evil\nArch"};  // echoed escaped, on one line
+  expect_refused(j, {"architectures", "Evil\\x0aArch"});
 }
 
 TEST(Config, MissingRequiredField) {

@@ -139,6 +139,8 @@ TEST(Safetensors, OffsetsChecked) {
   expect_refused(raw_safetensors(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", "abcd"),
                  {"'w'", "data_offsets must be [begin, end]"});
   expect_refused(raw_safetensors(R"({"w":{"dtype":"F32","shape":[1]}})", "abcd"), {"'w'", "missing data_offsets"});
+  expect_refused(raw_safetensors(R"({"a\nb":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "abcd"),
+                 {"'a\\x0ab'", "control characters"});
   expect_refused(raw_safetensors(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})", "abcd"),
                  {"'w'", "unexpected key 'x'"});
   // Header of 55 bytes puts the data at file offset 63: no 4-byte tensor may start there.
