@@ -111,8 +111,9 @@ void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me,
   uint32_t* apack = bpack + kNC * (kKCb / 2);          // kMCb × kKCb/2 words
   static_assert(kNC * (kKCb / 2) + kMCb * (kKCb / 2) <= 2 * kNC * kKC, "pack buffer too small");
   constexpr size_t panel_words = kKCb / 2 * kNR;
-  for (size_t n0 = nb; n0 < ne; n0 += kNC) {
-    const size_t nc = ne - n0 < kNC ? ne - n0 : kNC;
+  const size_t step = column_block(ne - nb, kNR);
+  for (size_t n0 = nb; n0 < ne; n0 += step) {
+    const size_t nc = ne - n0 < step ? ne - n0 : step;
     const size_t panels = (nc + kNR - 1) / kNR;
     for (size_t k0 = 0; k0 < a.K; k0 += kKCb) {
       const size_t kc = a.K - k0 < kKCb ? a.K - k0 : kKCb, kp = (kc + 1) / 2;
