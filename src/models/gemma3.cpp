@@ -184,24 +184,13 @@ std::vector<float> Gemma3::decode_step(std::span<const DecodeItem> batch) {
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     project_qkv(L, x.data(), B, pos.data(), q.data(), k.data(), v.data());
-    size_t most = 0;
     for (size_t b = 0; b < B; ++b) {
       KvCache& c = *batch[b].cache;
       std::memcpy(c.key_slot(int(l), pos[b]), k.data() + b * krow, krow * sizeof(float));
       std::memcpy(c.value_slot(int(l), pos[b]), v.data() + b * krow, krow * sizeof(float));
-      most = std::max(most, c.visible(int(l), pos[b] + 1));
+      models::attention_decode(q.data() + b * qrow, c.keys(int(l)), c.values(int(l)),
+                               c.visible(int(l), pos[b] + 1), attn_, o.data() + b * qrow, pool_);
     }
-    const size_t nH = attn_.n_heads;
-    pool_.parallel_for(B * nH, [&](size_t u0, size_t u1) {
-      std::vector<float> scratch(most);
-      for (size_t u = u0; u < u1; ++u) {
-        const size_t b = u / nH, h = u % nH;
-        const KvCache& c = *batch[b].cache;
-        models::attention_one(q.data() + b * qrow, c.keys(int(l)), c.values(int(l)),
-                              c.visible(int(l), pos[b] + 1), attn_, h, o.data() + b * qrow,
-                              scratch.data());
-      }
-    });
     finish_layer(L, x.data(), o.data(), B);
   }
   for (size_t b = 0; b < B; ++b) batch[b].cache->advance(1);

@@ -64,7 +64,7 @@ class TestRun(unittest.TestCase):
     def test_prompt_needs_tokenizer_or_tokens(self):
         r = subprocess.run([BIN, "run", "--model", self.model("tiny-f32")], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 1)
-        self.assertIn("exactly one of --prompt or --tokens", r.stderr)
+        self.assertIn("exactly one of --prompt", r.stderr)
 
 
 if __name__ == "__main__":
