@@ -21,8 +21,9 @@ logits within TOL of it, and no NaN/inf anywhere (pad rows included). Not bitwis
 picks its kernel path by row count (a row-by-row dot path for small M, packed tiles above), so
 13 more rows can change the f32 summation order of every row (measured ~8e-7 relative); a pad
 key leaking into a valid row would move it by orders of magnitude more.
-Negative checks: an oracle with a wrong attention scale (head_dim^-0.5) or the normalizer
-applied twice disagrees with our dump far beyond TOL, so the comparison catches such bugs.
+Negative checks: an oracle with a wrong attention scale (head_dim^-0.5), the normalizer applied
+twice, no sliding window, or the RoPE bases of the two layer kinds swapped disagrees with our
+dump far beyond TOL at layer 0, so the hidden-state comparison catches such bugs.
 """
 import json
 import os
@@ -177,6 +178,16 @@ class TestFaultsAreCaught(unittest.TestCase):
         e = m.embed(PROMPT)
         self.assertFalse(np.array_equal(self.load("inputs_embeds.npy"), e.astype(np.float32)))
         hidden, _ = m.forward(e)
+        self.assertGreater(rel_err(self.load("hidden_0.npy"), hidden[0]), 100 * TOL)
+
+    def test_missing_sliding_window(self):
+        m = TextModel(self.model, faults={"no_window"})
+        hidden, _ = m.forward(m.embed(PROMPT))
+        self.assertGreater(rel_err(self.load("hidden_0.npy"), hidden[0]), 100 * TOL)  # layer 0 slides
+
+    def test_swapped_rope_bases(self):
+        m = TextModel(self.model, faults={"swap_rope"})
+        hidden, _ = m.forward(m.embed(PROMPT))
         self.assertGreater(rel_err(self.load("hidden_0.npy"), hidden[0]), 100 * TOL)
 
     def test_correct_oracle_agrees(self):

@@ -14,6 +14,8 @@ our f32 engine should agree to ~1e-6 relative whatever the weight dtype.
 `faults` (tests only) deliberately breaks the math to show the comparisons catch it:
   "scale_head_dim"   attention scale head_dim^-0.5 instead of query_pre_attn_scalar^-0.5
   "double_normalizer" text embeddings multiplied by the normalizer twice
+  "no_window"        sliding layers use the global (causal) mask, no sliding window
+  "swap_rope"        sliding layers get the global RoPE base/scaling and vice versa
 """
 import numpy as np
 
@@ -95,6 +97,8 @@ class TextModel:
     def inv_freq(self, kind):
         """§10.3: 1 / base^(2i/d) in float32, divided by the linear factor on global layers."""
         t, d = self.t, self.t["head_dim"]
+        if "swap_rope" in self.faults:
+            kind = "global" if kind == "sliding" else "sliding"
         base = t["rope_local_base_freq"] if kind == "sliding" else t["rope_theta"]
         factor = 1.0 if kind == "sliding" else t["rope_scaling_factor"]
         expo = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
@@ -123,7 +127,7 @@ class TextModel:
         x = np.array(e, np.float64)
         hidden = []
         for lw, kind in zip(self.layers, t["layer_kinds"]):
-            allowed = masks[1] if kind == "sliding" else masks[0]
+            allowed = masks[1] if kind == "sliding" and "no_window" not in self.faults else masks[0]
             a = rms_norm(x, lw["ln_in"], eps)
             q = rms_norm((a @ lw["q"].T).reshape(L, nH, d), lw["qn"], eps)
             k = rms_norm((a @ lw["k"].T).reshape(L, nKV, d), lw["kn"], eps)
