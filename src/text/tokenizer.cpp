@@ -58,22 +58,22 @@ class TokenMap {
   }
   // Returns false when the key is already present.
   bool insert(std::string_view key, int32_t id) {
-    size_t i = std::hash<std::string_view>{}(key) & (slots_.size() - 1);
-    for (;; i = (i + 1) & (slots_.size() - 1)) {
+    const size_t h = std::hash<std::string_view>{}(key);
+    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
       Slot& s = slots_[i];
       if (s.id < 0) {
-        s = {key, id};
+        s = {key, id, uint32_t(h)};
         return true;
       }
-      if (s.key == key) return false;
+      if (s.hash == uint32_t(h) && s.key == key) return false;
     }
   }
   int32_t find(std::string_view key) const {
-    size_t i = std::hash<std::string_view>{}(key) & (slots_.size() - 1);
-    for (;; i = (i + 1) & (slots_.size() - 1)) {
+    const size_t h = std::hash<std::string_view>{}(key);
+    for (size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
       const Slot& s = slots_[i];
       if (s.id < 0) return -1;
-      if (s.key == key) return s.id;
+      if (s.hash == uint32_t(h) && s.key == key) return s.id;
     }
   }
 
@@ -81,6 +81,7 @@ class TokenMap {
   struct Slot {
     std::string_view key;  // points into the tokenizer's arena
     int32_t id = -1;
+    uint32_t hash = 0;  // fits in the padding; skips most arena reads on collisions
   };
   std::vector<Slot> slots_;
 };
@@ -416,6 +417,7 @@ void parse_tokenizer_json(Tokenizer::Impl& t, std::string_view text) {
   dom::array merges = J.array(J.at(model, "merges", "model"), "model.merges");
   t.merges.reserve(merges.size());
   uint32_t rank = 0;
+  std::string joined;
   for (dom::element m : merges) {
     std::string_view a, b;
     if (m.type() == dom::element_type::ARRAY) {
@@ -430,9 +432,7 @@ void parse_tokenizer_json(Tokenizer::Impl& t, std::string_view text) {
       b = s.substr(s.find(' ') + 1);
     }
     const int32_t ia = t.vocab.find(a), ib = t.vocab.find(b);
-    std::string joined;
-    joined.reserve(a.size() + b.size());
-    joined.append(a).append(b);
+    joined.assign(a).append(b);
     const int32_t ir = t.vocab.find(joined);
     if (ia < 0 || ib < 0 || ir < 0)
       fail("{}: model.merges[{}] ('{}', '{}'): token '{}' not in model.vocab", t.where, rank, a, b,

@@ -9,7 +9,7 @@
 //               {"ids", "rendered"} or {"error"}; images expanded the way HF's
 //               Gemma3Processor does (string replacement) or, with layout
 //               "google", by splicing ids like the Google reference
-//   bench       each line a JSON string; prints {"load_s", "encode_mb_s", "bytes"}
+//   bench       each line a JSON string; prints {"load_s", "load_cpu_s", "encode_mb_s", "bytes"}
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -23,11 +23,14 @@ const [mode, dir] = process.argv.slice(2);
 const lines = fs.readFileSync(0, "utf8").split("\n").filter((l) => l.length > 0);
 
 const t0 = process.hrtime.bigint();
+const cpu0 = process.cpuUsage();
 const tokJson = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer.json"), "utf8"));
 const tokConfig = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
 if (mode === "encode-literal") tokJson.added_tokens = tokJson.added_tokens.filter((t) => !t.special);
 const tok = new Tokenizer(tokJson, tokConfig);
 const loadS = Number(process.hrtime.bigint() - t0) / 1e9;
+const cpu1 = process.cpuUsage(cpu0);
+const loadCpuS = (cpu1.user + cpu1.system) / 1e6;
 
 const encode = (s) => tok.encode(s, { add_special_tokens: false }).ids;
 const decode = (ids) => (ids.length ? tok.decode(ids, { skip_special_tokens: false }) : "");
@@ -80,7 +83,7 @@ if (mode === "encode" || mode === "encode-literal") {
   const t1 = process.hrtime.bigint();
   for (const s of texts) encode(s);
   const encS = Number(process.hrtime.bigint() - t1) / 1e9;
-  out.push(JSON.stringify({ load_s: loadS, encode_mb_s: bytes / 1e6 / encS, bytes }));
+  out.push(JSON.stringify({ load_s: loadS, load_cpu_s: loadCpuS, encode_mb_s: bytes / 1e6 / encS, bytes }));
 } else {
   throw new Error(`unknown mode ${mode}`);
 }
