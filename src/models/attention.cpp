@@ -15,23 +15,23 @@ constexpr float kLowest = std::numeric_limits<float>::lowest();
 constexpr size_t kRowBlock = 256;  // query rows per score block: caps scratch at 256 × L
 }  // namespace
 
-void attention_prefill(const float* q, const float* k, const float* v, const float* mask, size_t L,
-                       const AttnShape& s, float* out, ThreadPool& pool) {
+void attention_prefill(const float* q, size_t Lq, const float* k, const float* v, size_t Lk,
+                       const float* mask, const AttnShape& s, float* out, ThreadPool& pool) {
   using kernels::Layout;
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const size_t krow = s.n_kv_heads * d, qrow = s.n_heads * d;
-  std::vector<float> sc(std::min(L, kRowBlock) * L);
-  std::vector<uint8_t> empty(L);
-  for (size_t r0 = 0; r0 < L; r0 += kRowBlock) {
-    const size_t R = std::min(L, r0 + kRowBlock) - r0;
+  std::vector<float> sc(std::min(Lq, kRowBlock) * Lk);
+  std::vector<uint8_t> empty(std::min(Lq, kRowBlock));
+  for (size_t r0 = 0; r0 < Lq; r0 += kRowBlock) {
+    const size_t R = std::min(Lq, r0 + kRowBlock) - r0;
     // Keys [k0, k1) hold every allowed entry of these rows.
-    size_t k0 = L, k1 = 0;
+    size_t k0 = Lk, k1 = 0;
     for (size_t i = 0; i < R; ++i) {
-      const float* m = mask + (r0 + i) * L;
-      size_t a = 0, b = L;
-      while (a < L && m[a] == kLowest) ++a;
+      const float* m = mask + (r0 + i) * Lk;
+      size_t a = 0, b = Lk;
+      while (a < Lk && m[a] == kLowest) ++a;
       while (b > a && m[b - 1] == kLowest) --b;
-      empty[i] = a == L;
+      empty[i] = a == Lk;
       if (a < b) k0 = std::min(k0, a), k1 = std::max(k1, b);
     }
     if (k1 <= k0) {
@@ -47,7 +47,7 @@ void attention_prefill(const float* q, const float* k, const float* v, const flo
       pool.parallel_for(R, [&](size_t i0, size_t i1) {
         for (size_t i = i0; i < i1; ++i) {
           float* row = sc.data() + i * n;
-          const float* m = mask + (r0 + i) * L + k0;
+          const float* m = mask + (r0 + i) * Lk + k0;
           for (size_t j = 0; j < n; ++j) row[j] = row[j] * s.scale + m[j];
           kernels::softmax(row, n);
         }

@@ -14,13 +14,13 @@ struct AttnShape {
   float scale = 0;  // query_pre_attn_scalar^-0.5
 };
 
-// Prefill: q [L, nH, d], k/v [L, nKV, d], additive mask [L, L] (row = query).
-// Per block of query rows only the key range holding allowed entries is computed;
-// entries equal to the lowest finite f32 add exactly 0 after softmax next to any
-// allowed key. A row with no allowed key yields zeros, so padded rows stay finite.
-// out [L, nH·d].
-void attention_prefill(const float* q, const float* k, const float* v, const float* mask, size_t L,
-                       const AttnShape& s, float* out, ThreadPool& pool);
+// Prefill: Lq queries q [Lq, nH, d] against Lk keys/values k/v [Lk, nKV, d] with an
+// additive mask [Lq, Lk] (row = query). Per block of query rows only the key range
+// holding allowed entries is computed; entries equal to the lowest finite f32 add
+// exactly 0 after softmax next to any allowed key. A row with no allowed key yields
+// zeros, so padded rows stay finite. out [Lq, nH·d].
+void attention_prefill(const float* q, size_t Lq, const float* k, const float* v, size_t Lk,
+                       const float* mask, const AttnShape& s, float* out, ThreadPool& pool);
 
 // One query token of one sequence against n cached positions, all visible (no mask):
 // q [nH, d], k/v [n, nKV, d] (cache rows), out [nH·d].

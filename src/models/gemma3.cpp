@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <string>
@@ -137,24 +138,32 @@ std::vector<float> Gemma3::prefill_from_embeddings(const PrefillInput& in, KvCac
     fail("prefill: embeddings have {} values, expected {}x{}", in.embeds.size(), Lp, H);
   check_mask(in.mask_global, Lp, "global mask");
   if (!in.mask_sliding.empty()) check_mask(in.mask_sliding, Lp, "sliding mask");
-  if (cache.length() != 0) fail("prefill: the KV cache already holds {} positions", cache.length());
+  const int64_t P = cache.length();  // positions already cached (a continuation)
   cache.reserve(in.valid_len);  // fails before compute when the prompt exceeds the context
 
   const size_t qrow = attn_.n_heads * attn_.head_dim, krow = cache.row_size();
   std::vector<float> x = in.embeds, q(Lp * qrow), k(Lp * krow), v(Lp * krow), o(Lp * qrow);
   std::vector<int64_t> pos(Lp);
-  std::iota(pos.begin(), pos.end(), int64_t{0});
+  std::iota(pos.begin(), pos.end(), P);
+  std::vector<float> keys, values, mask_ext;  // cached + new keys, for a continuation
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     project_qkv(L, x.data(), Lp, pos.data(), q.data(), k.data(), v.data());
     const std::vector<float>& mask =
         L.sliding && !in.mask_sliding.empty() ? in.mask_sliding : in.mask_global;
-    models::attention_prefill(q.data(), k.data(), v.data(), mask.data(), Lp, attn_, o.data(), pool_);
-    // Only real positions enter the cache; a ring keeps the last W of them.
+    if (P == 0) {
+      models::attention_prefill(q.data(), Lp, k.data(), v.data(), Lp, mask.data(), attn_, o.data(), pool_);
+    } else {
+      const size_t nc = continuation_keys(cache, int(l), P, in, mask, k, v, keys, values, mask_ext);
+      models::attention_prefill(q.data(), Lp, keys.data(), values.data(), nc + Lp, mask_ext.data(), attn_,
+                                o.data(), pool_);
+    }
+    // Only real positions enter the cache (after attention: a ring slot may still have
+    // been visible to this chunk); a ring keeps the last W of them.
     const int64_t first = L.sliding ? std::max<int64_t>(0, in.valid_len - cfg_.sliding_window) : 0;
-    for (int64_t p = first; p < in.valid_len; ++p) {
-      std::memcpy(cache.key_slot(int(l), p), k.data() + size_t(p) * krow, krow * sizeof(float));
-      std::memcpy(cache.value_slot(int(l), p), v.data() + size_t(p) * krow, krow * sizeof(float));
+    for (int64_t i = first; i < in.valid_len; ++i) {
+      std::memcpy(cache.key_slot(int(l), P + i), k.data() + size_t(i) * krow, krow * sizeof(float));
+      std::memcpy(cache.value_slot(int(l), P + i), v.data() + size_t(i) * krow, krow * sizeof(float));
     }
     finish_layer(L, x.data(), o.data(), Lp);
     if (opts.on_layer) opts.on_layer(int(l), x.data());
@@ -162,6 +171,33 @@ std::vector<float> Gemma3::prefill_from_embeddings(const PrefillInput& in, KvCac
   cache.advance(in.valid_len);
   if (opts.all_logits) return head(x.data(), Lp);
   return head(x.data() + size_t(in.valid_len - 1) * H, 1);
+}
+
+size_t Gemma3::continuation_keys(const KvCache& cache, int layer, int64_t P, const PrefillInput& in,
+                                 const std::vector<float>& mask, const std::vector<float>& k,
+                                 const std::vector<float>& v, std::vector<float>& keys,
+                                 std::vector<float>& values, std::vector<float>& mask_ext) const {
+  const size_t Lp = size_t(in.Lp), krow = cache.row_size();
+  const size_t nc = cache.visible(layer, P), W = size_t(cfg_.sliding_window);
+  const bool sliding = layers_[size_t(layer)].sliding;
+  keys.assign(cache.keys(layer), cache.keys(layer) + nc * krow);
+  keys.insert(keys.end(), k.begin(), k.end());
+  values.assign(cache.values(layer), cache.values(layer) + nc * krow);
+  values.insert(values.end(), v.begin(), v.end());
+  // Cached slot s holds position p_s (ring: p ≡ s mod W within the last W positions).
+  std::vector<int64_t> slot_pos(nc);
+  for (size_t s = 0; s < nc; ++s)
+    slot_pos[s] = sliding && size_t(P) > W ? P - int64_t(W) + int64_t((s + W - size_t(P) % W) % W) : int64_t(s);
+  const size_t Lk = nc + Lp;
+  mask_ext.assign(Lp * Lk, std::numeric_limits<float>::lowest());
+  for (size_t i = 0; i < size_t(in.valid_len); ++i) {
+    // Every cached key is in this chunk's past: global layers see all of them, sliding
+    // layers those with q − k < W (spec §9.2, §11).
+    for (size_t s = 0; s < nc; ++s)
+      if (!sliding || P + int64_t(i) - slot_pos[s] < int64_t(W)) mask_ext[i * Lk + s] = 0.f;
+    std::copy_n(mask.data() + i * Lp, Lp, mask_ext.data() + i * Lk + nc);
+  }
+  return nc;
 }
 
 std::vector<float> Gemma3::decode_step(std::span<const DecodeItem> batch) {

@@ -42,9 +42,12 @@ class Gemma3 {
   ThreadPool& pool() { return pool_; }
   KvCache new_cache(int64_t context) const { return KvCache(cfg_, context); }
 
-  // Runs the prompt through every layer and seeds `cache` (which must be empty) with
-  // the valid_len real positions. Returns logits [rows, V]: all Lp rows when
-  // opts.all_logits, else the last valid row.
+  // Runs the prompt through every layer and appends its valid_len real positions to
+  // `cache`. On a non-empty cache this is a continuation (a later chunk or turn): row i
+  // gets position length() + i, every valid row also sees the cached keys (all of them
+  // on global layers, those within the window on sliding ones), and `in`'s masks cover
+  // only the new rows. An image block must not be split across chunks. Returns logits
+  // [rows, V]: all Lp rows when opts.all_logits, else the last valid row.
   std::vector<float> prefill_from_embeddings(const PrefillInput& in, KvCache& cache,
                                              const PrefillOptions& opts = {});
 
@@ -65,6 +68,12 @@ class Gemma3 {
   // x += post_attn_norm(o · Woᵀ), then the MLP sublayer, for n rows.
   void finish_layer(const Layer& L, float* x, const float* attn, size_t n);
   std::vector<float> head(const float* x, size_t n);
+  // For a continuation at P cached positions: cached then new keys/values of `layer`
+  // and the mask [Lp, cached + Lp] over them; returns the number of cached keys.
+  size_t continuation_keys(const KvCache& cache, int layer, int64_t P, const PrefillInput& in,
+                           const std::vector<float>& mask, const std::vector<float>& k,
+                           const std::vector<float>& v, std::vector<float>& keys,
+                           std::vector<float>& values, std::vector<float>& mask_ext) const;
   const std::vector<float>& inv_freq(bool sliding) const {
     return sliding ? inv_freq_local_ : inv_freq_global_;
   }

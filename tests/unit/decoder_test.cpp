@@ -157,12 +157,51 @@ TEST_F(DecoderTest, PrefillRejectsBadInputs) {
   KvCache c = model_->new_cache(64);
   model_->prefill_from_embeddings(in, c);
   EXPECT_EQ(c.length(), 6);  // only the valid positions enter the cache
-  EXPECT_THROW(model_->prefill_from_embeddings(in, c), Error);  // cache not empty
   const DecodeItem twice[2] = {{&c, 5}, {&c, 6}};
   EXPECT_THROW(model_->decode_step(twice), Error);
   const DecodeItem bad_id{&c, 262144};
   EXPECT_THROW(model_->decode_step({&bad_id, 1}), Error);
   EXPECT_EQ(c.length(), 6);
+}
+
+// A prompt prefilled in chunks (continuations on a non-empty cache, one chunk right-
+// padded) gives the same logits at every position as one prefill, and the same decode
+// steps after it; chunk boundaries fall before, inside and past the sliding window.
+TEST_F(DecoderTest, ChunkedPrefillEqualsOnePrefill) {
+  const TextConfig& t = model_->config();
+  const std::vector<int32_t> ids = prompt_of(30, 5);
+  const size_t V = size_t(model_->vocab());
+  PrefillOptions all;
+  all.all_logits = true;
+  KvCache one = model_->new_cache(64);
+  const std::vector<float> ref = model_->prefill_from_embeddings(
+      text_prefill(model_->embedder(), ids, 30, t.sliding_window, 0), one, all);
+  for (const std::vector<int>& cuts : {std::vector<int>{0, 3, 4, 30}, std::vector<int>{0, 7, 19, 30},
+                                       std::vector<int>{0, 12, 13, 29, 30}}) {
+    KvCache c = model_->new_cache(64);
+    std::vector<float> got;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const std::span<const int32_t> part(ids.data() + cuts[i], size_t(cuts[i + 1] - cuts[i]));
+      const int Lp = int(part.size()) + (i == 1 ? 5 : 0);  // the second chunk right-padded
+      const std::vector<float> l =
+          model_->prefill_from_embeddings(text_prefill(model_->embedder(), part, Lp, t.sliding_window, 0), c, all);
+      got.insert(got.end(), l.begin(), l.begin() + std::ptrdiff_t(part.size() * V));
+    }
+    ASSERT_EQ(c.length(), 30);
+    ASSERT_EQ(got.size(), ref.size());
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      worst = std::max(worst, std::fabs(got[i] - ref[i]));
+      scale = std::max(scale, std::fabs(ref[i]));
+    }
+    EXPECT_LE(worst, 1e-5f * scale) << "cuts " << cuts[1];
+    KvCache a = one;
+    for (int step = 0; step < 12; ++step) {
+      const DecodeItem x{&a, 7 + step}, y{&c, 7 + step};
+      const std::vector<float> la = model_->decode_step({&x, 1}), lc = model_->decode_step({&y, 1});
+      for (size_t i = 0; i < V; ++i) ASSERT_LE(std::fabs(la[i] - lc[i]), 1e-5f * scale) << step;
+    }
+  }
 }
 
 }  // namespace
