@@ -1,14 +1,20 @@
 // libFuzzer target: the Gemma 3 tokenizer on arbitrary bytes.
-//   input[0] bit 0: parse_special; the rest is the text.
+//   input[0] bit 0: parse_special; bit 1: chat mode; bits 2-3: Pan & Scan
+//   crops per image; the rest is the text.
 // Checks: encode refuses exactly the invalid UTF-8 inputs; every id is in
 // range; decode(encode(x)) == x with U+2581 read as a space (the decoder's
 // Replace); the streaming detokenizer gives the same text; arbitrary id
 // sequences (taken from the same bytes) decode to valid UTF-8 both ways.
+// Chat mode: the text split at \x01 is a conversation (a part "I" is an
+// image, a first part starting with 'S' a system prompt); a literal-mode
+// prompt must tokenize whenever the text is valid UTF-8 and decode to the
+// HF-rendered string with every image expanded.
 // Tokenizer folder: $VLM_TOKENIZER_DIR, default the npm copy (run from the repo root).
 #include <cstdlib>
 #include <string>
 
 #include "core/error.h"
+#include "text/chat.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
 
@@ -41,6 +47,55 @@ std::string stream(const vlm::text::Tokenizer& tok, const std::vector<int32_t>& 
   return out + d.finish();
 }
 
+void fuzz_chat(const vlm::text::Tokenizer& tok, const std::string& text, bool parse_special, int crops) {
+  using namespace vlm::text;
+  std::vector<ChatMessage> msgs;
+  size_t n_images = 0;
+  for (size_t pos = 0, k = 0;; ++k) {
+    const size_t end = std::min(text.find('\x01', pos), text.size());
+    const std::string part = text.substr(pos, end - pos);
+    if (k == 0 && !part.empty() && part[0] == 'S') {
+      msgs.push_back({"system", {{false, part.substr(1)}}});
+    } else {
+      const char* role = (msgs.size() - (!msgs.empty() && msgs[0].role == "system")) % 2 ? "assistant" : "user";
+      n_images += part == "I";
+      msgs.push_back({role, {{part == "I", part == "I" ? std::string() : part}}});
+    }
+    if (end == text.size()) break;
+    pos = end + 1;
+  }
+  const ImageTokens it{255999, 256000, 262144, 4, ImageLayout::HF};
+  std::vector<Segment> segs;
+  try {
+    segs = render_gemma3_chat(msgs, tok);
+  } catch (const vlm::Error&) {
+    check(msgs.size() == 1 && msgs[0].role == "system", "render refused a well-formed conversation");
+    return;
+  }
+  const std::vector<int> crop_counts(n_images, crops);
+  PromptTokens p;
+  try {
+    p = tokenize_prompt(segs, tok, it, crop_counts, parse_special);
+  } catch (const vlm::Error&) {
+    check(parse_special || utf8_first_invalid(text) != std::string::npos, "literal prompt refused valid UTF-8");
+    return;
+  }
+  if (parse_special) return;
+  // The HF string: the rendered template with each image placeholder expanded.
+  std::string full = "\n\n<start_of_image>";
+  for (int i = 0; i < it.tokens_per_image; ++i) full += "<image_soft_token>";
+  full += "<end_of_image>\n\n";
+  std::string image = full;
+  if (crops > 0) {
+    image = "Here is the original image " + full + " and here are some crops to help you see better ";
+    for (int c = 0; c < crops; ++c) image += (c ? " " : "") + full;
+  }
+  std::string flat;  // typed "<start_of_image>" text stays literal here
+  for (const Segment& seg : segs) flat += seg.kind == Segment::Kind::Image ? image : segments_to_string({&seg, 1}, tok);
+  check(tok.decode(p.ids) == replace_all(flat, "\xE2\x96\x81", " "), "chat ids do not decode to the rendered prompt");
+  check(p.blocks.size() == n_images * size_t(crops + 1), "wrong number of image blocks");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -49,6 +104,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const bool parse_special = data[0] & 1;
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (data[0] & 2) return fuzz_chat(tok, text, parse_special, (data[0] >> 2) & 3), 0;
   const bool valid = utf8_first_invalid(text) == std::string::npos;
 
   std::vector<int32_t> ids;
