@@ -1,5 +1,9 @@
 // Element-wise and row-wise kernels of the Gemma 3 / SigLIP graphs, all in f32.
 // Rows are contiguous ([rows, dim] row-major); x and y may be the same buffer.
+// The norms, gelu and softmax run on the ISA path matmul() uses (AVX-512, AVX2 or
+// scalar; VLM_ISA forces one). Sums are f32 in vector lanes; exp and tanh are our own
+// vectorized versions, a few ulp from the exact functions (tests/unit/kernels_test.cpp
+// states the bounds). One call is single-threaded: split rows across a pool to scale.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,7 +14,8 @@ namespace vlm::kernels {
 // w has `dim` entries (stored zero-centred, converted to f32 by the caller).
 void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps);
 
-// LayerNorm with bias (spec §6): y = (x − mean) / sqrt(var + eps) · g + b, biased variance.
+// LayerNorm with bias (spec §6): y = (x − mean) / sqrt(var + eps) · g + b, biased variance
+// (two passes, with the mean corrected by the deviations' sum).
 void layer_norm(const float* x, const float* g, const float* b, float* y, size_t rows, size_t dim,
                 float eps);
 
@@ -20,8 +25,9 @@ void gelu_tanh(float* x, size_t n);
 void gelu_tanh_mul(float* gate, const float* up, size_t n);
 
 // In-place softmax over one row of n entries, with max subtraction. Finite for any
-// finite input (all entries equal to the lowest f32 give a uniform row); a row that is
-// all −inf gives zeros rather than NaN.
+// finite input (all entries equal to the lowest f32 give a uniform row; entries at the
+// lowest f32 next to normal ones get exactly 0); a row that is all −inf gives zeros
+// rather than NaN. Probabilities below FLT_MIN are flushed to 0.
 void softmax(float* x, size_t n);
 
 // RoPE, rotate-half / NeoX convention (spec §10.3), in place on x[heads, d]:
