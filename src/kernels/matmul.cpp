@@ -156,6 +156,9 @@ void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layou
                     const float* bias, float* y, size_t ldy, ThreadPool& pool) {
   const bool kn = layout == Layout::KN;
   const size_t K = kn ? w.rows : w.cols, N = kn ? w.cols : w.rows;
+  if (w.stride() < w.cols || (M > 1 && ldx < K) || (M > 1 && ldy < N))
+    fail("matmul: row stride below row length (w {} < {}, x {} < {} or y {} < {})", w.stride(),
+         w.cols, ldx, K, ldy, N);
   run(GemmArgs{x, ldx, M, w.data, w.dtype, w.stride(), kn, K, N, bias, y, ldy}, pool);
 }
 

@@ -225,6 +225,18 @@ TEST(Matmul, EmptyKGivesBias) {
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(y[i], bias[i % 3]);
 }
 
+TEST(Matmul, RejectsStridesShorterThanRows) {
+  ThreadPool pool(1);
+  std::vector<float> x(64), w(64), y(64);
+  EXPECT_THROW(matmul(x.data(), 2, f32_weight(w.data(), 4, 8, 6), y.data(), pool), Error);
+  EXPECT_THROW(matmul_strided(x.data(), 7, 2, f32_weight(w.data(), 4, 8), Layout::NK, nullptr,
+                              y.data(), 4, pool),
+               Error);
+  EXPECT_THROW(matmul_strided(x.data(), 8, 2, f32_weight(w.data(), 4, 8), Layout::NK, nullptr,
+                              y.data(), 3, pool),
+               Error);
+}
+
 TEST(Matmul, IsaSelection) {
   IsaGuard guard;
   EXPECT_TRUE(isa_supported(Isa::Scalar));
