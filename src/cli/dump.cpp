@@ -1,6 +1,9 @@
-// `vlm dump`: every intermediate of a text prefill plus greedy decode, as float32
-// .npy files (little endian, C order) and JSON, for comparison with any reference.
-//   inputs_embeds.npy [Lp,H]  mask_global.npy / mask_sliding.npy [1,1,Lp,Lp]
+// `vlm dump`: every intermediate of a prefill (text, or text and images through the
+// host preprocessor) plus greedy decode, as float32 .npy files (little endian, C order)
+// and JSON, for comparison with any reference.
+//   inputs_embeds.npy [Lp,H] (merged rows)  embed_norms.npy [L] (L2 norm of each valid row)
+//   mask_global.npy / mask_sliding.npy [1,1,Lp,Lp] (the masks used)  identity.json
+//   with images: image_positions.json, pixel_values.npy, vision_raw.npy, image_features.npy
 //   hidden_<i>.npy [Lp,H] after decoder layer i   logits.npy [Lp,V]
 //   tokens.json (prompt ids)  greedy.json (N greedy ids)  decode_logits.npy [N,V]
 // decode_logits[i] are the logits of the decode step fed greedy[i]. Rows ≥ valid
@@ -16,9 +19,11 @@
 #include "core/error.h"
 #include "engine/sampler.h"
 #include "io/checkpoint.h"
+#include "io/identity.h"
 #include "io/npy.h"
 #include "models/gemma3.h"
 #include "multimodal/mask.h"
+#include "multimodal/host.h"
 #include "multimodal/merge.h"
 #include "vision/encode.h"
 
@@ -30,13 +35,48 @@ void write_json(const std::filesystem::path& p, const nlohmann::json& j) {
   f << j.dump() << "\n";
   if (!f) fail("cannot write {}", p.string());
 }
+
+// The identity a dump was made under, as {"hash": hex, "fields": {name: value}}.
+nlohmann::json identity_json(const Identity& id) {
+  nlohmann::json f = nlohmann::json::object();
+  for (const auto& [k, v] : id.fields) f[k] = v;
+  return {{"hash", id.hash_hex()}, {"fields", f}};
+}
+
+// Refuses to add to (or compare with) results made under another identity.
+void check_identity(const std::string& file, const Identity& ours) {
+  std::ifstream f(file);
+  if (!f) fail("--check-identity: cannot read {}", file);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("fields") || !j["fields"].is_object())
+    fail("--check-identity: {} is not an identity.json", file);
+  Identity theirs;
+  for (const auto& [k, v] : j["fields"].items()) {
+    if (!v.is_string()) fail("--check-identity: {}: field {} is not a string", file, k);
+    theirs.fields.emplace_back(k, v.get<std::string>());
+  }
+  const std::vector<std::string> diff = identity_diff(theirs, ours);
+  if (diff.empty()) return;
+  std::string list;
+  for (const std::string& k : diff) {
+    auto val = [&](const Identity& id) {
+      for (const auto& [n, v] : id.fields)
+        if (n == k) return v;
+      return std::string("(absent)");
+    };
+    list += fmt::format("{}{} ({} vs {})", list.empty() ? "" : ", ", k, val(theirs), val(ours));
+  }
+  fail("{} was made for another model identity; differing fields: {}", file, list);
+}
 }  // namespace
 
 int cmd_dump(int argc, char** argv) {
   CLI::App app{"Write a prefill's intermediates and greedy decode as .npy/.json"};
-  std::string model_dir, out_dir, scaling = "reference";
+  std::string model_dir, out_dir, scaling = "reference", identity_file;
   PromptArgs pa;
+  ImageArgs ia;
   int pad_to = 0, steps = 32, threads = default_threads();
+  std::vector<int> block_cell;
   app.add_option("--model", model_dir, "checkpoint folder")->required();
   app.add_option("--prompt", pa.prompt, "prompt text (chat template unless --raw)");
   app.add_option("--tokens", pa.tokens, "prompt as a JSON list of token ids (used raw)");
@@ -46,49 +86,64 @@ int cmd_dump(int argc, char** argv) {
   app.add_option("--steps", steps, "greedy tokens to generate")->check(CLI::Range(0, 1 << 20));
   app.add_option("--embed-scaling", scaling, "reference (HF, weight dtype) or f32");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
-  std::vector<std::string> image_files;
-  bool pan_and_scan = false;
-  app.add_option("--image", image_files,
-                 "image file (repeatable): also writes pixel_values.npy [n,3,S,S], vision_raw.npy "
-                 "[n,P,Hv], image_features.npy [n,T,H]");
-  app.add_flag("--pan-and-scan", pan_and_scan, "Pan & Scan crops follow each image (spec 5.4)");
+  app.add_option("--check-identity", identity_file,
+                 "identity.json of an earlier dump: refuse (naming the fields) unless this run's identity matches");
+  app.add_option("--block-cell", block_cell,
+                 "TEST HOOK: Q K — block mask cell (query Q, key K) in every mask, after writing the masks")
+      ->expected(2);
+  ia.add(app, pa);
   CLI11_PARSE(app, argc, argv);
   if (scaling != "reference" && scaling != "f32")
     fail("--embed-scaling: expected reference or f32, got '{}'", scaling);
 
-  const std::vector<int32_t> ids = make_prompt(pa, model_dir).ids;
-  const int n = int(ids.size());
-  const int Lp = pad_to > 0 ? pad_to : n;
-  if (Lp < n) fail("--pad-to {} is shorter than the prompt ({} tokens)", Lp, n);
-
-  Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = !image_files.empty()});
+  Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = !ia.files.empty()});
   const ModelConfig& mc = ck.config();
+  HostOptions ho = ia.host_options(mc);
+  ho.pad_to = pad_to;
+  const EmbedScaling es = scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference;
+  const Identity identity = make_identity(
+      ck, mask_mode_name(ho.mask_mode),
+      scaling_policy_name(es, ck.get("text.embed_tokens.weight").dtype, ho.image_scaling));
+  if (!identity_file.empty()) check_identity(identity_file, identity);
+
+  ImageInputs inputs = load_image_inputs(ia, ck);
+  const std::vector<int32_t> ids = make_prompt(pa, model_dir, inputs.tokens, inputs.crops).ids;
+  const int n = int(ids.size());
   const int64_t context = mc.text.max_position_embeddings;
   if (int64_t(n) + steps > context)
     fail("prompt of {} tokens plus {} steps exceeds the context limit of {}", n, steps, context);
   ThreadPool pool(threads);
-  Gemma3 model(ck, pool, scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference);
+  Gemma3 model(ck, pool, es);
   const int H = mc.text.hidden_size, V = model.vocab();
 
-  PrefillInput in = text_prefill(model.embedder(), ids, Lp, mc.text.sliding_window, mc.pad_token_id);
+  MultimodalPrefill pre =
+      build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, ids, inputs.images, ho, pool);
+  PrefillInput& in = pre.input;
+  const int Lp = in.Lp;
   std::filesystem::create_directories(out_dir);
   const std::filesystem::path out(out_dir);
-  if (!image_files.empty()) {
-    std::vector<vision::RgbImage> images;
-    for (const std::string& f : image_files) images.push_back(vision::load_image(f));
-    const vision::ImageEncoding e = vision::VisionEncoder(ck).encode(
-        images, pool, pan_and_scan ? std::optional<bool>(true) : std::nullopt);
+  write_json(out / "identity.json", identity_json(identity));
+  if (pre.encoding) {
+    const vision::ImageEncoding& e = *pre.encoding;
     const int64_t ni = e.pixels.count;
     write_npy(out / "pixel_values.npy", e.pixels.values.data(), {ni, 3, e.pixels.height, e.pixels.width});
     write_npy(out / "vision_raw.npy", e.vision_raw.data(), {ni, e.patches, e.vision_hidden});
     write_npy(out / "image_features.npy", e.features.data(), {ni, e.tokens, e.hidden});
     write_json(out / "num_crops.json", e.pixels.num_crops);
+    write_json(out / "image_positions.json", pre.image_positions);
   }
   write_json(out / "tokens.json", ids);
   write_npy(out / "inputs_embeds.npy", in.embeds.data(), {Lp, H});
+  write_npy(out / "embed_norms.npy", pre.embed_norms.data(), {int64_t(pre.embed_norms.size())});
   write_npy(out / "mask_global.npy", in.mask_global.data(), {1, 1, Lp, Lp});
   const std::vector<float>& sliding = in.mask_sliding.empty() ? in.mask_global : in.mask_sliding;
   write_npy(out / "mask_sliding.npy", sliding.data(), {1, 1, Lp, Lp});
+  if (!block_cell.empty()) {
+    const int q = block_cell[0], k = block_cell[1];
+    if (q < 0 || k < 0 || q >= Lp || k >= Lp) fail("--block-cell {} {}: outside the {}x{} mask", q, k, Lp, Lp);
+    for (std::vector<float>* m : {&in.mask_global, &in.mask_sliding})
+      if (!m->empty()) (*m)[size_t(q) * size_t(Lp) + size_t(k)] = kMaskBlocked;
+  }
 
   PrefillOptions opts;
   opts.all_logits = true;

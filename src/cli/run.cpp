@@ -1,4 +1,4 @@
-// `vlm run`: generate from a prompt, streaming the answer to stdout. Ctrl-C stops
+// `vlm run`: generate from a prompt and images, streaming the answer to stdout. Ctrl-C stops
 // generation at the next token; what was produced stays printed (exit code 130).
 #include <CLI/CLI.hpp>
 #include <atomic>
@@ -12,6 +12,7 @@
 #include "engine/generate.h"
 #include "io/checkpoint.h"
 #include "models/gemma3.h"
+#include "multimodal/host.h"
 #include "text/detokenizer.h"
 
 namespace vlm::cli {
@@ -50,16 +51,24 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--stop", opt.stop_strings, "stop string (repeatable)");
   app.add_option("--context", opt.context, "context limit (default: max_position_embeddings)");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
+  ImageArgs ia;
+  ia.add(app, pa);
   CLI11_PARSE(app, argc, argv);
   validate(sp);
 
-  Prompt prompt = make_prompt(pa, model_dir);
-  Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = false});
+  // Everything about the request is checked before the vision tower or the decoder runs.
+  Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = !ia.files.empty()});
   const ModelConfig& mc = ck.config();
+  ImageInputs inputs = load_image_inputs(ia, ck);
+  Prompt prompt = make_prompt(pa, model_dir, inputs.tokens, inputs.crops);
   if (mc.is_vlm()) sp.vocab_limit = mc.image_token_id;  // ids past it are vocabulary padding
   opt.stop_ids = mc.eos_token_ids;
+  HostOptions ho = ia.host_options(mc);
+  ho.context = opt.context;
   ThreadPool pool(threads);
   Gemma3 model(ck, pool);
+  const MultimodalPrefill pre =
+      build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, prompt.ids, inputs.images, ho, pool);
 
   GenerateIO io;
   io.cancel = &g_interrupted;
@@ -85,7 +94,7 @@ int cmd_run(int argc, char** argv) {
   }
   g_interrupted = false;
   std::signal(SIGINT, on_sigint);
-  GenerateResult r = generate(model, prompt.ids, opt, io);
+  GenerateResult r = generate(model, pre.input, prompt.ids, opt, io);
   std::signal(SIGINT, SIG_DFL);
   if (detok && !print_ids) {
     const std::string tail = detok->finish();  // an unfinished character at the end

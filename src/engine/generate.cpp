@@ -53,12 +53,24 @@ std::string StopStrings::flush() {
 GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const GenerateIO& io) {
   const TextConfig& c = model.config();
+  if (prompt.empty()) fail("the prompt has no tokens");
+  // The context is checked before embedding anything (the overload checks the rest).
+  const int64_t context = opt.context > 0 ? std::min<int64_t>(opt.context, c.max_position_embeddings)
+                                          : c.max_position_embeddings;
+  if (int64_t(prompt.size()) > context)
+    fail("prompt of {} tokens exceeds the context limit of {}", prompt.size(), context);
+  return generate(model, text_prefill(model.embedder(), prompt, int(prompt.size()), c.sliding_window, 0),
+                  prompt, opt, io);
+}
+
+GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const int32_t> prompt,
+                        const GenerateOptions& opt, const GenerateIO& io) {
+  const TextConfig& c = model.config();
   const int64_t context = opt.context > 0 ? opt.context : c.max_position_embeddings;
   if (opt.context > c.max_position_embeddings)
     fail("context {} exceeds max_position_embeddings {}", opt.context, c.max_position_embeddings);
-  if (prompt.empty()) fail("the prompt has no tokens");
-  if (int64_t(prompt.size()) > context)
-    fail("prompt of {} tokens exceeds the context limit of {}", prompt.size(), context);
+  if (int64_t(in.valid_len) > context)
+    fail("prompt of {} tokens exceeds the context limit of {}", in.valid_len, context);
   if (opt.max_tokens < 0) fail("max_tokens must be >= 0, got {}", opt.max_tokens);
   if (!opt.stop_strings.empty() && !io.piece) fail("stop strings need a detokenizer");
 
@@ -74,9 +86,7 @@ GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const Ge
   };
 
   KvCache cache = model.new_cache(context);
-  const int n = int(prompt.size());
-  std::vector<float> logits = model.prefill_from_embeddings(
-      text_prefill(model.embedder(), prompt, n, c.sliding_window, 0), cache);
+  std::vector<float> logits = model.prefill_from_embeddings(in, cache);
   for (;;) {
     if (io.cancel && io.cancel->load()) {
       res.finish = FinishReason::Cancelled;

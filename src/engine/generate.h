@@ -62,5 +62,9 @@ struct GenerateResult {
 // Fails before any compute when the prompt does not fit in the context.
 GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const GenerateIO& io = {});
+// The same from a prepared prefill (multimodal/host.h): `prompt` are its ids (for the
+// sampler's penalties), `in` its rows and masks.
+GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const int32_t> prompt,
+                        const GenerateOptions& opt, const GenerateIO& io = {});
 
 }  // namespace vlm

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -37,6 +38,31 @@ class TextEmbedder {
   size_t vocab_ = 0, hidden_ = 0;
   float scale_ = 0;
 };
+
+// How image rows reach their magnitude (spec §8.3, §8.5). Text rows are the
+// TextEmbedder's in both policies; the net image magnitude is the projector output P.
+enum class ImageScaling {
+  // HF / Google: P written into the image positions unscaled. The default.
+  Reference,
+  // MLX's order of operations: image rows pre-divided by the normalizer, then every
+  // row of the sequence multiplied by it (text rows by the TextEmbedder). The divisor
+  // is the text normalizer itself, not mlx-vlm's defaulted top-level hidden_size 2048,
+  // so the net image scale is 1 up to one f32 rounding.
+  Mlx,
+};
+std::string_view image_scaling_name(ImageScaling s);  // "reference" | "mlx"
+ImageScaling parse_image_scaling(std::string_view s);
+
+// Overwrites the rows of `rows` [ids.size(), H] whose id is `image_token_id` with the
+// projector features [n_image_tokens, H], in order, as (P / pre_divisor) · sequence_scale
+// (Reference: 1 and 1, an exact copy; Mlx: the normalizer twice). Fails naming both
+// numbers unless the counts agree.
+void merge_image_rows(std::span<const int32_t> ids, int32_t image_token_id,
+                      std::span<const float> features, int H, float pre_divisor, float sequence_scale,
+                      float* rows);
+
+// L2 norm of each of the n rows [n, H] (in double, returned as f32).
+std::vector<float> row_norms(const float* rows, size_t n, size_t H);
 
 // A text-only prompt at the prefill door: embedded ids, right-padded to Lp rows with
 // `pad_id` (its rows are masked out), and the causal/sliding masks.

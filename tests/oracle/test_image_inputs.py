@@ -30,7 +30,7 @@ MEM_LIMIT = 2 << 30  # address space for the bomb runs: far below what any bomb 
 def run(path, out, limit_memory=False):
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT, MEM_LIMIT))
-    cmd = [BIN, "dump", "--model", MODEL, "--tokens", "[2]", "--steps", "0", "--image", path, "--out", out]
+    cmd = [BIN, "dump", "--model", MODEL, "--prompt", "x", "--steps", "0", "--image", path, "--out", out]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
                           preexec_fn=cap if limit_memory else None)
 
@@ -128,6 +128,27 @@ class BadImageTest(unittest.TestCase):
                 self.assertEqual(r.returncode, 0, r.stderr)
                 ref, _ = preprocess.pixel_values([self.images[name]], 64)
                 np.testing.assert_array_equal(np.load(os.path.join(out, "pixel_values.npy")), ref)
+
+    def test_png_checksums_as_pil(self):
+        # PIL checks the CRC of every chunk before the image data and skips IDAT's.
+        rows = [bytes(range(y * 15, y * 15 + 15)) for y in range(4)]
+        good = images.png_bytes(5, 4, 8, 2, rows)
+        i = good.index(b"IDAT")
+        end = i + 4 + struct.unpack(">I", good[i - 4:i])[0]
+        bad_idat = good[:end] + bytes([good[end] ^ 1]) + good[end + 1:]
+        text = b"tEXtk\x00v"
+        bad_text = (good[:i - 4] + struct.pack(">I", 3) + text
+                    + struct.pack(">I", zlib.crc32(text) ^ 1) + good[i - 4:])
+        path = self.write("bad_idat_crc.png", bad_idat)
+        out = os.path.join(self.tmp.name, "crc")
+        r = run(path, out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ref, _ = preprocess.pixel_values([path], 64)
+        np.testing.assert_array_equal(np.load(os.path.join(out, "pixel_values.npy")), ref)
+        path = self.write("bad_text_crc.png", bad_text)
+        with self.assertRaises(Exception):
+            preprocess.pixel_values([path], 64)
+        self.expect_error(path, "CRC")
 
     def test_truncated_and_corrupted_agree_with_pil(self):
         rng = np.random.default_rng(0)

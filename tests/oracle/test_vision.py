@@ -26,7 +26,7 @@ S = 64  # the tiny preset's image size
 
 
 def dump(model, paths, out, extra=()):
-    cmd = [BIN, "dump", "--model", os.path.join(FIX, model), "--tokens", "[2]", "--steps", "0",
+    cmd = [BIN, "dump", "--model", os.path.join(FIX, model), "--prompt", "x", "--steps", "0",
            "--out", out, *extra]
     for p in paths:
         cmd += ["--image", p]

@@ -1,0 +1,121 @@
+#include "multimodal/host.h"
+
+#include <cstdlib>
+#include <numeric>
+
+#include "core/error.h"
+#include "io/identity.h"
+
+namespace vlm {
+
+Fault active_fault() {
+  const char* v = std::getenv("VLM_FAULT");
+  if (!v || !*v) return Fault::None;
+  const std::string_view s(v);
+  if (s == "causal_mask") return Fault::CausalMask;
+  if (s == "multiplicative_mask") return Fault::MultiplicativeMask;
+  if (s == "double_scale") return Fault::DoubleScale;
+  if (s == "no_image_prescale") return Fault::NoImagePrescale;
+  fail("VLM_FAULT: unknown fault '{}' (causal_mask, multiplicative_mask, double_scale, no_image_prescale)", s);
+}
+
+text::ImageTokens image_tokens_of(const ModelConfig& mc, text::ImageLayout layout) {
+  text::ImageTokens it;
+  it.layout = layout;
+  if (!mc.is_vlm()) return it;
+  it.boi = mc.boi_token_id;
+  it.eoi = mc.eoi_token_id;
+  it.soft = mc.image_token_id;
+  it.tokens_per_image = mc.mm_tokens_per_image;
+  return it;
+}
+
+std::vector<int> crops_per_image(const vision::VisionEncoder& enc, const std::vector<vision::RgbImage>& images,
+                                 std::optional<bool> pan_and_scan) {
+  const PreprocessorConfig& pp = enc.processor();
+  std::vector<int> crops(images.size(), 0);
+  if (!pan_and_scan.value_or(pp.do_pan_and_scan)) return crops;
+  for (size_t i = 0; i < images.size(); ++i)
+    crops[i] = int(vision::pan_and_scan_crops(images[i].width, images[i].height, pp).size());
+  return crops;
+}
+
+text::ChatMessage user_turn(const std::string& text, size_t n_images) {
+  text::ChatMessage m{"user", std::vector<text::ChatPart>(n_images, text::ChatPart{true, ""})};
+  m.content.push_back(text::ChatPart{false, text});
+  return m;
+}
+
+MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
+                                std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
+                                const HostOptions& opt, ThreadPool& pool) {
+  const Fault fault = active_fault();
+  const TextConfig& tc = mc.text;
+  const int n = int(ids.size());
+  if (n == 0) fail("the prompt has no tokens");
+  if (!images.empty() && !mc.is_vlm())
+    fail("{} image(s) given, but the checkpoint ({}) has no vision tower", images.size(), mc.architecture);
+  if (!images.empty() && !enc) fail("images given without a vision encoder");
+
+  // Cardinality (spec §4.4): exactly mm_tokens_per_image soft tokens per encoded image
+  // (an image and each of its Pan & Scan crops), before any compute.
+  MultimodalPrefill r;
+  r.ids.assign(ids.begin(), ids.end());
+  if (mc.is_vlm())
+    for (int i = 0; i < n; ++i)
+      if (ids[size_t(i)] == mc.image_token_id) r.image_positions.push_back(i);
+  std::vector<int> crops;
+  if (enc) crops = crops_per_image(*enc, images, opt.pan_and_scan);
+  const size_t encoded = images.size() + size_t(std::accumulate(crops.begin(), crops.end(), 0));
+  const size_t want = encoded * size_t(std::max(mc.mm_tokens_per_image, 0));
+  if (r.image_positions.size() != want)
+    fail("the prompt has {} image soft tokens (id {}) but {} image(s){} need {} ({} per image)",
+         r.image_positions.size(), mc.image_token_id, images.size(),
+         encoded != images.size() ? fmt::format(" with {} crops", encoded - images.size()) : "", want,
+         mc.mm_tokens_per_image);
+  const int64_t context = opt.context > 0 ? opt.context : tc.max_position_embeddings;
+  if (int64_t(n) > context)
+    fail("the prompt of {} tokens ({} of them image tokens) exceeds the context limit of {}", n,
+         r.image_positions.size(), context);
+  const int Lp = opt.pad_to > 0 ? opt.pad_to : n;
+  if (Lp < n) fail("--pad-to {} is shorter than the prompt ({} tokens)", Lp, n);
+
+  PrefillInput& in = r.input;
+  in.Lp = Lp;
+  in.valid_len = n;
+  std::vector<int32_t> padded(ids.begin(), ids.end());
+  padded.resize(size_t(Lp), mc.pad_token_id);
+  const TextEmbedder& emb = model.embedder();
+  const int H = emb.hidden();
+  const float s = emb.normalizer();
+  in.embeds = emb.embed(padded);
+  if (fault == Fault::DoubleScale)
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < H; ++j) in.embeds[size_t(i) * size_t(H) + size_t(j)] *= s;
+
+  if (!images.empty()) {
+    r.encoding = enc->encode(images, pool, opt.pan_and_scan);
+    const bool mlx = opt.image_scaling == ImageScaling::Mlx || fault == Fault::NoImagePrescale;
+    const float pre = mlx && fault != Fault::NoImagePrescale ? s : 1.0f;
+    merge_image_rows(ids, mc.image_token_id, r.encoding->features, H, pre, mlx ? s : 1.0f, in.embeds.data());
+  }
+  r.embed_norms = row_norms(in.embeds.data(), size_t(n), size_t(H));
+
+  const MaskMode mode = fault == Fault::CausalMask ? MaskMode::Causal : opt.mask_mode;
+  PrefillMasks m = build_masks(mode, std::span<const int32_t>(padded), n, Lp, tc.sliding_window,
+                               mc.is_vlm() ? mc.image_token_id : -1);
+  if (fault == Fault::MultiplicativeMask)
+    for (std::vector<float>* v : {&m.global, &m.sliding})
+      for (float& x : *v) x = x == kMaskAllowed ? 1.0f : 0.0f;
+  in.mask_global = std::move(m.global);
+  in.mask_sliding = std::move(m.sliding);
+  return r;
+}
+
+std::string scaling_policy_name(EmbedScaling text, DType embedding_dtype, ImageScaling image) {
+  std::string s = text == EmbedScaling::F32 ? "f32-normalizer" : default_scaling_policy(embedding_dtype);
+  if (image == ImageScaling::Mlx) s += "+mlx-image-prescale";
+  return s;
+}
+
+}  // namespace vlm

@@ -1,0 +1,70 @@
+// The host side of a Gemma 3 request (spec §12): prompt ids with expanded image
+// blocks plus decoded images in, the PrefillInput for Gemma3::prefill_from_embeddings
+// out. Every check on the request (soft-token cardinality, context, padding) runs
+// before the vision tower or the decoder does any work; a request without images
+// never touches the vision tower.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "models/gemma3.h"
+#include "multimodal/mask.h"
+#include "multimodal/merge.h"
+#include "text/chat.h"
+#include "vision/encode.h"
+
+namespace vlm {
+
+// TEST-ONLY fault switches for negative fixtures: the environment variable VLM_FAULT,
+// read here and nowhere else, breaks one step on purpose so the tests can show that
+// the dumped intermediates (masks, merged rows, embed_norms) catch it:
+//   causal_mask          the plain causal mask in place of the configured mode
+//   multiplicative_mask  a 0/1 multiplicative mask (1 allowed, 0 blocked) instead of
+//                        the additive 0/lowest one
+//   double_scale         text rows multiplied by the Gemma normalizer a second time
+//   no_image_prescale    image rows get the MLX sequence scale without the division
+//                        before the merge (net image scale √H instead of 1)
+// Unknown values are an error. Never set it outside tests.
+enum class Fault { None, CausalMask, MultiplicativeMask, DoubleScale, NoImagePrescale };
+Fault active_fault();
+
+struct HostOptions {
+  MaskMode mask_mode = MaskMode::Hf;  // see default_mask_mode() in io/identity.h
+  ImageScaling image_scaling = ImageScaling::Reference;
+  std::optional<bool> pan_and_scan;  // nullopt: preprocessor_config.json decides
+  int pad_to = 0;                    // right-pad the prefill to this many rows (0 = none)
+  int64_t context = 0;               // the prompt must fit (0 = max_position_embeddings)
+};
+
+// The image tokens of a VLM checkpoint (all -1/0 for a text-only one).
+text::ImageTokens image_tokens_of(const ModelConfig& mc, text::ImageLayout layout);
+
+// Pan & Scan crops each image will get (all 0 when Pan & Scan is off).
+std::vector<int> crops_per_image(const vision::VisionEncoder& enc, const std::vector<vision::RgbImage>& images,
+                                 std::optional<bool> pan_and_scan);
+
+// The user turn of `vlm run --image … --prompt T`: the images first, in order, then the text.
+text::ChatMessage user_turn(const std::string& text, size_t n_images);
+
+struct MultimodalPrefill {
+  PrefillInput input;
+  std::vector<int32_t> ids;              // prompt ids, unpadded
+  std::vector<int32_t> image_positions;  // indices of the image soft tokens
+  std::vector<float> embed_norms;        // [valid_len] L2 norm of every merged row
+  std::optional<vision::ImageEncoding> encoding;  // when images were given
+};
+
+// ids: the prompt with every image already expanded (soft tokens included); images
+// in prompt order. `enc` may be null when there are no images.
+MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
+                                std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
+                                const HostOptions& opt, ThreadPool& pool);
+
+// The scaling policy as the compatibility identity names it.
+std::string scaling_policy_name(EmbedScaling text, DType embedding_dtype, ImageScaling image);
+
+}  // namespace vlm
