@@ -82,7 +82,10 @@ bool png_decode_inner(PngCtx* c) {
   png_set_read_fn(c->png, c, png_read_cb);
   png_set_user_limits(c->png, 0x7fffffff, 0x7fffffff);  // our own pixel limit applies below
   png_set_chunk_malloc_max(c->png, 8u << 20);            // bounds text/ICC chunk allocations
+  // PIL verifies the CRC of every chunk before the image data and never that of IDAT.
+  png_set_crc_action(c->png, PNG_CRC_DEFAULT, PNG_CRC_ERROR_QUIT);
   png_read_info(c->png, c->info);
+  png_set_crc_action(c->png, PNG_CRC_QUIET_USE, PNG_CRC_QUIET_USE);
   png_uint_32 w = 0, h = 0;
   int depth = 0, ctype = 0, interlace = 0;
   png_get_IHDR(c->png, c->info, &w, &h, &depth, &ctype, &interlace, nullptr, nullptr);
@@ -370,8 +373,8 @@ RgbImage decode_gif(Bytes in, std::string_view what, const DecodeLimits& lim) {
       int code = 0;
       GifByteType* ext = nullptr;
       if (DGifGetExtension(g.get(), &code, &ext) == GIF_ERROR) gif_fail("reading an extension");
-      if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4)
-        transparent = (ext[1] & 1) ? ext[4] : -1;
+      // As PIL: a control block without the transparency flag keeps an earlier one's index.
+      if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4 && (ext[1] & 1)) transparent = ext[4];
       while (ext) {
         if (DGifGetExtensionNext(g.get(), &ext) == GIF_ERROR) gif_fail("reading an extension");
       }
