@@ -11,8 +11,9 @@ Tolerances (stated once):
     against the float64 oracle, values up to ~4);
   * embed_norms: relative 1e-5 per row against the norms of the oracle's merged rows;
   * hidden states after every layer, logits at every valid position, decode logits:
-    max|ours - oracle| <= TOL * max|oracle|, TOL = 1e-4 (the decoder test uses 1e-5 with exact
-    inputs; here the image rows already differ by the vision tower's f32 error);
+    max|ours - oracle| <= TOL * max|oracle|, TOL = 1e-5 (measured <= 6.7e-7 on tiny-f32 and
+    tiny-bf16, one and two images, hf and mlx modes: the image rows' f32 tower error and our f32
+    decoder together stay far below it);
   * 32 greedy ids: each equals the oracle's argmax (ids < image_token_id) at its position of a
     full float64 recomputation over prompt + greedy ids with the prompt block masked as in the
     prefill and causal rows after it (§9.9); by induction the oracle's own greedy run is ours.
@@ -38,7 +39,7 @@ BIN = os.environ.get("VLM_BIN")
 FIXTURES = os.environ.get("VLM_FIXTURES")
 IMAGE_ID, BOI, EOI = 262144, 255999, 256000
 T = 16  # mm_tokens_per_image of the tiny preset
-ATOL, TOL, STEPS = 2e-5, 1e-4, 32
+ATOL, TOL, STEPS = 2e-5, 1e-5, 32
 LOWEST = np.finfo(np.float32).min
 QUESTION = "What is in this picture?"
 
