@@ -263,24 +263,28 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
   const size_t step = column_block(ne - nb, NR);
   for (size_t n0 = nb; n0 < ne; n0 += step) {
     const size_t nc = ne - n0 < step ? ne - n0 : step;
-    const size_t panels = (nc + NR - 1) / NR;
+    // Panels of equal width (whole vectors, at most NR): 72 columns become 48 + 24
+    // rather than 64 + 8, whose one-vector tile would be latency-bound.
+    const size_t np = (nc + NR - 1) / NR;
+    const size_t pw = ((nc + np - 1) / np + S::W - 1) / S::W * S::W;
+    const size_t panels = (nc + pw - 1) / pw;
     for (size_t k0 = 0; k0 < a.K; k0 += kKC) {
       const size_t kc = a.K - k0 < kKC ? a.K - k0 : kKC;
       for (size_t p = 0; p < panels; ++p) {
-        const size_t c = nc - p * NR < NR ? nc - p * NR : NR;
-        pack_panel<S, D>(a, n0 + p * NR, c, k0, kc, pack + p * kKC * NR);
+        const size_t c = nc - p * pw < pw ? nc - p * pw : pw;
+        pack_panel<S, D>(a, n0 + p * pw, c, k0, kc, pack + p * kKC * NR);
       }
       const float* bias = a.bias ? a.bias + n0 : nullptr;
       for (size_t m0 = mb; m0 < me; m0 += MC) {
         const size_t m1 = me - m0 < MC ? me : m0 + MC;
         for (size_t p = 0; p < panels; ++p) {
-          const size_t c = nc - p * NR < NR ? nc - p * NR : NR;
+          const size_t c = nc - p * pw < pw ? nc - p * pw : pw;
           const size_t nv = (c + S::W - 1) / S::W;
           for (size_t m = m0; m < m1; m += MR) {
             const size_t r = m1 - m < MR ? m1 - m : MR;
             table.f[r - 1][nv - 1](a, kc, a.x + m * a.ldx + k0, pack + p * kKC * NR,
-                                   a.y + m * a.ldy + n0 + p * NR, c, k0 == 0,
-                                   bias ? bias + p * NR : nullptr);
+                                   a.y + m * a.ldy + n0 + p * pw, c, k0 == 0,
+                                   bias ? bias + p * pw : nullptr);
           }
         }
       }
