@@ -180,6 +180,10 @@ def make_all(folder):
     put("png_gray2.png", data=png_gray2(w, h, 7))
     put("png_short_palette.png", data=png_short_palette(w, h, 8))
     put("png_rgb_trns.png", im=rgb, transparency=(10, 20, 30))
+    second = Image.fromarray(content(w, h, 10))
+    put("png_apng.png", im=rgb, save_all=True, append_images=[second], duration=100)
+    put("png_apng_hidden_default.png", im=rgb, save_all=True, append_images=[second, rgb], duration=100,
+        default_image=True)
     # JPEG
     put("jpeg_444.jpg", im=rgb, quality=95, subsampling=0)
     put("jpeg_422.jpg", im=rgb, quality=75, subsampling=1)
