@@ -25,6 +25,7 @@
 #include "multimodal/mask.h"
 #include "multimodal/host.h"
 #include "multimodal/merge.h"
+#include "multimodal/prompt_cache.h"
 #include "vision/encode.h"
 
 namespace vlm::cli {
@@ -34,39 +35,6 @@ void write_json(const std::filesystem::path& p, const nlohmann::json& j) {
   std::ofstream f(p);
   f << j.dump() << "\n";
   if (!f) fail("cannot write {}", p.string());
-}
-
-// The identity a dump was made under, as {"hash": hex, "fields": {name: value}}.
-nlohmann::json identity_json(const Identity& id) {
-  nlohmann::json f = nlohmann::json::object();
-  for (const auto& [k, v] : id.fields) f[k] = v;
-  return {{"hash", id.hash_hex()}, {"fields", f}};
-}
-
-// Refuses to add to (or compare with) results made under another identity.
-void check_identity(const std::string& file, const Identity& ours) {
-  std::ifstream f(file);
-  if (!f) fail("--check-identity: cannot read {}", file);
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("fields") || !j["fields"].is_object())
-    fail("--check-identity: {} is not an identity.json", file);
-  Identity theirs;
-  for (const auto& [k, v] : j["fields"].items()) {
-    if (!v.is_string()) fail("--check-identity: {}: field {} is not a string", file, k);
-    theirs.fields.emplace_back(k, v.get<std::string>());
-  }
-  const std::vector<std::string> diff = identity_diff(theirs, ours);
-  if (diff.empty()) return;
-  std::string list;
-  for (const std::string& k : diff) {
-    auto val = [&](const Identity& id) {
-      for (const auto& [n, v] : id.fields)
-        if (n == k) return v;
-      return std::string("(absent)");
-    };
-    list += fmt::format("{}{} ({} vs {})", list.empty() ? "" : ", ", k, val(theirs), val(ours));
-  }
-  fail("{} was made for another model identity; differing fields: {}", file, list);
 }
 }  // namespace
 
@@ -104,7 +72,13 @@ int cmd_dump(int argc, char** argv) {
   const Identity identity = make_identity(
       ck, mask_mode_name(ho.mask_mode),
       scaling_policy_name(es, ck.get("text.embed_tokens.weight").dtype, ho.image_scaling));
-  if (!identity_file.empty()) check_identity(identity_file, identity);
+  if (!identity_file.empty()) {
+    std::ifstream f(identity_file);
+    if (!f) fail("--check-identity: cannot read {}", identity_file);
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded()) fail("--check-identity: {} is not JSON", identity_file);
+    require_same_identity(identity_from_json(j, identity_file), identity, identity_file);
+  }
 
   ImageInputs inputs = load_image_inputs(ia, ck);
   const std::vector<int32_t> ids = make_prompt(pa, model_dir, inputs.tokens, inputs.crops).ids;
@@ -122,7 +96,7 @@ int cmd_dump(int argc, char** argv) {
   const int Lp = in.Lp;
   std::filesystem::create_directories(out_dir);
   const std::filesystem::path out(out_dir);
-  write_json(out / "identity.json", identity_json(identity));
+  write_json(out / "identity.json", identity_to_json(identity));
   if (pre.encoding) {
     const vision::ImageEncoding& e = *pre.encoding;
     const int64_t ni = e.pixels.count;

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <optional>
 
@@ -12,7 +13,9 @@
 #include "engine/generate.h"
 #include "io/checkpoint.h"
 #include "models/gemma3.h"
+#include "io/identity.h"
 #include "multimodal/host.h"
+#include "multimodal/prompt_cache.h"
 #include "text/detokenizer.h"
 
 namespace vlm::cli {
@@ -53,6 +56,10 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
   ImageArgs ia;
   ia.add(app, pa);
+  std::string cache_file;
+  app.add_option("--prompt-cache", cache_file,
+                 "file with this request's prefill (KV cache): reused when the model identity and the "
+                 "request (ids, images) match, else computed and written; another identity is refused");
   CLI11_PARSE(app, argc, argv);
   validate(sp);
 
@@ -67,8 +74,23 @@ int cmd_run(int argc, char** argv) {
   ho.context = opt.context;
   ThreadPool pool(threads);
   Gemma3 model(ck, pool);
-  const MultimodalPrefill pre =
-      build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, prompt.ids, inputs.images, ho, pool);
+  // A saved prefill of the same request under the same identity skips the vision tower
+  // and the prefill; one saved under another identity is refused, naming the fields.
+  std::optional<SavedPrefill> saved;
+  uint64_t request = 0;
+  Identity identity;
+  if (!cache_file.empty()) {
+    identity = make_identity(ck, mask_mode_name(ho.mask_mode),
+                             scaling_policy_name(EmbedScaling::Reference, ck.get("text.embed_tokens.weight").dtype,
+                                                 ho.image_scaling));
+    request = request_hash(prompt.ids, inputs.images);
+    if (std::filesystem::exists(cache_file))
+      saved = load_prompt_cache(cache_file, identity, request, mc.text,
+                                opt.context > 0 ? opt.context : mc.text.max_position_embeddings, model.vocab());
+  }
+  std::optional<MultimodalPrefill> pre;
+  if (!saved)
+    pre = build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, prompt.ids, inputs.images, ho, pool);
 
   GenerateIO io;
   io.cancel = &g_interrupted;
@@ -94,7 +116,16 @@ int cmd_run(int argc, char** argv) {
   }
   g_interrupted = false;
   std::signal(SIGINT, on_sigint);
-  GenerateResult r = generate(model, pre.input, prompt.ids, opt, io);
+  GenerateResult r;
+  if (saved) {
+    std::fprintf(stderr, "[prompt cache: reusing %s]\n", cache_file.c_str());
+    r = generate_from(model, saved->cache, std::move(saved->logits), prompt.ids, opt, io);
+  } else {
+    auto save = [&](KvCache& c, std::span<const float> logits) {
+      if (!cache_file.empty()) save_prompt_cache(cache_file, identity, request, mc.text, c, logits);
+    };
+    r = generate(model, pre->input, prompt.ids, opt, io, save);
+  }
   std::signal(SIGINT, SIG_DFL);
   if (detok && !print_ids) {
     const std::string tail = detok->finish();  // an unfinished character at the end

@@ -64,13 +64,26 @@ GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const Ge
 }
 
 GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const int32_t> prompt,
-                        const GenerateOptions& opt, const GenerateIO& io) {
+                        const GenerateOptions& opt, const GenerateIO& io,
+                        const std::function<void(KvCache&, std::span<const float>)>& on_prefill) {
   const TextConfig& c = model.config();
   const int64_t context = opt.context > 0 ? opt.context : c.max_position_embeddings;
   if (opt.context > c.max_position_embeddings)
     fail("context {} exceeds max_position_embeddings {}", opt.context, c.max_position_embeddings);
   if (int64_t(in.valid_len) > context)
     fail("prompt of {} tokens exceeds the context limit of {}", in.valid_len, context);
+  if (opt.max_tokens < 0) fail("max_tokens must be >= 0, got {}", opt.max_tokens);
+  if (!opt.stop_strings.empty() && !io.piece) fail("stop strings need a detokenizer");
+  KvCache cache = model.new_cache(context);
+  std::vector<float> logits = model.prefill_from_embeddings(in, cache);
+  if (on_prefill) on_prefill(cache, logits);
+  return generate_from(model, cache, std::move(logits), prompt, opt, io);
+}
+
+GenerateResult generate_from(Gemma3& model, KvCache& cache, std::vector<float> logits,
+                             std::span<const int32_t> prompt, const GenerateOptions& opt,
+                             const GenerateIO& io) {
+  const int64_t context = cache.context();
   if (opt.max_tokens < 0) fail("max_tokens must be >= 0, got {}", opt.max_tokens);
   if (!opt.stop_strings.empty() && !io.piece) fail("stop strings need a detokenizer");
 
@@ -85,8 +98,6 @@ GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const i
     if (io.on_text) io.on_text(t);
   };
 
-  KvCache cache = model.new_cache(context);
-  std::vector<float> logits = model.prefill_from_embeddings(in, cache);
   for (;;) {
     if (io.cancel && io.cancel->load()) {
       res.finish = FinishReason::Cancelled;

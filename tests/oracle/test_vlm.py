@@ -424,6 +424,42 @@ class TestVlm(unittest.TestCase):
                 for fld in fields:
                     self.assertIn(fld, r.stderr)
 
+    def test_prompt_cache_keyed_by_identity(self):
+        """`vlm run --prompt-cache`: a saved prefill is reused for the same request under the same
+        identity (same tokens as computing it), recomputed for another image, and refused with
+        the differing fields named under another mask mode or checkpoint."""
+        cache = os.path.join(self.tmp, "prompt.cache")
+        args = ["--prompt", QUESTION, "--ids", "--max-tokens", "16", "--threads", "2", "--temperature", "1.5",
+                "--seed", "3"]
+
+        def run(model, image, *extra, check=True):
+            return vlm("run", "--model", self.model(model), "--image", image, *args, *extra, check=check)
+        plain = run("tiny-bf16", self.images[0]).stdout
+        first = run("tiny-bf16", self.images[0], "--prompt-cache", cache)
+        self.assertNotIn("prompt cache: reusing", first.stderr)
+        self.assertTrue(os.path.exists(cache))
+        again = run("tiny-bf16", self.images[0], "--prompt-cache", cache)
+        self.assertIn("prompt cache: reusing", again.stderr)
+        self.assertEqual(first.stdout, plain)
+        self.assertEqual(again.stdout, plain)
+        other = run("tiny-bf16", self.images[1], "--prompt-cache", cache)
+        self.assertNotIn("prompt cache: reusing", other.stderr)
+        self.assertEqual(other.stdout, run("tiny-bf16", self.images[1]).stdout)
+        for model, extra, fields in [("tiny-bf16", ["--mask-mode", "mlx"], ["mask_mode (hf vs mlx)"]),
+                                     ("tiny-f32", [], ["weight_dtypes (BF16 vs F32)", "scaling_policy"])]:
+            r = run(model, self.images[1], "--prompt-cache", cache, *extra, check=False)
+            with self.subTest(model=model, extra=extra):
+                self.assertEqual(r.returncode, 1)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertIn("another model identity", r.stderr)
+                for f in fields:
+                    self.assertIn(f, r.stderr)
+        with open(cache, "r+b") as f:  # a truncated file is an error, not a crash
+            f.truncate(os.path.getsize(cache) // 2)
+        r = run("tiny-bf16", self.images[1], "--prompt-cache", cache, check=False)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("truncated", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
