@@ -1,5 +1,7 @@
 #include "kernels/matmul.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -175,12 +177,22 @@ void matmul_kn(const float* x, size_t M, const Weight& w, float* y, ThreadPool& 
   matmul_strided(x, w.rows, M, w, Layout::KN, nullptr, y, w.cols, pool);
 }
 
+namespace {
+// Feature bits that clang 14's __builtin_cpu_supports does not know (f16c, avx512bf16).
+bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, unsigned bit) {
+  unsigned r[4] = {0, 0, 0, 0};
+  if (!__get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3])) return false;
+  return (r[reg] >> bit) & 1u;
+}
+bool has_f16c() { return cpuid_bit(1, 0, 2, 29); }         // CPUID.1:ECX[29]
+bool has_avx512bf16() { return cpuid_bit(7, 1, 0, 5); }  // CPUID.(7,1):EAX[5]
+}  // namespace
+
 bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::Scalar: return true;
     case Isa::Avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case Isa::Avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -205,7 +217,7 @@ void set_matmul_isa(Isa isa) {
 Isa matmul_isa_id() { return Isa(current_isa().load()); }
 
 bool bf16_dot_supported() {
-  return isa_supported(Isa::Avx512) && __builtin_cpu_supports("avx512bf16");
+  return isa_supported(Isa::Avx512) && has_avx512bf16();
 }
 
 void set_bf16_dot(bool on) {
