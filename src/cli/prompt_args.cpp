@@ -47,8 +47,6 @@ HostOptions ImageArgs::host_options(const ModelConfig& mc) const {
 
 ImageInputs load_image_inputs(const ImageArgs& a, const Checkpoint& ck) {
   if (a.layout != "hf" && a.layout != "google") fail("--layout: expected hf or google, got '{}'", a.layout);
-  parse_image_scaling(a.image_scaling);
-  if (!a.mask_mode.empty()) parse_mask_mode(a.mask_mode);
   ImageInputs in;
   const ModelConfig& mc = ck.config();
   in.tokens = image_tokens_of(mc, a.layout == "google" ? text::ImageLayout::Google : text::ImageLayout::HF);

@@ -66,12 +66,12 @@ int cmd_run(int argc, char** argv) {
   // Everything about the request is checked before the vision tower or the decoder runs.
   Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = !ia.files.empty()});
   const ModelConfig& mc = ck.config();
+  HostOptions ho = ia.host_options(mc);
+  ho.context = opt.context;
   ImageInputs inputs = load_image_inputs(ia, ck);
   Prompt prompt = make_prompt(pa, model_dir, inputs.tokens, inputs.crops);
   if (mc.is_vlm()) sp.vocab_limit = mc.image_token_id;  // ids past it are vocabulary padding
   opt.stop_ids = mc.eos_token_ids;
-  HostOptions ho = ia.host_options(mc);
-  ho.context = opt.context;
   ThreadPool pool(threads);
   Gemma3 model(ck, pool);
   // A saved prefill of the same request under the same identity skips the vision tower

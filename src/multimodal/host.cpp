@@ -1,5 +1,6 @@
 #include "multimodal/host.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <numeric>
 

@@ -344,6 +344,26 @@ class TestVlm(unittest.TestCase):
         self.assertIn("3 image soft tokens", r.stderr)
         self.assertIn("need 16", r.stderr)
 
+    def test_bad_inputs_one_line_errors(self):
+        bad = os.path.join(self.tmp, "bad.json")
+        with open(bad, "w") as f:
+            f.write('[{"role": "user"}]')
+        m, img = self.model("tiny-f32"), self.images[0]
+        for args, want in [(["--model", m, "--prompt", "x", "--mask-mode", "foo"], "unknown mask mode 'foo'"),
+                           (["--model", m, "--prompt", "x", "--image-scaling", "foo"], "unknown image scaling 'foo'"),
+                           (["--model", m, "--prompt", "x", "--layout", "foo"], "--layout"),
+                           (["--model", self.model("tiny-text-f32"), "--prompt", "x", "--image", img],
+                            "text-only checkpoint"),
+                           (["--model", m, "--prompt", "x", "--image", bad], bad),
+                           (["--model", m, "--messages", bad], "messages[0].content"),
+                           (["--model", m, "--messages", bad + ".missing"], "cannot read"),
+                           (["--model", m, "--messages", bad, "--prompt", "x"], "exactly one of")]:
+            r = vlm("run", *args, check=False)
+            with self.subTest(args=args):
+                self.assertEqual(r.returncode, 1)
+                self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+                self.assertIn(want, r.stderr)
+
     def test_context_overflow(self):
         r = vlm("run", "--model", self.model("tiny-f32"), "--image", self.images[0], "--image", self.images[1],
                 "--prompt", "hi", "--context", "40", check=False)
