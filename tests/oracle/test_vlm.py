@@ -131,6 +131,11 @@ class TestVlm(unittest.TestCase):
                 self.assertEqual(ids[5 + T:7 + T], [EOI, 108])
             else:
                 self.assertEqual(ids[5 + T:8 + T], [EOI, 110, BOI])
+        # --raw: HF's processor on the text itself, each "<start_of_image>" an image slot.
+        ids = self.dump("tiny-f32", 1, "--raw", prompt="<start_of_image>Describe")("tokens.json")
+        full = "\n\n<start_of_image>" + "<image_soft_token>" * T + "<end_of_image>\n\n"
+        self.assertEqual(ids, json.loads(vlm("tokenize", "--model", self.model("tiny-f32"), "--parse-special",
+                                             "<bos>" + full + "Describe").stdout))
         # Google token splice (§4.2): 107, then [108, BOI, soft×T, EOI, 108].
         ids = self.dump("tiny-f32", 1, "--layout", "google")("tokens.json")
         self.assertEqual(ids[:6], [2, 105, 2364, 107, 108, BOI])
