@@ -1,6 +1,5 @@
 #include "vision/image.h"
 
-#include <gif_lib.h>
 #include <png.h>
 #include <webp/decode.h>
 #include <webp/demux.h>
@@ -330,89 +329,187 @@ RgbImage decode_webp(Bytes in, std::string_view what, const DecodeLimits& lim) {
   return im;
 }
 
-// --------------------------------------------------------------- GIF (giflib)
+// ------------------------------------------------------------------ GIF (own)
+//
+// PIL 9.4 reads GIF with its own parser and LZW decoder, and its verdicts on damaged
+// streams are part of what we match: so this follows GifImagePlugin.py / GifDecode.c.
+// Parser: extension blocks are skipped (a graphic control block with the transparency
+// flag sets the transparent index), stray bytes between blocks are ignored, the first
+// image descriptor is the frame. Canvas: the logical screen grown to the frame's extent,
+// filled with the transparent index when there is one (else index 0). Colours: the local
+// table, else the global one, else grey; indices past the table map to the grey ramp.
+// Decoder: sub-block lengths are read as they come (a zero length is not an end), an end
+// code before the last pixel or running out of data is "truncated", a code past the next
+// free table slot is "broken"; decoding stops at the last pixel.
 
-struct GifSrc {
+struct GifReader {
   Bytes in;
   size_t pos = 0;
-};
-int gif_read_cb(GifFileType* g, GifByteType* dst, int n) {
-  auto* s = static_cast<GifSrc*>(g->UserData);
-  const size_t k = std::min(size_t(std::max(n, 0)), s->in.size() - s->pos);
-  std::memcpy(dst, s->in.data() + s->pos, k);
-  s->pos += k;
-  return int(k);
-}
-
-struct GifCloser {
-  void operator()(GifFileType* g) const {
-    int e = 0;
-    DGifCloseFile(g, &e);
+  std::string_view what;
+  uint8_t byte() {
+    if (pos >= in.size()) fail("{}: corrupt GIF: file is truncated", what);
+    return in[pos++];
+  }
+  uint16_t u16() {
+    const uint8_t lo = byte();
+    return uint16_t(lo | byte() << 8);
+  }
+  // One data sub-block (PIL's data()): empty span for a zero length.
+  Bytes block() {
+    const size_t n = byte();
+    if (n > in.size() - pos) fail("{}: corrupt GIF: file is truncated", what);
+    Bytes b = in.subspan(pos, n);
+    pos += n;
+    return b;
   }
 };
 
-// First frame as PIL 9.4 shows it: the canvas is the logical screen grown to
-// the frame's extent, filled with the frame's transparent index if its graphic
-// control block has one (else index 0), then the frame's pixels; colours come
-// from the local table, else the global one, else the grey ramp.
-RgbImage decode_gif(Bytes in, std::string_view what, const DecodeLimits& lim) {
-  GifSrc src{in};
-  int err = 0;
-  std::unique_ptr<GifFileType, GifCloser> g(DGifOpen(&src, gif_read_cb, &err));
-  auto gif_fail = [&](const char* where) {
-    const char* m = GifErrorString(g ? g->Error : err);
-    fail("{}: corrupt GIF: {} ({})", what, where, m ? m : "unknown error");
+void gif_broken(std::string_view what) { fail("{}: corrupt GIF: broken LZW data stream", what); }
+
+// Decodes LZW codes (min code size `bits`) from r into the frame rect of idx.
+void gif_lzw(GifReader& r, int bits, bool interlace, std::vector<uint8_t>& idx, uint64_t cw, uint64_t left,
+             uint64_t top, uint64_t fw, uint64_t fh) {
+  constexpr int kTable = 4096, kMaxBits = 12;
+  if (bits < 0 || bits > kMaxBits) fail("{}: corrupt GIF: LZW code size {}", r.what, bits);
+  const int clear = 1 << bits, end = clear + 1;
+  std::vector<uint8_t> buffer(kTable), data(kTable);
+  std::vector<uint16_t> link(kTable);
+  int state = 1, next = 0, codesize = 0, codemask = 0, bufferindex = kTable, lastcode = 0;
+  uint8_t lastdata = 0;
+  uint32_t bitbuffer = 0;
+  int bitcount = 0;
+  size_t blocksize = 0;
+  int step = interlace ? 8 : 1, pass = interlace ? 1 : 0;
+  uint64_t x = 0, y = 0;
+  auto newline = [&]() -> bool {  // false when the last row is done
+    x = 0;
+    y += uint64_t(step);
+    while (y >= fh) {
+      if (pass == 1) y = 4, pass = 2;
+      else if (pass == 2) step = 4, y = 2, pass = 3;
+      else if (pass == 3) step = 2, y = 1, pass = 0;
+      else return false;
+    }
+    return true;
   };
-  if (!g) gif_fail("bad header");
+  for (;;) {
+    if (state == 1) {
+      next = clear + 2;
+      codesize = bits + 1;
+      codemask = (1 << codesize) - 1;
+      bufferindex = kTable;
+      state = 2;
+    }
+    const uint8_t* p;
+    int n;
+    if (bufferindex < kTable) {
+      n = kTable - bufferindex;
+      p = &buffer[size_t(bufferindex)];
+      bufferindex = kTable;
+    } else {
+      while (bitcount < codesize) {
+        if (blocksize > 0) {
+          bitbuffer |= uint32_t(r.byte()) << bitcount;
+          bitcount += 8;
+          --blocksize;
+        } else {
+          blocksize = r.byte();
+          if (blocksize > r.in.size() - r.pos) fail("{}: corrupt GIF: file is truncated", r.what);
+        }
+      }
+      int c = int(bitbuffer & uint32_t(codemask));
+      bitbuffer >>= codesize;
+      bitcount -= codesize;
+      if (c == clear) {
+        if (state != 2) state = 1;
+        continue;
+      }
+      if (c == end) fail("{}: corrupt GIF: image data ends early (file is truncated)", r.what);
+      n = 1;
+      p = &lastdata;
+      if (state == 2) {
+        if (c > clear) gif_broken(r.what);
+        lastdata = uint8_t(c);
+        lastcode = c;
+        state = 3;
+      } else {
+        const int thiscode = c;
+        if (c > next) gif_broken(r.what);
+        if (c == next) {
+          if (bufferindex <= 0) gif_broken(r.what);
+          buffer[size_t(--bufferindex)] = lastdata;
+          c = lastcode;
+        }
+        while (c >= clear) {
+          if (bufferindex <= 0 || c >= kTable) gif_broken(r.what);
+          buffer[size_t(--bufferindex)] = data[size_t(c)];
+          c = link[size_t(c)];
+        }
+        lastdata = uint8_t(c);
+        if (next < kTable) {
+          data[size_t(next)] = uint8_t(c);
+          link[size_t(next)] = uint16_t(lastcode);
+          if (next == codemask && codesize < kMaxBits) {
+            ++codesize;
+            codemask = (1 << codesize) - 1;
+          }
+          ++next;
+        }
+        lastcode = thiscode;
+      }
+    }
+    for (int k = 0; k < n; ++k) {
+      idx[size_t((top + y) * cw + left + x)] = p[k];
+      if (++x >= fw && !newline()) return;
+    }
+  }
+}
+
+RgbImage decode_gif(Bytes in, std::string_view what, const DecodeLimits& lim) {
+  GifReader r{in, 0, what};
+  r.pos = 6;  // signature, checked by sniff_format
+  uint64_t cw = r.u16(), ch = r.u16();
+  const uint8_t flags = r.byte();
+  r.byte();  // background index: PIL does not use it for the first frame
+  r.byte();  // aspect ratio
+  Palette pal = ramp_palette();
+  auto read_table = [&](int entries) {
+    if (size_t(entries) * 3 > in.size() - r.pos) fail("{}: corrupt GIF: file is truncated", what);
+    for (int i = 0; i < entries; ++i)
+      for (int k = 0; k < 3; ++k) pal[size_t(3 * i + k)] = in[r.pos++];
+  };
+  if (flags & 0x80) read_table(2 << (flags & 7));
   int transparent = -1;
   for (;;) {
-    GifRecordType rt;
-    if (DGifGetRecordType(g.get(), &rt) == GIF_ERROR) gif_fail("reading a record");
-    if (rt == TERMINATE_RECORD_TYPE) fail("{}: GIF holds no image", what);
-    if (rt == EXTENSION_RECORD_TYPE) {
-      int code = 0;
-      GifByteType* ext = nullptr;
-      if (DGifGetExtension(g.get(), &code, &ext) == GIF_ERROR) gif_fail("reading an extension");
-      // As PIL: a control block without the transparency flag keeps an earlier one's index.
-      if (code == GRAPHICS_EXT_FUNC_CODE && ext && ext[0] >= 4 && (ext[1] & 1)) transparent = ext[4];
-      while (ext) {
-        if (DGifGetExtensionNext(g.get(), &ext) == GIF_ERROR) gif_fail("reading an extension");
+    if (r.pos >= in.size() || in[r.pos] == ';') fail("{}: GIF holds no image", what);
+    const uint8_t b = r.byte();
+    if (b == '!') {
+      const uint8_t label = r.byte();
+      Bytes blk = r.block();
+      // As PIL: a control block without the transparency flag keeps an earlier index.
+      if (label == 0xF9) {
+        if (blk.size() < 4) fail("{}: corrupt GIF: short graphic control block", what);
+        if (blk[0] & 1) transparent = blk[3];
       }
+      while (!blk.empty()) blk = r.block();
       continue;
     }
-    if (rt != IMAGE_DESC_RECORD_TYPE) continue;
-    if (DGifGetImageDesc(g.get()) == GIF_ERROR) gif_fail("reading the image descriptor");
-    const GifImageDesc& d = g->Image;
-    const uint64_t fw = uint64_t(d.Width), fh = uint64_t(d.Height);
-    const uint64_t cw = std::max<uint64_t>(uint64_t(g->SWidth), uint64_t(d.Left) + fw);
-    const uint64_t ch = std::max<uint64_t>(uint64_t(g->SHeight), uint64_t(d.Top) + fh);
+    if (b != ',') continue;  // PIL skips stray bytes between blocks
+    const uint64_t left = r.u16(), top = r.u16(), fw = r.u16(), fh = r.u16();
+    const uint8_t iflags = r.byte();
+    cw = std::max(cw, left + fw);
+    ch = std::max(ch, top + fh);
     check_size(cw, ch, lim, what);
-    Palette pal = ramp_palette();
-    const ColorMapObject* cm = d.ColorMap ? d.ColorMap : g->SColorMap;
-    if (cm)
-      for (int i = 0; i < std::min(cm->ColorCount, 256); ++i) {
-        pal[3 * i] = cm->Colors[i].Red;
-        pal[3 * i + 1] = cm->Colors[i].Green;
-        pal[3 * i + 2] = cm->Colors[i].Blue;
-      }
+    if (fw == 0 || fh == 0) fail("{}: corrupt GIF: empty frame {}x{}", what, fw, fh);
+    if (iflags & 0x80) {
+      pal = ramp_palette();  // the local table replaces the global one
+      read_table(2 << (iflags & 7));
+    }
+    const int bits = r.byte();
     std::vector<uint8_t> idx(size_t(cw * ch), uint8_t(transparent >= 0 ? transparent : 0));
-    std::vector<GifPixelType> line(size_t(std::max<uint64_t>(fw, 1)));
-    // Interlaced frames store rows in four passes.
-    std::vector<uint64_t> order;
-    if (d.Interlace) {
-      for (uint64_t y = 0; y < fh; y += 8) order.push_back(y);
-      for (uint64_t y = 4; y < fh; y += 8) order.push_back(y);
-      for (uint64_t y = 2; y < fh; y += 4) order.push_back(y);
-      for (uint64_t y = 1; y < fh; y += 2) order.push_back(y);
-    } else {
-      for (uint64_t y = 0; y < fh; ++y) order.push_back(y);
-    }
-    for (uint64_t y : order) {
-      if (fw && DGifGetLine(g.get(), line.data(), int(fw)) == GIF_ERROR) gif_fail("decoding pixels");
-      std::memcpy(&idx[size_t((d.Top + y) * cw + uint64_t(d.Left))], line.data(), size_t(fw));
-    }
+    gif_lzw(r, bits, (iflags & 0x40) != 0, idx, cw, left, top, fw, fh);
     RgbImage im = new_image(cw, ch);
-    for (size_t i = 0; i < idx.size(); ++i) std::memcpy(&im.rgb[3 * i], &pal[3 * idx[i]], 3);
+    for (size_t i = 0; i < idx.size(); ++i) std::memcpy(&im.rgb[3 * i], &pal[3 * size_t(idx[i])], 3);
     return im;
   }
 }

@@ -9,7 +9,8 @@
 //   - CMYK JPEG is read with Adobe (inverted) polarity and converted with
 //     PIL's formula; EXIF orientation is NOT applied (Gemma3ImageProcessor
 //     never transposes; only HF's URL loader load_image() does).
-// Formats: PNG, JPEG, WebP (first frame), GIF (first frame), BMP (uncompressed
+// Formats: PNG, JPEG, WebP (first frame), GIF (first frame; own decoder following
+// PIL's, so damaged streams get PIL's verdict), BMP (uncompressed
 // 1/4/8/16/24/32-bit and the bitfield layouts PIL reads; RLE is refused).
 // Every size is checked against DecodeLimits from the header, before any
 // pixel buffer is allocated. Failures throw vlm::Error naming the input.
