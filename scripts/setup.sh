@@ -4,12 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(build-essential cmake clang lld libclang-rt-14-dev pkg-config
+PKGS=(build-essential cmake clang libclang-rt-14-dev pkg-config
       nlohmann-json3-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libcpp-httplib-dev libcli11-dev libsimdjson-dev libpng-dev libjpeg-dev libwebp-dev libgif-dev libstb-dev
-      python3-numpy python3-pil nodejs npm)
+      libcli11-dev libsimdjson-dev libpng-dev libjpeg-dev libwebp-dev
+      python3-numpy python3-pil)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# Node.js may come from elsewhere with its own npm (whose package then conflicts with Debian's).
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   apt-get update -qq
