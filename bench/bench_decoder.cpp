@@ -4,7 +4,7 @@
 // matrices and the tied output head once, so the limit is
 //   read bandwidth (measured in this run) / weight bytes per token.
 // Usage: bench_decoder [MODEL_DIR] [PROMPT_TOKENS] [DECODE_TOKENS]
-//   (defaults /work/ckpt-cache/gemma3-4b, 128, 16; make the folder with
+//   (defaults build/ckpt/gemma3-4b, 128, 16; make the folder with
 //   tools/make_checkpoint.py --preset gemma3-4b). Random weights: tokens are meaningless.
 #include <fmt/format.h>
 
@@ -31,7 +31,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::filesystem::path dir = argc > 1 ? argv[1] : "/work/ckpt-cache/gemma3-4b";
+  const std::filesystem::path dir = argc > 1 ? argv[1] : "build/ckpt/gemma3-4b";
   const int n_prompt = argc > 2 ? std::atoi(argv[2]) : 128;
   const int n_decode = argc > 3 ? std::atoi(argv[3]) : 16;
   const char* env = std::getenv("VLM_THREADS");

@@ -2,7 +2,7 @@
 // weights (27 layers, hidden 1152, 4096 patches -> 256 tokens of 2560), 2 threads
 // unless VLM_THREADS says otherwise, with the achieved FLOP/s as a fraction of this
 // machine's f32 FMA peak measured in the same run.
-// Usage: bench_vision [MODEL_DIR] (default /work/ckpt-cache/gemma3-4b; make one with
+// Usage: bench_vision [MODEL_DIR] (default build/ckpt/gemma3-4b; make one with
 //   tools/make_checkpoint.py --preset gemma3-4b). Only the vision tensors are read.
 #include <fmt/format.h>
 
@@ -19,7 +19,7 @@
 using namespace vlm;
 
 int main(int argc, char** argv) {
-  const std::filesystem::path dir = argc > 1 ? argv[1] : "/work/ckpt-cache/gemma3-4b";
+  const std::filesystem::path dir = argc > 1 ? argv[1] : "build/ckpt/gemma3-4b";
   const char* env = std::getenv("VLM_THREADS");
   const int threads = env ? std::max(1, std::atoi(env)) : 2;
   try {

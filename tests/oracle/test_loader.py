@@ -24,7 +24,7 @@ BIN = os.environ.get("VLM_BIN")
 FIXTURES = os.environ.get("VLM_FIXTURES")
 SOURCE = os.environ.get("VLM_SOURCE_DIR",
                         os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-BIG_DIR = "/work/ckpt-cache/gemma3-4b"
+BIG_DIR = os.environ.get("VLM_BIG_DIR", os.path.join(SOURCE, "build", "ckpt", "gemma3-4b"))
 
 TEXT_KEYS = ["vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
              "num_kv_heads", "head_dim", "query_pre_attn_scalar", "rms_norm_eps",
