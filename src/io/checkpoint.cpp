@@ -324,6 +324,14 @@ const TensorView& Checkpoint::get(std::string_view canonical) const {
   fail("{}: tensor '{}' is not loaded (absent, or its part was not requested)", dir_.string(), canonical);
 }
 
+const TensorView& Checkpoint::get(std::string_view canonical, std::initializer_list<int64_t> shape) const {
+  const TensorView& t = get(canonical);
+  if (!std::equal(t.shape.begin(), t.shape.end(), shape.begin(), shape.end()))
+    fail("{}: tensor '{}' has shape {}, expected {}", dir_.string(), canonical, shape_str(t.shape),
+         shape_str(std::vector<int64_t>(shape)));
+  return t;
+}
+
 const TensorView& Checkpoint::lm_head() const {
   if (const TensorView* t = find("lm_head.weight")) return *t;
   return get("text.embed_tokens.weight");

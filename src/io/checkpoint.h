@@ -9,6 +9,7 @@
 //   projector.<rest>   projector.mm_input_projection_weight, projector.mm_soft_emb_norm.weight
 #pragma once
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -43,6 +44,9 @@ class Checkpoint {
   // Throws Error naming the tensor when it is absent.
   const TensorView& get(std::string_view canonical) const;
   const TensorView* find(std::string_view canonical) const;
+  // Same, checked against the shape the caller's math assumes (open() already checked the
+  // config's shapes; this guards a caller that derives them differently).
+  const TensorView& get(std::string_view canonical, std::initializer_list<int64_t> shape) const;
   // The output head: lm_head.weight when present, else the tied embedding.
   const TensorView& lm_head() const;
 

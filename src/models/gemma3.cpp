@@ -17,21 +17,6 @@ namespace vlm {
 
 namespace {
 
-kernels::Weight matrix(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
-  const TensorView& t = ck.get(name);
-  if (t.shape != std::vector<int64_t>{rows, cols})
-    fail("{}: shape [{}] does not match the config's [{}, {}]", name, fmt::join(t.shape, ", "),
-         rows, cols);
-  return kernels::as_weight(t);
-}
-
-std::vector<float> vec(const Checkpoint& ck, const std::string& name, int64_t n) {
-  const TensorView& t = ck.get(name);
-  if (t.shape != std::vector<int64_t>{n})
-    fail("{}: shape [{}] does not match the config's [{}]", name, fmt::join(t.shape, ", "), n);
-  return t.to_f32();
-}
-
 void check_mask(const std::vector<float>& m, size_t Lp, const char* what) {
   if (m.size() != Lp * Lp) fail("prefill: {} has {} entries, expected {}x{}", what, m.size(), Lp, Lp);
   for (float v : m)
@@ -55,23 +40,23 @@ Gemma3::Gemma3(const Checkpoint& ckpt, ThreadPool& pool, EmbedScaling scaling)
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "text.layers." + std::to_string(l) + ".";
     Layer L;
-    L.q = matrix(ckpt, p + "self_attn.q_proj.weight", nH * d, H);
-    L.k = matrix(ckpt, p + "self_attn.k_proj.weight", nKV * d, H);
-    L.v = matrix(ckpt, p + "self_attn.v_proj.weight", nKV * d, H);
-    L.o = matrix(ckpt, p + "self_attn.o_proj.weight", H, nH * d);
-    L.gate = matrix(ckpt, p + "mlp.gate_proj.weight", I, H);
-    L.up = matrix(ckpt, p + "mlp.up_proj.weight", I, H);
-    L.down = matrix(ckpt, p + "mlp.down_proj.weight", H, I);
-    L.input_norm = vec(ckpt, p + "input_layernorm.weight", H);
-    L.post_attn_norm = vec(ckpt, p + "post_attention_layernorm.weight", H);
-    L.pre_ff_norm = vec(ckpt, p + "pre_feedforward_layernorm.weight", H);
-    L.post_ff_norm = vec(ckpt, p + "post_feedforward_layernorm.weight", H);
-    L.q_norm = vec(ckpt, p + "self_attn.q_norm.weight", d);
-    L.k_norm = vec(ckpt, p + "self_attn.k_norm.weight", d);
+    L.q = kernels::as_weight(ckpt.get(p + "self_attn.q_proj.weight", {nH * d, H}));
+    L.k = kernels::as_weight(ckpt.get(p + "self_attn.k_proj.weight", {nKV * d, H}));
+    L.v = kernels::as_weight(ckpt.get(p + "self_attn.v_proj.weight", {nKV * d, H}));
+    L.o = kernels::as_weight(ckpt.get(p + "self_attn.o_proj.weight", {H, nH * d}));
+    L.gate = kernels::as_weight(ckpt.get(p + "mlp.gate_proj.weight", {I, H}));
+    L.up = kernels::as_weight(ckpt.get(p + "mlp.up_proj.weight", {I, H}));
+    L.down = kernels::as_weight(ckpt.get(p + "mlp.down_proj.weight", {H, I}));
+    L.input_norm = ckpt.get(p + "input_layernorm.weight", {H}).to_f32();
+    L.post_attn_norm = ckpt.get(p + "post_attention_layernorm.weight", {H}).to_f32();
+    L.pre_ff_norm = ckpt.get(p + "pre_feedforward_layernorm.weight", {H}).to_f32();
+    L.post_ff_norm = ckpt.get(p + "post_feedforward_layernorm.weight", {H}).to_f32();
+    L.q_norm = ckpt.get(p + "self_attn.q_norm.weight", {d}).to_f32();
+    L.k_norm = ckpt.get(p + "self_attn.k_norm.weight", {d}).to_f32();
     L.sliding = c.layer_kinds.at(size_t(l)) == LayerKind::Sliding;
     layers_.push_back(std::move(L));
   }
-  final_norm_ = vec(ckpt, "text.norm.weight", H);
+  final_norm_ = ckpt.get("text.norm.weight", {H}).to_f32();
   const TensorView& head = ckpt.lm_head();
   if (head.shape.size() != 2 || head.dim(1) != H)
     fail("{}: output head must be [V, {}]", head.name, H);

@@ -29,17 +29,9 @@ Projector::Projector(const Checkpoint& ck) {
   out_ = mc.text.hidden_size;
   if (out_ <= 0) fail("config.json: text_config.hidden_size must be positive");
 
-  const TensorView& w = ck.get("projector.mm_input_projection_weight");
-  if (w.shape != std::vector<int64_t>{in_, out_})
-    fail("tensor projector.mm_input_projection_weight: shape [{}] does not match [vision_config.hidden_size "
-         "{}, text_config.hidden_size {}] ([in, out])",
-         fmt::join(w.shape, ","), in_, out_);
-  proj_ = kernels::as_weight(w);
-  const TensorView& nw = ck.get("projector.mm_soft_emb_norm.weight");
-  if (nw.shape != std::vector<int64_t>{in_})
-    fail("tensor projector.mm_soft_emb_norm.weight: shape [{}] does not match vision_config.hidden_size {}",
-         fmt::join(nw.shape, ","), in_);
-  norm_w_ = nw.to_f32();
+  // The one [in, out] matrix of the model (spec §2.4).
+  proj_ = kernels::as_weight(ck.get("projector.mm_input_projection_weight", {in_, out_}));
+  norm_w_ = ck.get("projector.mm_soft_emb_norm.weight", {in_}).to_f32();
 }
 
 std::vector<float> Projector::forward(const float* vision, int n, ThreadPool& pool) const {

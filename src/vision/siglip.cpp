@@ -10,25 +10,6 @@ namespace vlm::vision {
 
 namespace {
 
-const TensorView& expect(const Checkpoint& ck, const std::string& name, std::vector<int64_t> shape) {
-  const TensorView& t = ck.get(name);
-  if (t.shape != shape) {
-    std::string want, got;
-    for (int64_t d : shape) want += (want.empty() ? "" : ",") + std::to_string(d);
-    for (int64_t d : t.shape) got += (got.empty() ? "" : ",") + std::to_string(d);
-    fail("tensor {}: shape [{}] does not match vision_config (expected [{}])", name, got, want);
-  }
-  return t;
-}
-
-kernels::Weight weight2d(const Checkpoint& ck, const std::string& name, int64_t rows, int64_t cols) {
-  return kernels::as_weight(expect(ck, name, {rows, cols}));
-}
-
-std::vector<float> vec(const Checkpoint& ck, const std::string& name, int64_t n) {
-  return expect(ck, name, {n}).to_f32();
-}
-
 // Splits rows [0, n) over the pool.
 template <typename F>
 void rows_parallel(ThreadPool& pool, size_t n, F&& f) {
@@ -67,33 +48,33 @@ SiglipTower::SiglipTower(const Checkpoint& ck) {
   eps_ = float(v.layer_norm_eps);
 
   const int64_t D = hidden_, F = inter_, P = num_patches();
-  const TensorView& pw = expect(ck, "vision.embeddings.patch_embedding.weight", {D, 3, patch_, patch_});
+  const TensorView& pw = ck.get("vision.embeddings.patch_embedding.weight", {D, 3, patch_, patch_});
   patch_w_ = kernels::Weight{pw.data, pw.dtype, size_t(D), size_t(3 * patch_ * patch_)};
-  patch_b_ = vec(ck, "vision.embeddings.patch_embedding.bias", D);
-  pos_ = expect(ck, "vision.embeddings.position_embedding.weight", {P, D}).to_f32();
+  patch_b_ = ck.get("vision.embeddings.patch_embedding.bias", {D}).to_f32();
+  pos_ = ck.get("vision.embeddings.position_embedding.weight", {P, D}).to_f32();
   for (int i = 0; i < v.num_layers; ++i) {
     const std::string p = "vision.encoder.layers." + std::to_string(i) + ".";
     Layer L;
-    L.ln1_w = vec(ck, p + "layer_norm1.weight", D);
-    L.ln1_b = vec(ck, p + "layer_norm1.bias", D);
-    L.ln2_w = vec(ck, p + "layer_norm2.weight", D);
-    L.ln2_b = vec(ck, p + "layer_norm2.bias", D);
-    L.q = weight2d(ck, p + "self_attn.q_proj.weight", D, D);
-    L.k = weight2d(ck, p + "self_attn.k_proj.weight", D, D);
-    L.v = weight2d(ck, p + "self_attn.v_proj.weight", D, D);
-    L.o = weight2d(ck, p + "self_attn.out_proj.weight", D, D);
-    L.q_b = vec(ck, p + "self_attn.q_proj.bias", D);
-    L.k_b = vec(ck, p + "self_attn.k_proj.bias", D);
-    L.v_b = vec(ck, p + "self_attn.v_proj.bias", D);
-    L.o_b = vec(ck, p + "self_attn.out_proj.bias", D);
-    L.fc1 = weight2d(ck, p + "mlp.fc1.weight", F, D);
-    L.fc1_b = vec(ck, p + "mlp.fc1.bias", F);
-    L.fc2 = weight2d(ck, p + "mlp.fc2.weight", D, F);
-    L.fc2_b = vec(ck, p + "mlp.fc2.bias", D);
+    L.ln1_w = ck.get(p + "layer_norm1.weight", {D}).to_f32();
+    L.ln1_b = ck.get(p + "layer_norm1.bias", {D}).to_f32();
+    L.ln2_w = ck.get(p + "layer_norm2.weight", {D}).to_f32();
+    L.ln2_b = ck.get(p + "layer_norm2.bias", {D}).to_f32();
+    L.q = kernels::as_weight(ck.get(p + "self_attn.q_proj.weight", {D, D}));
+    L.k = kernels::as_weight(ck.get(p + "self_attn.k_proj.weight", {D, D}));
+    L.v = kernels::as_weight(ck.get(p + "self_attn.v_proj.weight", {D, D}));
+    L.o = kernels::as_weight(ck.get(p + "self_attn.out_proj.weight", {D, D}));
+    L.q_b = ck.get(p + "self_attn.q_proj.bias", {D}).to_f32();
+    L.k_b = ck.get(p + "self_attn.k_proj.bias", {D}).to_f32();
+    L.v_b = ck.get(p + "self_attn.v_proj.bias", {D}).to_f32();
+    L.o_b = ck.get(p + "self_attn.out_proj.bias", {D}).to_f32();
+    L.fc1 = kernels::as_weight(ck.get(p + "mlp.fc1.weight", {F, D}));
+    L.fc1_b = ck.get(p + "mlp.fc1.bias", {F}).to_f32();
+    L.fc2 = kernels::as_weight(ck.get(p + "mlp.fc2.weight", {D, F}));
+    L.fc2_b = ck.get(p + "mlp.fc2.bias", {D}).to_f32();
     layers_.push_back(std::move(L));
   }
-  post_w_ = vec(ck, "vision.post_layernorm.weight", D);
-  post_b_ = vec(ck, "vision.post_layernorm.bias", D);
+  post_w_ = ck.get("vision.post_layernorm.weight", {D}).to_f32();
+  post_b_ = ck.get("vision.post_layernorm.bias", {D}).to_f32();
 }
 
 double SiglipTower::flops(int n) const {
