@@ -46,9 +46,7 @@ int cmd_dump(int argc, char** argv) {
   int pad_to = 0, steps = 32, threads = default_threads();
   std::vector<int> block_cell;
   app.add_option("--model", model_dir, "checkpoint folder")->required();
-  app.add_option("--prompt", pa.prompt, "prompt text (chat template unless --raw)");
-  app.add_option("--tokens", pa.tokens, "prompt as a JSON list of token ids (used raw)");
-  app.add_flag("--raw", pa.raw, "no chat template");
+  pa.add(app);
   app.add_option("--out", out_dir, "output folder")->required();
   app.add_option("--pad-to", pad_to, "right-pad the prefill to this many positions");
   app.add_option("--steps", steps, "greedy tokens to generate")->check(CLI::Range(0, 1 << 20));
@@ -59,7 +57,7 @@ int cmd_dump(int argc, char** argv) {
   app.add_option("--block-cell", block_cell,
                  "TEST HOOK: Q K — block mask cell (query Q, key K) in every mask, after writing the masks")
       ->expected(2);
-  ia.add(app, pa);
+  ia.add(app);
   CLI11_PARSE(app, argc, argv);
   if (scaling != "reference" && scaling != "f32")
     fail("--embed-scaling: expected reference or f32, got '{}'", scaling);
@@ -69,9 +67,7 @@ int cmd_dump(int argc, char** argv) {
   HostOptions ho = ia.host_options(mc);
   ho.pad_to = pad_to;
   const EmbedScaling es = scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference;
-  const Identity identity = make_identity(
-      ck, mask_mode_name(ho.mask_mode),
-      scaling_policy_name(es, ck.get("text.embed_tokens.weight").dtype, ho.image_scaling));
+  const Identity identity = request_identity(ck, ho, es);
   if (!identity_file.empty()) {
     std::ifstream f(identity_file);
     if (!f) fail("--check-identity: cannot read {}", identity_file);

@@ -26,10 +26,16 @@ std::vector<int32_t> parse_token_list(const std::string& text, const char* what)
   return ids;
 }
 
-void ImageArgs::add(CLI::App& app, PromptArgs& pa) {
-  app.add_option("--image", files, "image file (repeatable), in prompt order");
-  app.add_option("--messages", pa.messages,
+void PromptArgs::add(CLI::App& app) {
+  app.add_option("--prompt", prompt, "prompt text (chat template unless --raw)");
+  app.add_option("--tokens", tokens, "prompt as a JSON list of token ids (used raw)");
+  app.add_option("--messages", messages,
                  "JSON file: OpenAI-style message list; its image parts take the --image files in order");
+  app.add_flag("--raw", raw, "no chat template");
+}
+
+void ImageArgs::add(CLI::App& app) {
+  app.add_option("--image", files, "image file (repeatable), in prompt order");
   app.add_option("--mask-mode", mask_mode, "prefill mask: hf, mlx or causal (default: hf for VLMs, causal for text)");
   app.add_option("--image-scaling", image_scaling,
                  "reference (image rows unscaled) or mlx (pre-divided, then the whole sequence scaled)");

@@ -28,6 +28,8 @@ struct PromptArgs {
   std::string tokens;  // --tokens "[2,105,...]"
   std::string messages;  // --messages FILE
   bool raw = false;    // --raw: no chat template
+  // Adds --prompt, --tokens, --messages and --raw.
+  void add(CLI::App& app);
 };
 
 struct Prompt {
@@ -47,8 +49,8 @@ struct ImageArgs {
   std::string image_scaling = "reference";
   std::string layout = "hf";
   bool pan_and_scan = false;
-  // Adds --image, --messages (into pa), --mask-mode, --image-scaling, --layout, --pan-and-scan.
-  void add(CLI::App& app, PromptArgs& pa);
+  // Adds --image, --mask-mode, --image-scaling, --layout, --pan-and-scan.
+  void add(CLI::App& app);
   HostOptions host_options(const ModelConfig& mc) const;
 };
 

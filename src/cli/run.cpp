@@ -38,9 +38,7 @@ int cmd_run(int argc, char** argv) {
   int threads = default_threads();
   bool print_ids = false;
   app.add_option("--model", model_dir, "checkpoint folder")->required();
-  app.add_option("--prompt", pa.prompt, "prompt text (chat template unless --raw)");
-  app.add_option("--tokens", pa.tokens, "prompt as a JSON list of token ids (used raw)");
-  app.add_flag("--raw", pa.raw, "no chat template");
+  pa.add(app);
   app.add_flag("--ids", print_ids, "print generated token ids instead of text");
   app.add_option("--max-tokens", opt.max_tokens, "most tokens to generate")->check(CLI::Range(0, 1 << 30));
   app.add_option("--temperature", sp.temperature, "0 = greedy");
@@ -55,7 +53,7 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--context", opt.context, "context limit (default: max_position_embeddings)");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
   ImageArgs ia;
-  ia.add(app, pa);
+  ia.add(app);
   std::string cache_file;
   app.add_option("--prompt-cache", cache_file,
                  "file with this request's prefill (KV cache): reused when the model identity and the "
@@ -80,9 +78,7 @@ int cmd_run(int argc, char** argv) {
   uint64_t request = 0;
   Identity identity;
   if (!cache_file.empty()) {
-    identity = make_identity(ck, mask_mode_name(ho.mask_mode),
-                             scaling_policy_name(EmbedScaling::Reference, ck.get("text.embed_tokens.weight").dtype,
-                                                 ho.image_scaling));
+    identity = request_identity(ck, ho);
     request = request_hash(prompt.ids, inputs.images);
     if (std::filesystem::exists(cache_file))
       saved = load_prompt_cache(cache_file, identity, request, mc.text,

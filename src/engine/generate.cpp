@@ -50,15 +50,29 @@ std::string StopStrings::flush() {
   return out;
 }
 
+namespace {
+void check_options(const GenerateOptions& opt, const GenerateIO& io) {
+  if (opt.max_tokens < 0) fail("max_tokens must be >= 0, got {}", opt.max_tokens);
+  if (!opt.stop_strings.empty() && !io.piece) fail("stop strings need a detokenizer");
+}
+
+// The context a request runs with; a prompt that does not fit fails before any compute.
+int64_t checked_context(const TextConfig& c, const GenerateOptions& opt, const GenerateIO& io,
+                        int64_t prompt_len) {
+  check_options(opt, io);
+  if (opt.context > c.max_position_embeddings)
+    fail("context {} exceeds max_position_embeddings {}", opt.context, c.max_position_embeddings);
+  const int64_t context = opt.context > 0 ? opt.context : c.max_position_embeddings;
+  if (prompt_len > context) fail("prompt of {} tokens exceeds the context limit of {}", prompt_len, context);
+  return context;
+}
+}  // namespace
+
 GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const GenerateIO& io) {
   const TextConfig& c = model.config();
   if (prompt.empty()) fail("the prompt has no tokens");
-  // The context is checked before embedding anything (the overload checks the rest).
-  const int64_t context = opt.context > 0 ? std::min<int64_t>(opt.context, c.max_position_embeddings)
-                                          : c.max_position_embeddings;
-  if (int64_t(prompt.size()) > context)
-    fail("prompt of {} tokens exceeds the context limit of {}", prompt.size(), context);
+  checked_context(c, opt, io, int64_t(prompt.size()));  // before embedding anything
   return generate(model, text_prefill(model.embedder(), prompt, int(prompt.size()), c.sliding_window, 0),
                   prompt, opt, io);
 }
@@ -66,14 +80,7 @@ GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const Ge
 GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const int32_t> prompt,
                         const GenerateOptions& opt, const GenerateIO& io,
                         const std::function<void(KvCache&, std::span<const float>)>& on_prefill) {
-  const TextConfig& c = model.config();
-  const int64_t context = opt.context > 0 ? opt.context : c.max_position_embeddings;
-  if (opt.context > c.max_position_embeddings)
-    fail("context {} exceeds max_position_embeddings {}", opt.context, c.max_position_embeddings);
-  if (int64_t(in.valid_len) > context)
-    fail("prompt of {} tokens exceeds the context limit of {}", in.valid_len, context);
-  if (opt.max_tokens < 0) fail("max_tokens must be >= 0, got {}", opt.max_tokens);
-  if (!opt.stop_strings.empty() && !io.piece) fail("stop strings need a detokenizer");
+  const int64_t context = checked_context(model.config(), opt, io, in.valid_len);
   KvCache cache = model.new_cache(context);
   std::vector<float> logits = model.prefill_from_embeddings(in, cache);
   if (on_prefill) on_prefill(cache, logits);
@@ -84,8 +91,7 @@ GenerateResult generate_from(Gemma3& model, KvCache& cache, std::vector<float> l
                              std::span<const int32_t> prompt, const GenerateOptions& opt,
                              const GenerateIO& io) {
   const int64_t context = cache.context();
-  if (opt.max_tokens < 0) fail("max_tokens must be >= 0, got {}", opt.max_tokens);
-  if (!opt.stop_strings.empty() && !io.piece) fail("stop strings need a detokenizer");
+  check_options(opt, io);
 
   Sampler sampler(opt.sampling);
   sampler.add_prompt(prompt);

@@ -119,4 +119,9 @@ std::string scaling_policy_name(EmbedScaling text, DType embedding_dtype, ImageS
   return s;
 }
 
+Identity request_identity(const Checkpoint& ck, const HostOptions& opt, EmbedScaling text) {
+  return make_identity(ck, mask_mode_name(opt.mask_mode),
+                       scaling_policy_name(text, ck.get("text.embed_tokens.weight").dtype, opt.image_scaling));
+}
+
 }  // namespace vlm

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "io/identity.h"
 #include "models/gemma3.h"
 #include "multimodal/mask.h"
 #include "multimodal/merge.h"
@@ -66,5 +67,8 @@ MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, cons
 
 // The scaling policy as the compatibility identity names it.
 std::string scaling_policy_name(EmbedScaling text, DType embedding_dtype, ImageScaling image);
+// The compatibility identity of requests run with these options (what a prompt cache
+// or a dump is stamped with).
+Identity request_identity(const Checkpoint& ck, const HostOptions& opt, EmbedScaling text = EmbedScaling::Reference);
 
 }  // namespace vlm
