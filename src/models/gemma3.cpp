@@ -75,7 +75,8 @@ void Gemma3::project_qkv(const Layer& L, const float* x, size_t n, const int64_t
                          float* k, float* v) {
   const size_t H = size_t(cfg_.hidden_size), d = attn_.head_dim;
   const size_t nH = attn_.n_heads, nKV = attn_.n_kv_heads;
-  std::vector<float> a(n * H);
+  std::vector<float>& a = scratch_.a;
+  a.resize(n * H);
   kernels::rms_norm(x, L.input_norm.data(), a.data(), n, H, eps_);
   kernels::matmul(a.data(), n, L.q, q, pool_);
   kernels::matmul(a.data(), n, L.k, k, pool_);
@@ -83,7 +84,10 @@ void Gemma3::project_qkv(const Layer& L, const float* x, size_t n, const int64_t
   kernels::rms_norm(q, L.q_norm.data(), q, n * nH, d, eps_);
   kernels::rms_norm(k, L.k_norm.data(), k, n * nKV, d, eps_);
   const std::vector<float>& f = inv_freq(L.sliding);
-  std::vector<float> cs(d / 2), sn(d / 2);
+  std::vector<float>& cs = scratch_.cos;
+  std::vector<float>& sn = scratch_.sin;
+  cs.resize(d / 2);
+  sn.resize(d / 2);
   for (size_t r = 0; r < n; ++r) {
     kernels::rope_cos_sin(pos[r], f.data(), d / 2, cs.data(), sn.data());
     kernels::rope_rotate_half(q + r * nH * d, nH, d, cs.data(), sn.data());
@@ -93,7 +97,12 @@ void Gemma3::project_qkv(const Layer& L, const float* x, size_t n, const int64_t
 
 void Gemma3::finish_layer(const Layer& L, float* x, const float* attn, size_t n) {
   const size_t H = size_t(cfg_.hidden_size), I = size_t(cfg_.intermediate_size);
-  std::vector<float> t(n * H), gate(n * I), up(n * I);
+  std::vector<float>& t = scratch_.t;
+  std::vector<float>& gate = scratch_.gate;
+  std::vector<float>& up = scratch_.up;
+  t.resize(n * H);
+  gate.resize(n * I);
+  up.resize(n * I);
   kernels::matmul(attn, n, L.o, t.data(), pool_);
   kernels::rms_norm(t.data(), L.post_attn_norm.data(), t.data(), n, H, eps_);
   for (size_t i = 0; i < n * H; ++i) x[i] += t[i];

@@ -87,6 +87,11 @@ class Gemma3 {
   models::AttnShape attn_;
   std::vector<float> inv_freq_local_, inv_freq_global_;
   float eps_ = 1e-6f;
+  // Per-layer work rows, kept between layers and calls so the per-token path allocates
+  // nothing (resize only grows them).
+  struct Scratch {
+    std::vector<float> a, t, gate, up, cos, sin;
+  } scratch_;
 };
 
 }  // namespace vlm
