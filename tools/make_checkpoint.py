@@ -5,7 +5,8 @@
         [--shards N] [--naming old|new] [--seed S] [--lm-head]
 
 Presets: tiny (Gemma3ForConditionalGeneration, unit-test sized), tiny-text (Gemma3ForCausalLM),
-gemma3-4b (VLM) and gemma3-1b (text) with the real shapes (spec §1.3/§1.4/§2) for benchmarks.
+gemma3-4b (VLM) and gemma3-1b (text) with the real shapes for benchmarks (docs/gemma3/config.md,
+docs/gemma3/checkpoint.md).
 The folder holds config.json, generation_config.json, model.safetensors (or shards
 model-0000i-of-0000n.safetensors + model.safetensors.index.json), the real Gemma 3
 tokenizer.json / tokenizer_config.json, and for VLMs preprocessor_config.json and
@@ -30,11 +31,12 @@ TOKENIZER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                              "npm", "node_modules", "@lenml", "tokenizer-gemma3", "models")
 CHUNK = 1 << 22  # elements generated per step
 
-# Token ids as in the real Gemma 3 release (spec §1.2, §3.2).
+# Token ids as in the real Gemma 3 release (docs/gemma3/config.md#top-level,
+# docs/gemma3/prompt.md#special-tokens).
 BOI, EOI, IMAGE, EOS = 255999, 256000, 262144, [1, 106]
 
 
-# ---------------------------------------------------------------- configs (spec §1.2–§1.4)
+# ---------------------------------------------------------------- configs (docs/gemma3/config.md)
 
 def _tiny_text(vocab):
     return {
@@ -62,7 +64,7 @@ def _tiny_text(vocab):
 
 def config_tiny(dtype_name):
     text = _tiny_text(262208)
-    # Legacy layer rule (spec §1.5): global iff (i+1) % 3 == 0 -> layers 2 and 5.
+    # Legacy layer rule (docs/gemma3/config.md#layer-kinds): global iff (i+1) % 3 == 0 -> layers 2 and 5.
     text["sliding_window_pattern"] = 3
     text["rope_scaling"] = {"factor": 8.0, "rope_type": "linear"}
     return {
@@ -95,7 +97,8 @@ def config_tiny(dtype_name):
 
 def config_tiny_text(dtype_name):
     cfg = _tiny_text(262144)
-    # Newer config style: an explicit list is authoritative (spec §1.5); globals 2 and 5.
+    # Newer config style: an explicit list is authoritative (docs/gemma3/config.md#layer-kinds);
+    # globals 2 and 5.
     cfg["layer_types"] = ["full_attention" if (i + 1) % 3 == 0 else "sliding_attention"
                           for i in range(6)]
     cfg["rope_scaling"] = None
@@ -190,7 +193,7 @@ def generation_config():
 
 
 def preprocessor_config(image_size, tokens):
-    # The published Gemma 3 values (spec §5.1), with the tower's own image size.
+    # The published Gemma 3 values (docs/gemma3/preprocessing.md#config), with the tower's own image size.
     return {
         "do_convert_rgb": None,
         "do_normalize": True,
@@ -211,7 +214,7 @@ def preprocessor_config(image_size, tokens):
     }
 
 
-# ---------------------------------------------------------------- tensors (spec §2.2–§2.4)
+# ---------------------------------------------------------------- tensors (docs/gemma3/checkpoint.md)
 
 # An init is (mean, std): every tensor is mean + std * N(0, 1), drawn in f32.
 def _linear(fan_in):
@@ -225,7 +228,8 @@ POSITION = (0.0, 0.02)
 
 
 def text_tensors(t, lm_head):
-    """Canonical names (spec §2.2, prefixed `text.`), shapes and inits, in state-dict order."""
+    """Canonical names (docs/gemma3/checkpoint.md#text-tensors, prefixed `text.`), shapes and
+    inits, in state-dict order."""
     H, I, d = t["hidden_size"], t["intermediate_size"], t["head_dim"]
     q, kv = t["num_attention_heads"] * d, t["num_key_value_heads"] * d
     # Embedding rows are scaled by sqrt(H) at lookup; std 2/sqrt(H) gives inputs of RMS ~2 and
@@ -255,7 +259,8 @@ def text_tensors(t, lm_head):
 
 
 def vision_tensors(v, text_hidden):
-    """Canonical names (spec §2.3 after `vision_model.`, §2.4), shapes and inits."""
+    """Canonical names after `vision_model.` and of the projector, shapes and inits
+    (docs/gemma3/checkpoint.md#vision-tensors, #projector-tensors)."""
     D, F, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
     patches = (v["image_size"] // p) ** 2
     out = [
@@ -274,13 +279,13 @@ def vision_tensors(v, text_hidden):
                 (e + "mlp.fc2.weight", [D, F], _linear(F)), (e + "mlp.fc2.bias", [D], BIAS)]
     out += [("vision.post_layernorm.weight", [D], LAYERNORM_GAMMA),
             ("vision.post_layernorm.bias", [D], BIAS),
-            # [in, out] orientation: y = x · W (spec §2.4)
+            # [in, out] orientation: y = x · W (docs/gemma3/checkpoint.md#projector-tensors)
             ("projector.mm_input_projection_weight", [D, text_hidden], _linear(D)),
             ("projector.mm_soft_emb_norm.weight", [D], ZERO_CENTRED_NORM)]
     return out
 
 
-# File-name prefixes per naming scheme (spec §2.1).
+# File-name prefixes per naming scheme (docs/gemma3/checkpoint.md#naming).
 PREFIXES = {
     "new": {"text.": "model.language_model.", "lm_head.": "lm_head.",
             "vision.": "model.vision_tower.vision_model.", "projector.": "model.multi_modal_projector."},

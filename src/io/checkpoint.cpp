@@ -29,7 +29,7 @@ std::string_view part_of(std::string_view canonical) {
 
 namespace {
 
-// File-name prefix per canonical prefix, per naming scheme (spec §2.1).
+// File-name prefix per canonical prefix, per naming scheme (docs/gemma3/checkpoint.md#naming).
 struct Prefix {
   std::string_view file, canonical;
 };
@@ -105,7 +105,7 @@ struct Expected {
   bool required = true;
 };
 
-// Every tensor the config implies, with its exact shape (spec §2.2-2.4).
+// Every tensor the config implies, with its exact shape (docs/gemma3/checkpoint.md).
 std::map<std::string, Expected, std::less<>> expected_tensors(const ModelConfig& c) {
   std::map<std::string, Expected, std::less<>> e;
   const TextConfig& t = c.text;

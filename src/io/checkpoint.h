@@ -2,7 +2,7 @@
 // model.safetensors or shards with model.safetensors.index.json.
 //
 // Tensors are views into mmapped files: no copies at load. Names are made
-// canonical whichever naming scheme the file uses (spec §2.1):
+// canonical whichever naming scheme the file uses (docs/gemma3/checkpoint.md#naming):
 //   text.<rest>        decoder: text.embed_tokens.weight, text.layers.N.…, text.norm.weight
 //   lm_head.weight     only when the file carries an explicit head (normally tied)
 //   vision.<rest>      SigLIP, after `vision_model.`: vision.embeddings.…, vision.encoder.layers.N.…
@@ -21,7 +21,7 @@
 
 namespace vlm {
 
-enum class Naming { Old, New, CausalLM };  // spec §2.1 columns
+enum class Naming { Old, New, CausalLM };  // docs/gemma3/checkpoint.md#naming columns
 std::string_view naming_name(Naming n);
 
 // Which parts a run needs; only those tensors are validated against the

@@ -1,4 +1,4 @@
-// Gemma 3 chat template and image placeholder expansion (spec §3.3, §4).
+// Gemma 3 chat template and image placeholder expansion (docs/gemma3/prompt.md).
 //
 // The template is rendered into SEGMENTS instead of one string, so that text a
 // user sent can never turn into control tokens: the template's own markers
@@ -65,7 +65,7 @@ std::vector<Segment> render_gemma3_chat(std::span<const ChatMessage> messages, c
 // The string HF's Jinja rendering gives (control tokens and images as their text).
 std::string segments_to_string(std::span<const Segment> segments, const Tokenizer& tok);
 
-// Layout of the tokens around each image (spec §4.2): HF string expansion, or
+// Layout of the tokens around each image (docs/gemma3/prompt.md#layouts): HF string expansion, or
 // the Google reference's token splice ([108, BOI, soft×N, EOI, 108] with no
 // newline merging).
 enum class ImageLayout { HF, Google };

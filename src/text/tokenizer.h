@@ -1,5 +1,5 @@
 // Gemma 3 tokenizer: reads tokenizer.json / tokenizer_config.json as HF ships
-// them and reproduces HF `tokenizers` (Rust) encode/decode exactly (spec §3.1).
+// them and reproduces HF `tokenizers` (Rust) encode/decode exactly (docs/gemma3/prompt.md#tokenizer).
 //
 // Encode pipeline (what tokenizer.json declares for Gemma 3):
 //   1. added tokens are matched on the raw text, leftmost-longest (all Gemma 3

@@ -1,4 +1,4 @@
-// HF Gemma3ImageProcessor (slow, PIL path; spec §5.2–§5.4) on decoded RGB images:
+// HF Gemma3ImageProcessor (slow, PIL path; docs/gemma3/preprocessing.md) on decoded RGB images:
 // optional Pan & Scan crops, PIL-exact antialiased bilinear resize with 8-bit
 // results, rescale f32(f64(u8)·factor), normalize (x − mean)/std in f32, CHW.
 #pragma once
@@ -13,8 +13,9 @@ struct CropBox {
   int x = 0, y = 0, w = 0, h = 0;
 };
 
-// Pan & Scan crops (spec §5.4) for an image of width × height, row-major; empty
-// when Pan & Scan does not apply. Uses the pan_and_scan_* fields of `pp`.
+// Pan & Scan crops (docs/gemma3/preprocessing.md#pan-and-scan) for an image of
+// width × height, row-major; empty when Pan & Scan does not apply. Uses the
+// pan_and_scan_* fields of `pp`.
 std::vector<CropBox> pan_and_scan_crops(int width, int height, const PreprocessorConfig& pp);
 RgbImage crop(const RgbImage& im, const CropBox& box);
 

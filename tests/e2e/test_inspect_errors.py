@@ -22,7 +22,8 @@ TEXT_CFG = {
 
 
 def text_tensors(cfg):
-    """(file name, shape) of every tensor a Gemma3ForCausalLM with `cfg` holds (spec §2.2)."""
+    """(file name, shape) of every tensor a Gemma3ForCausalLM with `cfg` holds
+    (docs/gemma3/checkpoint.md#text-tensors)."""
     V, H, I, d = cfg["vocab_size"], cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
     out = [("model.embed_tokens.weight", [V, H]), ("model.norm.weight", [H])]

@@ -10,7 +10,7 @@ import unittest
 
 BIN = os.environ.get("VLM_BIN")
 FIXTURES = os.environ.get("VLM_FIXTURES")
-# Spec §3.3: "Hello" in one user turn with the generation prompt.
+# docs/gemma3/prompt.md#chat-template: "Hello" in one user turn with the generation prompt.
 HELLO_IDS = [2, 105, 2364, 107, 9259, 106, 107, 105, 4368, 107]
 
 
@@ -32,7 +32,8 @@ class TestRun(unittest.TestCase):
             subprocess.run([BIN, "dump", "--model", self.model("tiny-text-f32"), "--prompt", "Hello", "--raw",
                             "--out", out, "--steps", "1"], check=True, capture_output=True, timeout=300)
             with open(os.path.join(out, "tokens.json")) as f:
-                self.assertEqual(json.load(f), [2, 9259])  # spec §14: "Hello" with special tokens
+                # "Hello" with special tokens: docs/gemma3/prompt.md#test-vectors
+                self.assertEqual(json.load(f), [2, 9259])
 
     def test_text_equals_detokenized_ids(self):
         """The streamed text is the detokenization of the ids the same greedy run produces."""

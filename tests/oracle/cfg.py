@@ -1,4 +1,4 @@
-"""The oracle's config reading (spec §1.2–§1.5): HF class defaults and layer kinds.
+"""The oracle's config reading (docs/gemma3/config.md): HF class defaults and layer kinds.
 
 read_config(dir) returns a plain dict whose keys are those of `vlm inspect --json`:
   {"architecture", "arch": "ConditionalGeneration"|"CausalLM",
@@ -13,7 +13,7 @@ read_config(dir) returns a plain dict whose keys are those of `vlm inspect --jso
 import json
 import os
 
-# Gemma3TextConfig class defaults (spec §1.3, "HF default" column).
+# Gemma3TextConfig class defaults (docs/gemma3/config.md#text-config, "HF default" column).
 TEXT_DEFAULTS = {
     "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
     "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
@@ -21,13 +21,13 @@ TEXT_DEFAULTS = {
     "max_position_embeddings": 131072, "sliding_window": 4096, "rope_theta": 1e6,
     "rope_local_base_freq": 1e4, "rope_scaling": None, "tie_word_embeddings": True,
 }
-# SiglipVisionConfig class defaults (spec §1.4).
+# SiglipVisionConfig class defaults (docs/gemma3/config.md#vision-config).
 VISION_DEFAULTS = {
     "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
     "num_attention_heads": 12, "num_channels": 3, "image_size": 224, "patch_size": 16,
     "layer_norm_eps": 1e-6,
 }
-# Gemma3Config top-level defaults (spec §1.2); the *_index keys have *_id aliases.
+# Gemma3Config top-level defaults (docs/gemma3/config.md#top-level); the *_index keys have *_id aliases.
 TOP_DEFAULTS = {"mm_tokens_per_image": 256, "boi_token_index": 255999,
                 "eoi_token_index": 256000, "image_token_index": 262144}
 
@@ -38,7 +38,8 @@ def _get(d, key, defaults):
 
 
 def layer_kinds(t, n_layers):
-    """Spec §1.5: `layer_types` wins; else the legacy pattern P (default 6): global iff (i+1) % P == 0."""
+    """docs/gemma3/config.md#layer-kinds: `layer_types` wins; else the legacy pattern P
+    (default 6): global iff (i+1) % P == 0."""
     types = t.get("layer_types")
     if types is not None:
         assert len(types) == n_layers, "layer_types length != num_hidden_layers"
@@ -50,7 +51,7 @@ def layer_kinds(t, n_layers):
 
 
 def rope(t):
-    """(global base, local base, linear factor on global layers) — spec §1.5."""
+    """(global base, local base, linear factor on global layers) — docs/gemma3/config.md#layer-kinds."""
     params = t.get("rope_parameters")
     if isinstance(params, dict) and "full_attention" in params:
         full, slide = params["full_attention"], params.get("sliding_attention", {})

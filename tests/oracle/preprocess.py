@@ -1,4 +1,4 @@
-"""The oracle's image processor (spec §5.1–§5.4): HF Gemma3ImageProcessor's slow path, with PIL.
+"""The oracle's image processor (docs/gemma3/preprocessing.md): HF Gemma3ImageProcessor's slow path, with PIL.
 
     pv, num_crops = pixel_values([path, ...], size=64)        # float32 [n, 3, S, S]
 
@@ -23,7 +23,8 @@ def rgb_array(path):
 
 
 def pan_and_scan(arr, min_crop=256, max_crops=4, min_ratio=1.2):
-    """Spec §5.4: the crops (row-major) of an HWC array; [] when Pan & Scan does not apply."""
+    """docs/gemma3/preprocessing.md#pan-and-scan: the crops (row-major) of an HWC array;
+    [] when Pan & Scan does not apply."""
     h, w = arr.shape[:2]
     if w >= h:
         if w / h < min_ratio:
@@ -51,7 +52,7 @@ def resized_u8(arr, size):
 
 
 def normalize(u8, rescale=RESCALE, mean=MEAN, std=STD):
-    """Spec §5.2 steps 5-7 on an HWC uint8 array -> CHW float32."""
+    """docs/gemma3/preprocessing.md#rescale: rescale, normalize and CHW of an HWC uint8 array -> float32."""
     x = (u8.astype(np.float64) * rescale).astype(np.float32)
     x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return x.transpose(2, 0, 1)

@@ -1,11 +1,12 @@
-"""The oracle's own safetensors and checkpoint-folder reader (spec §1.1, §2), NumPy only.
+"""The oracle's own safetensors and checkpoint-folder reader, NumPy only
+(docs/gemma3/config.md#files, docs/gemma3/checkpoint.md).
 
     cfg, tensors = load_checkpoint(dir)          # tensors: {canonical name: Tensor}
     w = tensors["text.layers.0.mlp.up_proj.weight"].f32()
 
 Canonical names: `text.<rest>` (decoder), `lm_head.weight` (explicit head only), `vision.<rest>`
 (SigLIP, after `vision_model.`), `projector.<rest>`. Deliberately simple and trusting: it reads
-what the spec says a valid checkpoint holds; rejecting hostile files is the C++ reader's job.
+what docs/gemma3/checkpoint.md says a valid checkpoint holds; rejecting hostile files is the C++ reader's job.
 """
 import json
 import os
@@ -84,7 +85,7 @@ def model_files(d):
     return [os.path.join(d, "model.safetensors")], None
 
 
-# Spec §2.1: file-name prefixes of each naming scheme, mapped to canonical prefixes.
+# docs/gemma3/checkpoint.md#naming: file-name prefixes of each naming scheme, mapped to canonical prefixes.
 SCHEMES = {
     "old": [("language_model.model.", "text."), ("language_model.lm_head.", "lm_head."),
             ("vision_tower.vision_model.", "vision."), ("multi_modal_projector.", "projector.")],
@@ -110,14 +111,14 @@ def detect_naming(names, is_vlm):
 
 
 def ignored(name):
-    """Tensors the spec says to skip silently: a SigLIP pooling head (§2.3), rotary buffers (§2.1)."""
+    """Tensors to skip silently (docs/gemma3/checkpoint.md#naming): a SigLIP pooling head, rotary buffers."""
     return name.startswith("vision.head.") or name.endswith("rotary_emb.inv_freq")
 
 
 def load_checkpoint(d):
     """(config dict from cfg.read_config, {canonical name: Tensor}, naming, unknown file names).
 
-    Tensors named by the spec for this config become canonical; those the spec says to ignore
+    Tensors docs/gemma3/checkpoint.md names for this config become canonical; those it says to ignore
     are dropped; every other tensor is returned (by file name) in `unknown`.
     """
     cfg = read_config(d)
@@ -142,7 +143,7 @@ def load_checkpoint(d):
 
 
 def expected_shapes(cfg, explicit_head=True):
-    """{canonical name: shape} of every tensor the spec lists for this config (§2.2–§2.4).
+    """{canonical name: shape} of every tensor docs/gemma3/checkpoint.md lists for this config.
 
     `lm_head.weight` is optional (tied to the embedding when absent); it is included here.
     """

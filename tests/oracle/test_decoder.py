@@ -1,11 +1,13 @@
-"""`vlm dump` / `vlm run` against the float64 NumPy decoder in text_model.py (spec §8–§11).
+"""`vlm dump` / `vlm run` against the float64 NumPy decoder in text_model.py
+(docs/gemma3/merge-and-scaling.md, docs/gemma3/masks.md, docs/gemma3/decoder.md).
 
 Per fixture (tiny and tiny-text, in f32, bf16 and f16) and a 20-token prompt (longer than
 the sliding window W = 8), with 32 greedy decode steps (positions up to 51: the sliding
 ring of 8 slots wraps six times):
-  * inputs_embeds: bit-exact (the oracle reproduces the §8.1 rounding of the normalizer and
-    of the product in the weight dtype; both are single f32 roundings);
-  * mask_global / mask_sliding: exact (0.0 or the lowest f32) vs the §9.2 text rule;
+  * inputs_embeds: bit-exact (the oracle reproduces the rounding of the normalizer
+    (docs/gemma3/merge-and-scaling.md#text) and of the product in the weight dtype; both are
+    single f32 roundings);
+  * mask_global / mask_sliding: exact (0.0 or the lowest f32) vs the docs/gemma3/masks.md#sliding text rule;
   * hidden_<i> after every layer, logits at every prompt position, and the logits of every
     decode step: max|ours - oracle| <= TOL * max|oracle| per array, TOL = 1e-5.
     The oracle widens the stored weights exactly and runs in float64, so the only difference
@@ -14,7 +16,8 @@ ring of 8 slots wraps six times):
   * 32 greedy ids identical to the oracle's, which recomputes the whole sequence (no cache)
     for every step.
 The decode logits are compared with a full forward over prompt + greedy ids: row n-1+i of a
-causal full recomputation is exactly decode step i's query (same visible keys, §9.9/§11).
+causal full recomputation is exactly decode step i's query (same visible keys,
+docs/gemma3/masks.md#decode, docs/gemma3/decoder.md#kv-cache).
 
 Right padding (--pad-to): greedy ids identical to the unpadded run, valid rows and decode
 logits within TOL of it, and no NaN/inf anywhere (pad rows included). Not bitwise: the matmul

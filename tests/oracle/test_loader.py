@@ -116,7 +116,7 @@ class TestInspectFixtures(Base):
                 self.assertTrue(got["identity"]["fields"])
 
     def test_fixture_shapes_match_spec(self):
-        # Guards the oracle itself: the folders hold exactly the spec's tensors (§2.2–§2.4).
+        # Guards the oracle itself: the folders hold exactly the tensors docs/gemma3/checkpoint.md lists.
         for folder in self.FOLDERS:
             with self.subTest(folder=folder):
                 cfg, tensors, _, unknown = st.load_checkpoint(os.path.join(FIXTURES, folder))
@@ -145,7 +145,7 @@ class TestInspectFixtures(Base):
     def test_unknown_tensors_are_reported(self):
         # A sharded checkpoint plus a third file (named in index.json) holding tensors no part
         # uses: an unrelated one (reported), a SigLIP pooling-head tensor and a rotary buffer
-        # (spec §2.3 / §2.1: ignored, so not reported).
+        # (docs/gemma3/checkpoint.md: ignored, so not reported).
         sys.path.insert(0, os.path.join(SOURCE, "tools"))
         import make_checkpoint
         with tempfile.TemporaryDirectory(prefix="vlm-unknown-") as d:
@@ -176,7 +176,8 @@ class TestInspectFixtures(Base):
             self.check_counts(got, tensors)
 
     def test_explicit_lm_head(self):
-        # An untied head is loaded as lm_head.weight from either naming scheme (spec §2.1).
+        # An untied head is loaded as lm_head.weight from either naming scheme
+        # (docs/gemma3/checkpoint.md#naming).
         sys.path.insert(0, os.path.join(SOURCE, "tools"))
         import make_checkpoint
         for naming in ("old", "new"):
@@ -220,7 +221,8 @@ class TestInspectGemma3_4B(Base):
 
     def test_4b(self):
         cfg, tensors, naming, unknown = st.load_checkpoint(BIG_DIR)
-        # The minimal config leaves these to the HF class defaults (spec §1.3, 4B column).
+        # The minimal config leaves these to the HF class defaults
+        # (docs/gemma3/config.md#text-config, 4B column).
         t = cfg["text"]
         self.assertEqual((t["vocab_size"], t["num_heads"], t["num_kv_heads"], t["head_dim"],
                           t["query_pre_attn_scalar"], t["max_position_embeddings"]),

@@ -197,7 +197,8 @@ class TestLayout(Tmp):
 
 class TestRealShapes(unittest.TestCase):
     """Shapes of the benchmark presets, without writing gigabytes: the writer's tensor table
-    against the oracle's reading of the config it writes (spec §1.3, §2)."""
+    against the oracle's reading of the config it writes (docs/gemma3/config.md#text-config,
+    docs/gemma3/checkpoint.md)."""
 
     def shapes_of(self, preset):
         d = tempfile.mkdtemp(prefix="vlm-ckpt-cfg-")

@@ -70,7 +70,8 @@ class VisionTest(unittest.TestCase):
                                      f"{np.abs(pv[i] - ref[0]).max() * 127.5:.1f} grey levels")
 
     def test_normalization_values(self):
-        # Spec §14: u8 0, 1, 127, 128, 255 -> f32 values, through a one-pixel-per-value image.
+        # docs/gemma3/preprocessing.md#rescale: u8 0, 1, 127, 128, 255 -> f32 values, through a
+        # one-pixel-per-value image.
         from PIL import Image
         vals = np.array([0, 1, 127, 128, 255], np.uint8)
         path = os.path.join(self.tmp.name, "levels.png")
@@ -119,7 +120,8 @@ class VisionTest(unittest.TestCase):
                     np.testing.assert_array_equal(feats[i], single[i][2][0])
 
     def test_pan_and_scan(self):
-        # Spec §14: crop counts for these sizes (w x h) with the default Pan & Scan settings.
+        # docs/gemma3/preprocessing.md#pan-and-scan: crop counts for these sizes (w x h) with the
+        # default Pan & Scan settings.
         from PIL import Image
         cases = [((1792, 896), 2), ((1000, 300), 3), ((600, 300), 2), ((500, 300), 0),
                  ((300, 900), 3), ((896, 896), 0)]

@@ -1,9 +1,9 @@
 """Gemma 3 VLM end to end (issue 6): `vlm dump`/`vlm run` with images against the oracle.
 
-The oracle: prompt ids from HF's processor string (§3.3 + §4.1 FULL substitution, mm_model.py)
+The oracle: prompt ids from HF's processor string (docs/gemma3/prompt.md FULL substitution, mm_model.py)
 tokenized by `vlm tokenize --parse-special` (the tokenizer itself is proven against the npm
 reference in tests/e2e), pixel values from PIL (preprocess.py), tower + projector in float64
-(vision_model.py), masks from §9 (mm_model.py), the decoder in float64 (text_model.py).
+(vision_model.py), masks from docs/gemma3/masks.md (mm_model.py), the decoder in float64 (text_model.py).
 
 Tolerances (stated once):
   * masks, prompt ids, image positions, text rows of inputs_embeds: exact;
@@ -16,7 +16,8 @@ Tolerances (stated once):
     decoder together stay far below it);
   * 32 greedy ids: each equals the oracle's argmax (ids < image_token_id) at its position of a
     full float64 recomputation over prompt + greedy ids with the prompt block masked as in the
-    prefill and causal rows after it (§9.9); by induction the oracle's own greedy run is ours.
+    prefill and causal rows after it (docs/gemma3/masks.md#decode); by induction the oracle's own
+    greedy run is ours.
 """
 import json
 import os
@@ -113,7 +114,7 @@ class TestVlm(unittest.TestCase):
         s = mm_model.hf_prompt_string(k, text, T)
         return json.loads(vlm("tokenize", "--model", self.model(name), "--parse-special", s).stdout)
 
-    # ---- prompt ids and image positions (spec §4.1) ----
+    # ---- prompt ids and image positions (docs/gemma3/prompt.md#image-expansion) ----
     def test_ids_and_positions(self):
         for k in (1, 2):
             d = self.dump("tiny-f32", k)
@@ -122,7 +123,8 @@ class TestVlm(unittest.TestCase):
             pos = [i for i, t in enumerate(ids) if t == IMAGE_ID]
             self.assertEqual(d("image_positions.json"), pos)
             self.assertEqual(len(pos), k * T)
-            # §4.1 layout: "user\n" + "\n\n" merge into 2364, 109; EOI then "\n\n" = 108; two
+            # docs/gemma3/prompt.md#image-expansion layout: "user\n" + "\n\n" merge into 2364, 109;
+            # EOI then "\n\n" = 108; two
             # adjacent images: EOI, 110 ("\n\n\n\n"), BOI.
             self.assertEqual(ids[:5], [2, 105, 2364, 109, BOI])
             self.assertEqual(ids[5:5 + T], [IMAGE_ID] * T)
@@ -136,7 +138,7 @@ class TestVlm(unittest.TestCase):
         full = "\n\n<start_of_image>" + "<image_soft_token>" * T + "<end_of_image>\n\n"
         self.assertEqual(ids, json.loads(vlm("tokenize", "--model", self.model("tiny-f32"), "--parse-special",
                                              "<bos>" + full + "Describe").stdout))
-        # Google token splice (§4.2): 107, then [108, BOI, soft×T, EOI, 108].
+        # Google token splice (docs/gemma3/prompt.md#layouts): 107, then [108, BOI, soft×T, EOI, 108].
         ids = self.dump("tiny-f32", 1, "--layout", "google")("tokens.json")
         self.assertEqual(ids[:6], [2, 105, 2364, 107, 108, BOI])
         self.assertEqual(ids[6 + T:8 + T], [EOI, 108])
@@ -209,7 +211,8 @@ class TestVlm(unittest.TestCase):
         self.assertEqual(norms.shape, (n,))
         want = np.linalg.norm(rows, axis=1)
         self.assertLessEqual(float(np.abs(norms / want - 1).max()), 1e-5)
-        # Text rows are ‖E‖·normalizer up to the one rounding of the product (§8.1).
+        # Text rows are ‖E‖·normalizer up to the one rounding of the product
+        # (docs/gemma3/merge-and-scaling.md#text).
         e_norm = np.linalg.norm(tm.E[np.asarray(ids)[text]], axis=1) * tm.normalizer()
         self.assertLessEqual(float(np.abs(norms[text] / e_norm - 1).max()),
                              2 ** -8 if tm.embed_dtype == "BF16" else 1e-6)

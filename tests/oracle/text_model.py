@@ -1,15 +1,16 @@
-"""NumPy Gemma 3 text decoder written from the spec (§8.1, §9.2, §10), float64 activations.
+"""NumPy Gemma 3 text decoder, float64 activations, written from docs/gemma3/ (merge-and-scaling.md#text,
+masks.md#sliding, decoder.md) and the upstream sources they cite.
 
     m = TextModel(dir)                    # reads weights with st.py (exact f32 widening)
-    e = m.embed(ids)                      # post-scale embedding rows (§8.1 scaling policy)
+    e = m.embed(ids)                      # post-scale embedding rows (the scaling policy)
     hidden, logits = m.forward(e, kinds_masks=None, head_rows=None)
 
 Every call recomputes the whole sequence: there is no KV cache, so a decode step's logits
 are the last row of a full forward over prompt + generated ids. Weights are the stored
 values widened exactly (bf16/f16 -> f64 is exact); the only rounding the oracle copies
 from the reference is the one that changes values the model sees: the embedding
-normalizer and product in the weight dtype (§8.1). Everything else runs in float64, so
-our f32 engine should agree to ~1e-6 relative whatever the weight dtype.
+normalizer and product in the weight dtype (docs/gemma3/merge-and-scaling.md#text). Everything
+else runs in float64, so our f32 engine should agree to ~1e-6 relative whatever the weight dtype.
 
 `faults` (tests only) deliberately breaks the math to show the comparisons catch it:
   "scale_head_dim"   attention scale head_dim^-0.5 instead of query_pre_attn_scalar^-0.5
@@ -23,7 +24,7 @@ from st import load_checkpoint
 
 
 def round_bf16(x):
-    """float32 -> nearest-even bfloat16, returned as float32 (spec conventions)."""
+    """float32 -> nearest-even bfloat16, returned as float32 (docs/README.md conventions)."""
     u = np.atleast_1d(np.asarray(x, np.float32)).view(np.uint32).astype(np.uint64)
     u16 = np.uint64(16)
     u = (u + np.uint64(0x7FFF) + ((u >> u16) & np.uint64(1))) >> u16
@@ -40,7 +41,7 @@ def round_to(x, dtype):
 
 
 def rms_norm(x, w, eps):
-    """Gemma RMSNorm (§10.1): x / sqrt(mean(x^2) + eps) * (1 + w)."""
+    """Gemma RMSNorm (docs/gemma3/decoder.md#rmsnorm): x / sqrt(mean(x^2) + eps) * (1 + w)."""
     r = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     return r * (1.0 + w)
 
@@ -50,7 +51,8 @@ def gelu_tanh(x):
 
 
 def causal_masks(n, window):
-    """Boolean allowed[q, k] for global and sliding layers of a text prompt (§9.2 without images)."""
+    """Boolean allowed[q, k] for global and sliding layers of a text prompt
+    (docs/gemma3/masks.md#sliding without images)."""
     q = np.arange(n)[:, None]
     k = np.arange(n)[None, :]
     glob = k <= q
@@ -82,7 +84,8 @@ class TextModel:
                 ("ln_post_ff", "post_feedforward_layernorm.weight")]})
         self.norm = w("text.norm.weight")
 
-    # §8.1: E[id] * embed_scale.to(weight dtype), the product in the weight dtype.
+    # docs/gemma3/merge-and-scaling.md#text: E[id] * embed_scale.to(weight dtype), the product in
+    # the weight dtype.
     def normalizer(self):
         return float(round_to(np.float32(np.sqrt(np.float32(self.t["hidden_size"]))), self.embed_dtype))
 
@@ -95,7 +98,8 @@ class TextModel:
         return out.astype(np.float64)
 
     def inv_freq(self, kind):
-        """§10.3: 1 / base^(2i/d) in float32, divided by the linear factor on global layers."""
+        """docs/gemma3/decoder.md#rope: 1 / base^(2i/d) in float32, divided by the linear factor
+        on global layers."""
         t, d = self.t, self.t["head_dim"]
         if "swap_rope" in self.faults:
             kind = "global" if kind == "sliding" else "sliding"
@@ -135,7 +139,7 @@ class TextModel:
             q, k = self.rope(q, pos, kind), self.rope(k, pos, kind)
             o = np.empty((L, nH, d))
             for h in range(nH):
-                g = h // (nH // nKV)  # §10.4: repeat_kv grouping
+                g = h // (nH // nKV)  # docs/gemma3/decoder.md#attention: repeat_kv grouping
                 sc = (q[:, h, :] @ k[:, g, :].T) * scale
                 sc = np.where(allowed, sc, -np.inf)
                 sc -= sc.max(axis=1, keepdims=True)
@@ -152,7 +156,7 @@ class TextModel:
         return hidden, logits
 
     def sample_limit(self):
-        """Greedy never picks VLM vocabulary padding: ids >= image_token_id (§10.2)."""
+        """Greedy never picks VLM vocabulary padding: ids >= image_token_id (docs/gemma3/decoder.md#head)."""
         return self.cfg["image_token_id"] if self.cfg["arch"] == "ConditionalGeneration" else None
 
     def greedy(self, ids, steps):

@@ -1,11 +1,12 @@
-"""The oracle's SigLIP vision tower and Gemma 3 projector (spec §6, §7), NumPy in float64.
+"""The oracle's SigLIP vision tower and Gemma 3 projector (docs/gemma3/vision.md), NumPy in float64.
 
     raw, feats = encode(model_dir, pixel_values)   # [n, P, Hv], [n, T, H]
 
 Weights come from the oracle reader (st.py) exactly as stored; pixel values are first rounded to
 the weight dtype, as HF casts pixel_values to the tower's dtype before the patch convolution
-(spec §5.2). Everything after that is float64, so the result is the math of the spec with no
-rounding of ours: the engine's float32 result is compared to it with stated tolerances.
+(docs/gemma3/preprocessing.md#dtype). Everything after that is float64, so the result is the
+math of docs/gemma3/vision.md with no rounding of ours: the engine's float32 result is compared
+to it with stated tolerances.
 """
 import numpy as np
 
@@ -64,7 +65,8 @@ def siglip(pv, W, v, pixel_dtype):
 
 
 def projector(raw, W, v, tokens):
-    """Spec §7: average pool to sqrt(T)², Gemma RMSNorm (1 + w), then x · W ([in, out])."""
+    """docs/gemma3/vision.md#projector: average pool to sqrt(T)², Gemma RMSNorm (1 + w),
+    then x · W ([in, out])."""
     n, P, D = raw.shape
     g = v["image_size"] // v["patch_size"]
     s = int(round(tokens ** 0.5))

@@ -34,7 +34,7 @@ std::vector<int> globals(const TextConfig& t) {
 }
 
 TEST(Config, Minimal4BTextConfigTakesClassDefaults) {
-  // The shape of Google's published 4B config.json (spec §1.3): text_config states
+  // The shape of Google's published 4B config.json (docs/gemma3/config.md#text-config): text_config states
   // only six keys; the rest must come from Gemma3TextConfig's defaults.
   const json j = json::parse(R"({
     "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,

@@ -9,11 +9,11 @@ namespace vlm {
 namespace {
 
 TEST(DType, Bf16RoundsToNearestEven) {
-  EXPECT_EQ(round_bf16(50.596443f), 50.5f);   // spec §8.5: bf16(sqrt(2560))
+  EXPECT_EQ(round_bf16(50.596443f), 50.5f);   // docs/gemma3/merge-and-scaling.md#constants: bf16(sqrt(2560))
   EXPECT_EQ(round_bf16(61.967735f), 62.0f);   // sqrt(3840)
   EXPECT_EQ(round_bf16(73.321213f), 73.5f);   // sqrt(5376)
   EXPECT_EQ(round_bf16(25.298222f), 25.25f);  // sqrt(640)
-  EXPECT_EQ(round_bf16(0.0039216280f), 0.003936767578125f);  // spec §5.2
+  EXPECT_EQ(round_bf16(0.0039216280f), 0.003936767578125f);  // docs/gemma3/preprocessing.md#dtype
   // ties go to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7
   EXPECT_EQ(round_bf16(1.0f + 1.0f / 256), 1.0f);
   EXPECT_EQ(round_bf16(1.0f + 3.0f / 256), 1.0f + 4.0f / 256);

@@ -109,7 +109,7 @@ inline json small_text_config() {
 }
 
 // All tensors a config implies, in file names of `naming` (written independently
-// of the loader's own table, from spec §2).
+// of the loader's own table, from docs/gemma3/checkpoint.md).
 inline std::vector<Spec> model_tensors(const json& cfg, Naming naming, DType dt, bool explicit_head = false) {
   const bool vlm = cfg.contains("text_config");
   const json& t = vlm ? cfg["text_config"] : cfg;

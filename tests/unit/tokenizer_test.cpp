@@ -1,5 +1,5 @@
 // Tokenizer, chat template, image expansion and streaming detokenizer.
-// Expected ids come from the spec (§3.3, §4, §14: ids obtained with HF's
+// Expected ids come from docs/gemma3/prompt.md (ids obtained with HF's
 // tokenizer.json), or are derived by hand from the BPE definition for the tiny
 // synthetic tokenizers below. The bulk comparison against independent
 // implementations is tests/e2e/test_tokenizer_vs_js.py.
@@ -51,7 +51,7 @@ std::string error_of(Fn fn) {
   return "(no error)";
 }
 
-// ---- spec §14 vectors --------------------------------------------------------
+// ---- test vectors (docs/gemma3/prompt.md#test-vectors) -----------------------
 
 TEST(Tokenizer, SpecVectors) {
   EXPECT_EQ(enc("Hello, my dog is cute"), (Ids{9259, 236764, 1041, 4799, 563, 12864}));
@@ -138,7 +138,7 @@ TEST(Tokenizer, RoundTripsVariedText) {
   for (const char* t : texts) EXPECT_EQ(gemma().decode(enc(t)), t) << t;
 }
 
-// ---- chat template (§3.3) ------------------------------------------------------
+// ---- chat template (docs/gemma3/prompt.md#chat-template) ---------------------
 
 std::vector<ChatMessage> msgs(const char* json) { return parse_messages(nlohmann::json::parse(json), "test"); }
 

@@ -1,5 +1,6 @@
-// Vision unit tests: Pillow resize arithmetic worked by hand from spec §5.2, Pan & Scan
-// boxes from spec §14, decode limits, and config validation of the tower and projector.
+// Vision unit tests: Pillow resize arithmetic worked by hand from
+// docs/gemma3/preprocessing.md#resize, Pan & Scan boxes from
+// docs/gemma3/preprocessing.md#pan-and-scan, decode limits, and config validation of the tower and projector.
 // (Pixel-for-pixel agreement with PIL over every format lives in tests/oracle/test_vision.py.)
 #include <gtest/gtest.h>
 
@@ -75,7 +76,8 @@ TEST(Normalize, SpecValues) {
   to_pixel_values(im, pp, out.data());
   const float want[] = {-1.0f, -0.99215686f, -0.0039215684f, 0.0039216280f, 1.0f};
   for (int i = 0; i < 5; ++i) EXPECT_EQ(out[size_t(i)], want[i]) << i;
-  EXPECT_NE(out[3], float(2.0 * 128 / 255 - 1));  // the f32 rounding of the rescale matters (spec §5.2)
+  // The f32 rounding of the rescale matters (docs/gemma3/preprocessing.md#rescale).
+  EXPECT_NE(out[3], float(2.0 * 128 / 255 - 1));
 }
 
 TEST(PanAndScan, SpecExamples) {
