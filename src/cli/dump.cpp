@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/exec_env.h"
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/sampler.h"
@@ -84,11 +85,12 @@ int cmd_dump(int argc, char** argv) {
   if (int64_t(n) + steps > context)
     fail("prompt of {} tokens plus {} steps exceeds the context limit of {}", n, steps, context);
   ThreadPool pool(threads);
-  const models::gemma3::Decoder model(ck, pool, es);
+  const kernels::Exec ex = exec_from_env(pool);
+  const models::gemma3::Decoder model(ck, ex, es);
   const int H = mc.text.hidden_size, V = model.vocab();
 
   MultimodalPrefill pre =
-      build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, ids, inputs.images, ho, pool);
+      build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, ids, inputs.images, ho, ex);
   PrefillInput& in = pre.input;
   const int Lp = in.Lp;
   std::filesystem::create_directories(out_dir);

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/exec_env.h"
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/generate.h"
@@ -72,7 +73,8 @@ int cmd_run(int argc, char** argv) {
   if (mc.is_vlm()) sp.vocab_limit = mc.image_token_id;  // ids past it are vocabulary padding
   opt.stop_ids = mc.eos_token_ids;
   ThreadPool pool(threads);
-  const models::gemma3::Decoder model(ck, pool);
+  const kernels::Exec ex = exec_from_env(pool);
+  const models::gemma3::Decoder model(ck, ex);
   // A saved prefill of the same request under the same identity skips the vision tower
   // and the prefill; one saved under another identity is refused, naming the fields.
   std::optional<SavedPrefill> saved;
@@ -87,7 +89,7 @@ int cmd_run(int argc, char** argv) {
   }
   std::optional<MultimodalPrefill> pre;
   if (!saved)
-    pre = build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, prompt.ids, inputs.images, ho, pool);
+    pre = build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, prompt.ids, inputs.images, ho, ex);
 
   GenerateIO io;
   io.cancel = &g_interrupted;

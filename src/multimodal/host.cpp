@@ -46,7 +46,7 @@ text::ChatMessage user_turn(const std::string& text, size_t n_images) {
 
 MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
                                 std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
-                                const HostOptions& opt, ThreadPool& pool) {
+                                const HostOptions& opt, const kernels::Exec& ex) {
   const Fault fault = opt.fault;
   const TextConfig& tc = mc.text;
   const int n = int(ids.size());
@@ -92,7 +92,7 @@ MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const Mode
       for (int j = 0; j < H; ++j) in.embeds[size_t(i) * size_t(H) + size_t(j)] *= s;
 
   if (!images.empty()) {
-    r.encoding = enc->encode(images, pool, opt.pan_and_scan);
+    r.encoding = enc->encode(images, ex, opt.pan_and_scan);
     const bool mlx = opt.image_scaling == ImageScaling::Mlx || fault == Fault::NoImagePrescale;
     const float pre = mlx && fault != Fault::NoImagePrescale ? s : 1.0f;
     merge_image_rows(ids, mc.image_token_id, r.encoding->features, H, pre, mlx ? s : 1.0f, in.embeds.data());
