@@ -10,7 +10,7 @@
 
 namespace vlm {
 
-// How the normalizer is applied to text rows (spec §8.1/§8.5).
+// How the normalizer is applied to text rows (transformers Gemma3TextScaledWordEmbedding; llama.cpp scales in f32).
 enum class EmbedScaling {
   // HF: √H (f32) cast to the weight dtype, the product rounded to the weight dtype
   // (bf16 4B: ×50.5 then bf16); for f32 weights plain f32 √H. The default.

@@ -1,4 +1,4 @@
-// The SigLIP vision tower of Gemma 3 (spec §6): patch embedding (a matmul over
+// The SigLIP vision tower of Gemma 3 (transformers SiglipVisionModel): patch embedding (a matmul over
 // unfolded patches), learned position embeddings, pre-norm encoder layers with
 // unmasked multi-head attention and a gelu_tanh MLP, post-layernorm. Weights are
 // views into the checkpoint in their stored dtype; activations are f32.
@@ -30,7 +30,7 @@ class SiglipTower {
 
   // pixels [n, 3, S, S] (the processor's f32 output) → [n, P, hidden] after the
   // post-layernorm. The pixels are first rounded to the weight dtype, as HF casts
-  // pixel_values to the tower's dtype before the patch convolution (spec §5.2).
+  // pixel_values to the tower's dtype before the patch convolution (transformers Gemma3Model.get_image_features).
   std::vector<float> forward(const float* pixels, int n, const kernels::Exec& ex) const;
 
   // Floating-point operations of forward() for n images (matmuls and attention).

@@ -32,7 +32,7 @@ Projector::Projector(const Checkpoint& ck) {
   out_ = mc.text.hidden_size;
   if (out_ <= 0) fail("config.json: text_config.hidden_size must be positive");
 
-  // The one [in, out] matrix of the model (spec §2.4).
+  // The one [in, out] matrix of the model (stored in → out, unlike nn.Linear).
   proj_ = kernels::as_weight(registry_tensor(ck, "projector.mm_input_projection_weight"));
   norm_w_ = registry_tensor(ck, "projector.mm_soft_emb_norm.weight").to_f32();
 }

@@ -1,4 +1,4 @@
-// The Gemma 3 multimodal projector (spec §7): average-pool the patch grid to
+// The Gemma 3 multimodal projector (transformers Gemma3MultiModalProjector): average-pool the patch grid to
 // sqrt(mm_tokens_per_image)² tokens, Gemma RMSNorm (1 + w) with the vision
 // layer_norm_eps, then y = x · W with W = mm_input_projection_weight stored
 // [in = vision hidden, out = text hidden].
