@@ -15,18 +15,20 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/exec_env.h"
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/sampler.h"
 #include "io/checkpoint.h"
+#include "models/gemma3/registry.h"
 #include "io/identity.h"
 #include "io/npy.h"
-#include "models/gemma3.h"
-#include "multimodal/mask.h"
+#include "models/gemma3/decoder.h"
+#include "models/mask.h"
 #include "multimodal/host.h"
 #include "multimodal/merge.h"
 #include "multimodal/prompt_cache.h"
-#include "vision/encode.h"
+#include "models/gemma3/vision_encoder.h"
 
 namespace vlm::cli {
 
@@ -62,7 +64,7 @@ int cmd_dump(int argc, char** argv) {
   if (scaling != "reference" && scaling != "f32")
     fail("--embed-scaling: expected reference or f32, got '{}'", scaling);
 
-  Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = !ia.files.empty()});
+  Checkpoint ck = models::gemma3::open_checkpoint(model_dir, Parts{.text = true, .vision = !ia.files.empty()});
   const ModelConfig& mc = ck.config();
   HostOptions ho = ia.host_options(mc);
   ho.pad_to = pad_to;
@@ -83,11 +85,12 @@ int cmd_dump(int argc, char** argv) {
   if (int64_t(n) + steps > context)
     fail("prompt of {} tokens plus {} steps exceeds the context limit of {}", n, steps, context);
   ThreadPool pool(threads);
-  Gemma3 model(ck, pool, es);
+  const kernels::Exec ex = exec_from_env(pool);
+  const models::gemma3::Decoder model(ck, ex, es);
   const int H = mc.text.hidden_size, V = model.vocab();
 
   MultimodalPrefill pre =
-      build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, ids, inputs.images, ho, pool);
+      build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, ids, inputs.images, ho, ex);
   PrefillInput& in = pre.input;
   const int Lp = in.Lp;
   std::filesystem::create_directories(out_dir);
@@ -115,11 +118,13 @@ int cmd_dump(int argc, char** argv) {
       if (!m->empty()) (*m)[size_t(q) * size_t(Lp) + size_t(k)] = kMaskBlocked;
   }
 
-  PrefillOptions opts;
+  models::gemma3::PrefillOptions opts;
   opts.all_logits = true;
-  opts.on_layer = [&](int layer, const float* h) {
-    write_npy(out / ("hidden_" + std::to_string(layer) + ".npy"), h, {Lp, H});
+  const models::Observer hidden = [&](std::string_view name, int layer, const float* h, size_t rows, size_t cols) {
+    if (name == "l_out")
+      write_npy(out / ("hidden_" + std::to_string(layer) + ".npy"), h, {int64_t(rows), int64_t(cols)});
   };
+  opts.observer = &hidden;
   KvCache cache = model.new_cache(context);
   std::vector<float> logits = model.prefill_from_embeddings(in, cache, opts);
   write_npy(out / "logits.npy", logits.data(), {Lp, V});
@@ -133,7 +138,7 @@ int cmd_dump(int argc, char** argv) {
   decode_logits.reserve(size_t(steps) * size_t(V));
   for (int s = 0; s < steps; ++s) {
     tokens.push_back(sampler.sample(row));
-    const DecodeItem item{&cache, tokens.back()};
+    const models::gemma3::DecodeItem item{&cache, tokens.back()};
     row = model.decode_step({&item, 1});
     decode_logits.insert(decode_logits.end(), row.begin(), row.end());
   }

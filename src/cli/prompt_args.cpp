@@ -1,6 +1,7 @@
 #include "cli/prompt_args.h"
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -48,6 +49,13 @@ HostOptions ImageArgs::host_options(const ModelConfig& mc) const {
   o.mask_mode = parse_mask_mode(mask_mode.empty() ? default_mask_mode(mc) : mask_mode);
   o.image_scaling = parse_image_scaling(image_scaling);
   if (pan_and_scan) o.pan_and_scan = true;
+  // The test-only fault switch (multimodal/host.h) comes from the environment, read here only.
+  const char* fault = std::getenv("VLM_FAULT");
+  try {
+    o.fault = parse_fault(fault ? fault : "");
+  } catch (const Error& e) {
+    fail("VLM_FAULT: {}", e.what());
+  }
   return o;
 }
 

@@ -8,11 +8,13 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/exec_env.h"
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/generate.h"
 #include "io/checkpoint.h"
-#include "models/gemma3.h"
+#include "models/gemma3/registry.h"
+#include "models/gemma3/decoder.h"
 #include "io/identity.h"
 #include "multimodal/host.h"
 #include "multimodal/prompt_cache.h"
@@ -62,7 +64,7 @@ int cmd_run(int argc, char** argv) {
   validate(sp);
 
   // Everything about the request is checked before the vision tower or the decoder runs.
-  Checkpoint ck = Checkpoint::open(model_dir, Parts{.text = true, .vision = !ia.files.empty()});
+  Checkpoint ck = models::gemma3::open_checkpoint(model_dir, Parts{.text = true, .vision = !ia.files.empty()});
   const ModelConfig& mc = ck.config();
   HostOptions ho = ia.host_options(mc);
   ho.context = opt.context;
@@ -71,7 +73,8 @@ int cmd_run(int argc, char** argv) {
   if (mc.is_vlm()) sp.vocab_limit = mc.image_token_id;  // ids past it are vocabulary padding
   opt.stop_ids = mc.eos_token_ids;
   ThreadPool pool(threads);
-  Gemma3 model(ck, pool);
+  const kernels::Exec ex = exec_from_env(pool);
+  const models::gemma3::Decoder model(ck, ex);
   // A saved prefill of the same request under the same identity skips the vision tower
   // and the prefill; one saved under another identity is refused, naming the fields.
   std::optional<SavedPrefill> saved;
@@ -86,7 +89,7 @@ int cmd_run(int argc, char** argv) {
   }
   std::optional<MultimodalPrefill> pre;
   if (!saved)
-    pre = build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, prompt.ids, inputs.images, ho, pool);
+    pre = build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, prompt.ids, inputs.images, ho, ex);
 
   GenerateIO io;
   io.cancel = &g_interrupted;

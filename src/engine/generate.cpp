@@ -68,7 +68,7 @@ int64_t checked_context(const TextConfig& c, const GenerateOptions& opt, const G
 }
 }  // namespace
 
-GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
+GenerateResult generate(const models::gemma3::Decoder& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const GenerateIO& io) {
   const TextConfig& c = model.config();
   if (prompt.empty()) fail("the prompt has no tokens");
@@ -77,7 +77,7 @@ GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const Ge
                   prompt, opt, io);
 }
 
-GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const int32_t> prompt,
+GenerateResult generate(const models::gemma3::Decoder& model, const PrefillInput& in, std::span<const int32_t> prompt,
                         const GenerateOptions& opt, const GenerateIO& io,
                         const std::function<void(KvCache&, std::span<const float>)>& on_prefill) {
   const int64_t context = checked_context(model.config(), opt, io, in.valid_len);
@@ -87,7 +87,7 @@ GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const i
   return generate_from(model, cache, std::move(logits), prompt, opt, io);
 }
 
-GenerateResult generate_from(Gemma3& model, KvCache& cache, std::vector<float> logits,
+GenerateResult generate_from(const models::gemma3::Decoder& model, KvCache& cache, std::vector<float> logits,
                              std::span<const int32_t> prompt, const GenerateOptions& opt,
                              const GenerateIO& io) {
   const int64_t context = cache.context();
@@ -136,7 +136,7 @@ GenerateResult generate_from(Gemma3& model, KvCache& cache, std::vector<float> l
       res.finish = FinishReason::Length;
       break;
     }
-    const DecodeItem item{&cache, id};
+    const models::gemma3::DecodeItem item{&cache, id};
     logits = model.decode_step({&item, 1});
   }
   emit(stops.flush());

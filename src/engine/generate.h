@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
-#include "models/gemma3.h"
+#include "models/gemma3/decoder.h"
 
 namespace vlm {
 
@@ -60,16 +60,16 @@ struct GenerateResult {
 };
 
 // Fails before any compute when the prompt does not fit in the context.
-GenerateResult generate(Gemma3& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
+GenerateResult generate(const models::gemma3::Decoder& model, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const GenerateIO& io = {});
 // The same from a prepared prefill (multimodal/host.h): `prompt` are its ids (for the
 // sampler's penalties), `in` its rows and masks. `on_prefill` (optional) sees the cache
 // and last-row logits right after the prefill (to save them).
-GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const int32_t> prompt,
+GenerateResult generate(const models::gemma3::Decoder& model, const PrefillInput& in, std::span<const int32_t> prompt,
                         const GenerateOptions& opt, const GenerateIO& io = {},
                         const std::function<void(KvCache&, std::span<const float>)>& on_prefill = {});
 // Resumes after a prefill: `cache` holds the prompt, `logits` are its last row's.
-GenerateResult generate_from(Gemma3& model, KvCache& cache, std::vector<float> logits,
+GenerateResult generate_from(const models::gemma3::Decoder& model, KvCache& cache, std::vector<float> logits,
                              std::span<const int32_t> prompt, const GenerateOptions& opt,
                              const GenerateIO& io = {});
 

@@ -1,7 +1,6 @@
 #include "multimodal/host.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <numeric>
 
 #include "core/error.h"
@@ -9,15 +8,13 @@
 
 namespace vlm {
 
-Fault active_fault() {
-  const char* v = std::getenv("VLM_FAULT");
-  if (!v || !*v) return Fault::None;
-  const std::string_view s(v);
+Fault parse_fault(std::string_view s) {
+  if (s.empty()) return Fault::None;
   if (s == "causal_mask") return Fault::CausalMask;
   if (s == "multiplicative_mask") return Fault::MultiplicativeMask;
   if (s == "double_scale") return Fault::DoubleScale;
   if (s == "no_image_prescale") return Fault::NoImagePrescale;
-  fail("VLM_FAULT: unknown fault '{}' (causal_mask, multiplicative_mask, double_scale, no_image_prescale)", s);
+  fail("unknown fault '{}' (causal_mask, multiplicative_mask, double_scale, no_image_prescale)", s);
 }
 
 text::ImageTokens image_tokens_of(const ModelConfig& mc, text::ImageLayout layout) {
@@ -47,10 +44,10 @@ text::ChatMessage user_turn(const std::string& text, size_t n_images) {
   return m;
 }
 
-MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
+MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
                                 std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
-                                const HostOptions& opt, ThreadPool& pool) {
-  const Fault fault = active_fault();
+                                const HostOptions& opt, const kernels::Exec& ex) {
+  const Fault fault = opt.fault;
   const TextConfig& tc = mc.text;
   const int n = int(ids.size());
   if (n == 0) fail("the prompt has no tokens");
@@ -95,7 +92,7 @@ MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, cons
       for (int j = 0; j < H; ++j) in.embeds[size_t(i) * size_t(H) + size_t(j)] *= s;
 
   if (!images.empty()) {
-    r.encoding = enc->encode(images, pool, opt.pan_and_scan);
+    r.encoding = enc->encode(images, ex, opt.pan_and_scan);
     const bool mlx = opt.image_scaling == ImageScaling::Mlx || fault == Fault::NoImagePrescale;
     const float pre = mlx && fault != Fault::NoImagePrescale ? s : 1.0f;
     merge_image_rows(ids, mc.image_token_id, r.encoding->features, H, pre, mlx ? s : 1.0f, in.embeds.data());

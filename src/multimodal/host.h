@@ -1,5 +1,5 @@
 // The host side of a Gemma 3 request (spec §12): prompt ids with expanded image
-// blocks plus decoded images in, the PrefillInput for Gemma3::prefill_from_embeddings
+// blocks plus decoded images in, the PrefillInput for Decoder::prefill_from_embeddings
 // out. Every check on the request (soft-token cardinality, context, padding) runs
 // before the vision tower or the decoder does any work; a request without images
 // never touches the vision tower.
@@ -10,28 +10,29 @@
 #include <string>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "kernels/exec.h"
 #include "io/identity.h"
-#include "models/gemma3.h"
-#include "multimodal/mask.h"
+#include "models/gemma3/decoder.h"
+#include "models/mask.h"
 #include "multimodal/merge.h"
 #include "text/chat.h"
-#include "vision/encode.h"
+#include "models/gemma3/vision_encoder.h"
 
 namespace vlm {
 
-// TEST-ONLY fault switches for negative fixtures: the environment variable VLM_FAULT,
-// read here and nowhere else, breaks one step on purpose so the tests can show that
-// the dumped intermediates (masks, merged rows, embed_norms) catch it:
+// TEST-ONLY fault switches for negative fixtures: HostOptions::fault breaks one step on
+// purpose so the tests can show that the dumped intermediates (masks, merged rows,
+// embed_norms) catch it (the CLI maps the environment variable VLM_FAULT to it):
 //   causal_mask          the plain causal mask in place of the configured mode
 //   multiplicative_mask  a 0/1 multiplicative mask (1 allowed, 0 blocked) instead of
 //                        the additive 0/lowest one
 //   double_scale         text rows multiplied by the Gemma normalizer a second time
 //   no_image_prescale    image rows get the MLX sequence scale without the division
 //                        before the merge (net image scale √H instead of 1)
-// Unknown values are an error. Never set it outside tests.
+// Never set it outside tests.
 enum class Fault { None, CausalMask, MultiplicativeMask, DoubleScale, NoImagePrescale };
-Fault active_fault();
+// "" = None; unknown names are an error listing the known ones.
+Fault parse_fault(std::string_view s);
 
 struct HostOptions {
   MaskMode mask_mode = MaskMode::Hf;  // see default_mask_mode() in io/identity.h
@@ -39,6 +40,7 @@ struct HostOptions {
   std::optional<bool> pan_and_scan;  // nullopt: preprocessor_config.json decides
   int pad_to = 0;                    // right-pad the prefill to this many rows (0 = none)
   int64_t context = 0;               // the prompt must fit (0 = max_position_embeddings)
+  Fault fault = Fault::None;         // test-only, see Fault
 };
 
 // The image tokens of a VLM checkpoint (all -1/0 for a text-only one).
@@ -61,9 +63,9 @@ struct MultimodalPrefill {
 
 // ids: the prompt with every image already expanded (soft tokens included); images
 // in prompt order. `enc` may be null when there are no images.
-MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
+MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
                                 std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
-                                const HostOptions& opt, ThreadPool& pool);
+                                const HostOptions& opt, const kernels::Exec& ex);
 
 // The scaling policy as the compatibility identity names it.
 std::string scaling_policy_name(EmbedScaling text, DType embedding_dtype, ImageScaling image);

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "engine/kv_cache.h"
+#include "models/kv_cache.h"
 #include "io/identity.h"
 #include "vision/image.h"
 

@@ -1,4 +1,4 @@
-// Keys and values of one sequence, per decoder layer (spec §11). Keys are stored
+// Keys and values of one sequence, per decoder layer (transformers HybridCache: sliding layers keep a window). Keys are stored
 // after q/k-norm and RoPE, so positions are baked in and slot order does not matter
 // to the math. Sliding layers keep a ring of exactly `sliding_window` slots (position
 // p lives in slot p mod W); global layers append up to the context limit. Storage
