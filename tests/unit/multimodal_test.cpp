@@ -54,14 +54,10 @@ TEST(RowNorms, L2PerRow) {
   EXPECT_FLOAT_EQ(n[2], std::sqrt(2.0f));
 }
 
-TEST(Fault, ReadFromTheEnvironmentAndUnknownRefused) {
-  ::unsetenv("VLM_FAULT");
-  EXPECT_EQ(active_fault(), Fault::None);
-  ::setenv("VLM_FAULT", "double_scale", 1);
-  EXPECT_EQ(active_fault(), Fault::DoubleScale);
-  ::setenv("VLM_FAULT", "bogus", 1);
-  EXPECT_THROW(active_fault(), Error);
-  ::unsetenv("VLM_FAULT");
+TEST(Fault, ParsedByNameAndUnknownRefused) {
+  EXPECT_EQ(parse_fault(""), Fault::None);
+  EXPECT_EQ(parse_fault("double_scale"), Fault::DoubleScale);
+  EXPECT_THROW(parse_fault("bogus"), Error);
 }
 
 TEST(ScalingPolicy, NamedForTheIdentity) {
@@ -143,11 +139,11 @@ TEST_F(HostTest, NoImagePrefillEqualsTextPrefill) {
 TEST_F(HostTest, FaultsChangeTheirIntermediate) {
   const std::vector<int32_t> ids = {2, 105, 2364, 107, 9259, 106};
   const MultimodalPrefill clean = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, {}, *pool_);
-  ::setenv("VLM_FAULT", "double_scale", 1);
-  const MultimodalPrefill twice = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, {}, *pool_);
-  ::setenv("VLM_FAULT", "multiplicative_mask", 1);
-  const MultimodalPrefill mult = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, {}, *pool_);
-  ::unsetenv("VLM_FAULT");
+  HostOptions o;
+  o.fault = Fault::DoubleScale;
+  const MultimodalPrefill twice = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, o, *pool_);
+  o.fault = Fault::MultiplicativeMask;
+  const MultimodalPrefill mult = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, o, *pool_);
   const float s = model_->embedder().normalizer();
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_FLOAT_EQ(twice.embed_norms[i], clean.embed_norms[i] * s);
   EXPECT_EQ(mult.input.embeds, clean.input.embeds);
