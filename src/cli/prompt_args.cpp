@@ -53,7 +53,11 @@ engine::ModelOptions ImageArgs::model_options() const {
   o.vision = !files.empty();
   // TEST-ONLY fault switches (multimodal/host.h): read here, at the CLI's edge, and nowhere else.
   const char* fault = std::getenv("VLM_FAULT");
-  o.fault = parse_fault(fault ? fault : "");
+  try {
+    o.fault = parse_fault(fault ? fault : "");
+  } catch (const Error& e) {
+    fail("VLM_FAULT: {}", e.what());
+  }
   return o;
 }
 

@@ -17,11 +17,11 @@
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
 #include "io/identity.h"
-#include "models/gemma3.h"
+#include "models/gemma3/decoder.h"
 #include "multimodal/host.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
-#include "vision/encode.h"
+#include "models/gemma3/vision_encoder.h"
 
 namespace vlm::engine {
 
@@ -56,7 +56,7 @@ class Model {
   const vision::VisionEncoder* vision() const { return enc_ ? &*enc_ : nullptr; }
   bool has_vision() const { return enc_.has_value(); }
   // The decoder (its weights are views of the checkpoint).
-  const Gemma3& decoder() const { return *decoder_; }
+  const models::gemma3::Decoder& decoder() const { return *decoder_; }
   // Positions one sequence may hold (options.context or max_position_embeddings).
   int64_t context() const { return context_; }
   // Ids ≥ this are never sampled: image_token_id on VLMs (the vocabulary padding past it), else
@@ -84,10 +84,9 @@ class Model {
   MultimodalPrefill prefill_input(std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
                                   int pad_to = 0) const;
 
-  // The pool kernels run on. Until the decoder takes its execution settings per call, the
-  // decoder is bound to it: one Engine (one driving thread) per Model at a time.
+  // The pool the decoder and the vision tower run their kernels on (one at a time: an Engine
+  // drives a Model from one thread).
   ThreadPool& pool() const { return *pool_; }
-  Gemma3& mutable_decoder() const { return *decoder_; }
 
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -106,7 +105,7 @@ class Model {
   std::optional<text::Tokenizer> tok_;
   std::optional<vision::VisionEncoder> enc_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Gemma3> decoder_;
+  std::unique_ptr<const models::gemma3::Decoder> decoder_;
 };
 
 }  // namespace vlm::engine

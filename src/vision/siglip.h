@@ -11,6 +11,10 @@
 
 namespace vlm::vision {
 
+// SigLIP's tensors (canonical names under `vision.`, shapes from the config), appended to
+// `out`: the list checkpoint validation and SiglipTower both read.
+void siglip_tensors(const VisionConfig& v, std::vector<TensorSpec>& out);
+
 class SiglipTower {
  public:
   // Checks every vision_config value it uses against the tensors and each other;

@@ -1,4 +1,4 @@
-#include "vision/encode.h"
+#include "models/gemma3/vision_encoder.h"
 
 #include "core/error.h"
 

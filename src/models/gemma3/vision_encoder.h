@@ -8,7 +8,7 @@
 #include "io/checkpoint.h"
 #include "vision/image.h"
 #include "vision/preprocess.h"
-#include "vision/projector.h"
+#include "models/gemma3/projector.h"
 #include "vision/siglip.h"
 
 namespace vlm::vision {

@@ -1,11 +1,14 @@
-#include "vision/projector.h"
+#include "models/gemma3/projector.h"
 
 #include <cmath>
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "models/gemma3/registry.h"
 
 namespace vlm::vision {
+
+using models::gemma3::registry_tensor;
 
 Projector::Projector(const Checkpoint& ck) {
   const ModelConfig& mc = ck.config();
@@ -30,8 +33,8 @@ Projector::Projector(const Checkpoint& ck) {
   if (out_ <= 0) fail("config.json: text_config.hidden_size must be positive");
 
   // The one [in, out] matrix of the model (spec §2.4).
-  proj_ = kernels::as_weight(ck.get("projector.mm_input_projection_weight", {in_, out_}));
-  norm_w_ = ck.get("projector.mm_soft_emb_norm.weight", {in_}).to_f32();
+  proj_ = kernels::as_weight(registry_tensor(ck, "projector.mm_input_projection_weight"));
+  norm_w_ = registry_tensor(ck, "projector.mm_soft_emb_norm.weight").to_f32();
 }
 
 std::vector<float> Projector::forward(const float* vision, int n, ThreadPool& pool) const {
