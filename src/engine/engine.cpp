@@ -160,7 +160,7 @@ void Engine::encode_images(StepStats& st) {
     Sequence& s = *sp;
     while (s.phase() == Phase::Encoding && st.images < budget_.images) {
       const std::vector<vision::RgbImage> one{s.req_.images[s.images_done_]};
-      const vision::ImageEncoding e = enc->encode(one, model_.pool(), model_.options().pan_and_scan);
+      const vision::ImageEncoding e = enc->encode(one, model_.exec(), model_.options().pan_and_scan);
       s.features_.insert(s.features_.end(), e.features.begin(), e.features.end());
       ++st.images;
       if (++s.images_done_ == s.req_.images.size()) s.phase_.store(Phase::Prefill, std::memory_order_release);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/exec.h"
 #include "io/checkpoint.h"
 #include "io/identity.h"
 #include "models/gemma3/decoder.h"
@@ -35,6 +36,8 @@ struct ModelOptions {
   text::ImageLayout layout = text::ImageLayout::HF;
   Fault fault = Fault::None;           // TEST-ONLY (multimodal/host.h); the CLI maps VLM_FAULT
   int threads = 0;                     // 0: default_threads()
+  std::optional<kernels::Isa> isa;     // kernel ISA path; nullopt: the best this CPU has
+  kernels::Precision precision = kernels::Precision::F32;
   int64_t context = 0;                 // 0: max_position_embeddings
 };
 
@@ -84,9 +87,9 @@ class Model {
   MultimodalPrefill prefill_input(std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
                                   int pad_to = 0) const;
 
-  // The pool the decoder and the vision tower run their kernels on (one at a time: an Engine
-  // drives a Model from one thread).
-  ThreadPool& pool() const { return *pool_; }
+  // How the decoder and the vision tower run their kernels (threads, ISA, precision). The pool
+  // runs one job at a time: one Engine drives a Model.
+  const kernels::Exec& exec() const { return *exec_; }
 
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -105,6 +108,7 @@ class Model {
   std::optional<text::Tokenizer> tok_;
   std::optional<vision::VisionEncoder> enc_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<const kernels::Exec> exec_;
   std::unique_ptr<const models::gemma3::Decoder> decoder_;
 };
 

@@ -119,7 +119,7 @@ models::MaskSpec prefill_mask_spec(const ModelConfig& mc, std::span<const int32_
 
 MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
                                 std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
-                                const HostOptions& opt, ThreadPool& pool) {
+                                const HostOptions& opt, const kernels::Exec& ex) {
   MultimodalPrefill r;
   r.image_positions = check_prompt(mc, enc, ids, images, opt);
   r.ids.assign(ids.begin(), ids.end());
@@ -132,7 +132,7 @@ MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const Mode
   in.valid_len = n;
   std::vector<int32_t> padded(ids.begin(), ids.end());
   padded.resize(size_t(Lp), mc.pad_token_id);
-  if (!images.empty()) r.encoding = enc->encode(images, pool, opt.pan_and_scan);
+  if (!images.empty()) r.encoding = enc->encode(images, ex, opt.pan_and_scan);
   in.embeds = prefill_rows(model.embedder(), mc, padded, n,
                            r.encoding ? std::span<const float>(r.encoding->features) : std::span<const float>(),
                            opt);

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "kernels/exec.h"
 #include "io/identity.h"
 #include "models/gemma3/decoder.h"
 #include "models/mask.h"
@@ -90,7 +90,7 @@ struct MultimodalPrefill {
 // (soft tokens included); images in prompt order. `enc` may be null when there are no images.
 MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
                                 std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
-                                const HostOptions& opt, ThreadPool& pool);
+                                const HostOptions& opt, const kernels::Exec& ex);
 
 // The scaling policy as the compatibility identity names it.
 std::string scaling_policy_name(EmbedScaling text, DType embedding_dtype, ImageScaling image);

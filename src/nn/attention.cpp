@@ -18,7 +18,8 @@ void ensure(std::vector<float>& v, size_t n) {
 }  // namespace
 
 void attention(const float* q, size_t Lq, const float* k, const float* v, size_t Lk, const MaskTiles* mask,
-               const AttnShape& s, float* out, AttnScratch& sc, ThreadPool& pool) {
+               const AttnShape& s, float* out, AttnScratch& sc, const kernels::Exec& ex) {
+  ThreadPool& pool = ex.threads();
   using kernels::Layout;
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const size_t krow = s.n_kv_heads * d, qrow = s.n_heads * d;
@@ -52,7 +53,7 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
       const size_t g = h / group;
       const kernels::Weight K = kernels::f32_weight(k + k0 * krow + g * d, n, d, krow);
       const kernels::Weight V = kernels::f32_weight(v + k0 * krow + g * d, n, d, krow);
-      kernels::matmul_strided(q + r0 * qrow + h * d, qrow, R, K, Layout::NK, nullptr, scores, n, pool);
+      kernels::matmul_strided(q + r0 * qrow + h * d, qrow, R, K, Layout::NK, nullptr, scores, n, ex);
       pool.parallel_for(R, [&](size_t i0, size_t i1) {
         for (size_t i = i0; i < i1; ++i) {
           float* row = scores + i * n;
@@ -62,10 +63,10 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
           } else if (s.scale != 1.f) {
             for (size_t j = 0; j < n; ++j) row[j] *= s.scale;
           }
-          kernels::softmax(row, n);
+          kernels::softmax(row, n, ex.isa);
         }
       });
-      kernels::matmul_strided(scores, n, R, V, Layout::KN, nullptr, out + r0 * qrow + h * d, qrow, pool);
+      kernels::matmul_strided(scores, n, R, V, Layout::KN, nullptr, out + r0 * qrow + h * d, qrow, ex);
     }
     if (mask)
       for (size_t i = 0; i < R; ++i)
@@ -74,7 +75,8 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
 }
 
 void attention_decode(const float* q, const float* k, const float* v, size_t n, const AttnShape& s, float* out,
-                      AttnScratch& sc, ThreadPool& pool) {
+                      AttnScratch& sc, const kernels::Exec& ex) {
+  ThreadPool& pool = ex.threads();
   using kernels::Layout;
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads, krow = s.n_kv_heads * d;
   ensure(sc.scores, s.n_heads * n);
@@ -83,11 +85,11 @@ void attention_decode(const float* q, const float* k, const float* v, size_t n, 
   for (size_t g = 0; g < s.n_kv_heads; ++g) {
     const kernels::Weight K = kernels::f32_weight(k + g * d, n, d, krow);
     float* p = scores + g * group * n;
-    kernels::matmul_strided(q + g * group * d, d, group, K, Layout::NK, nullptr, p, n, pool);
+    kernels::matmul_strided(q + g * group * d, d, group, K, Layout::NK, nullptr, p, n, ex);
     for (size_t i = 0; i < group; ++i) {
       float* row = p + i * n;
       for (size_t j = 0; j < n; ++j) row[j] *= s.scale;
-      kernels::softmax(row, n);
+      kernels::softmax(row, n, ex.isa);
     }
   }
   // o = P·v for every head, columns of each head split over the pool. The loop body sees

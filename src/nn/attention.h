@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "kernels/exec.h"
 
 namespace vlm::nn {
 
@@ -37,11 +37,11 @@ struct AttnScratch {
 // blocked entries add exactly 0 after softmax next to any allowed key. A row with no
 // allowed key yields zeros, so padded rows stay finite. out [Lq, nH·d].
 void attention(const float* q, size_t Lq, const float* k, const float* v, size_t Lk, const MaskTiles* mask,
-               const AttnShape& s, float* out, AttnScratch& scratch, ThreadPool& pool);
+               const AttnShape& s, float* out, AttnScratch& scratch, const kernels::Exec& ex);
 
 // One query token against n keys, all visible (a decode row): q [nH, d], k/v [n, nKV, d],
 // out [nH·d]. The query heads sharing a KV head go through the products together.
 void attention_decode(const float* q, const float* k, const float* v, size_t n, const AttnShape& s, float* out,
-                      AttnScratch& scratch, ThreadPool& pool);
+                      AttnScratch& scratch, const kernels::Exec& ex);
 
 }  // namespace vlm::nn

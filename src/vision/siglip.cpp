@@ -116,7 +116,8 @@ double SiglipTower::flops(int n) const {
   return n * (2 * P * K * D + per_layer * double(layers_.size()));
 }
 
-std::vector<float> SiglipTower::forward(const float* pixels, int n, ThreadPool& pool) const {
+std::vector<float> SiglipTower::forward(const float* pixels, int n, const kernels::Exec& ex) const {
+  ThreadPool& pool = ex.threads();
   const size_t S = size_t(image_size_), p = size_t(patch_), g = S / p, P = g * g;
   const size_t D = size_t(hidden_), F = size_t(inter_), H = size_t(heads_), hd = D / H;
   const size_t M = size_t(n) * P, K = 3 * p * p;
@@ -137,7 +138,7 @@ std::vector<float> SiglipTower::forward(const float* pixels, int n, ThreadPool& 
       }
   });
   std::vector<float> x(M * D);
-  kernels::matmul_bias(patches.data(), M, patch_w_, patch_b_.data(), x.data(), pool);
+  kernels::matmul_bias(patches.data(), M, patch_w_, patch_b_.data(), x.data(), ex);
   patches = {};
   rows_parallel(pool, M, [&](size_t m) {
     const float* pe = &pos_[(m % P) * D];
@@ -151,31 +152,31 @@ std::vector<float> SiglipTower::forward(const float* pixels, int n, ThreadPool& 
   auto layer_norm = [&](const float* in, const std::vector<float>& w, const std::vector<float>& b,
                         float* out) {
     pool.parallel_for(M, [&](size_t lo, size_t hi) {
-      kernels::layer_norm(in + lo * D, w.data(), b.data(), out + lo * D, hi - lo, D, eps_);
+      kernels::layer_norm(in + lo * D, w.data(), b.data(), out + lo * D, hi - lo, D, eps_, ex.isa);
     });
   };
   for (const Layer& L : layers_) {
     layer_norm(x.data(), L.ln1_w, L.ln1_b, h.data());
-    kernels::matmul_bias(h.data(), M, L.q, L.q_b.data(), q.data(), pool);
+    kernels::matmul_bias(h.data(), M, L.q, L.q_b.data(), q.data(), ex);
     // q·kᵀ·scale computed as (q·scale)·kᵀ: one pass over [M, D] instead of over every
     // [P, P] score matrix (in f32 the two orders differ by about an ulp).
     rows_parallel(pool, M, [&](size_t m) {
       for (size_t i = 0; i < D; ++i) q[m * D + i] *= scale;
     });
-    kernels::matmul_bias(h.data(), M, L.k, L.k_b.data(), k.data(), pool);
-    kernels::matmul_bias(h.data(), M, L.v, L.v_b.data(), v.data(), pool);
+    kernels::matmul_bias(h.data(), M, L.k, L.k_b.data(), k.data(), ex);
+    kernels::matmul_bias(h.data(), M, L.v, L.v_b.data(), v.data(), ex);
     // Every patch attends to every patch of its own image (no mask).
     for (size_t img = 0; img < size_t(n); ++img)
       nn::attention(&q[img * P * D], P, &k[img * P * D], &v[img * P * D], P, nullptr, shape, &att[img * P * D],
-                    work, pool);
-    kernels::matmul_bias(att.data(), M, L.o, L.o_b.data(), h.data(), pool);
+                    work, ex);
+    kernels::matmul_bias(att.data(), M, L.o, L.o_b.data(), h.data(), ex);
     rows_parallel(pool, M, [&](size_t m) {
       for (size_t i = 0; i < D; ++i) x[m * D + i] += h[m * D + i];
     });
     layer_norm(x.data(), L.ln2_w, L.ln2_b, h.data());
-    kernels::matmul_bias(h.data(), M, L.fc1, L.fc1_b.data(), f.data(), pool);
-    pool.parallel_for(M, [&](size_t lo, size_t hi) { kernels::gelu_tanh(&f[lo * F], (hi - lo) * F); });
-    kernels::matmul_bias(f.data(), M, L.fc2, L.fc2_b.data(), h.data(), pool);
+    kernels::matmul_bias(h.data(), M, L.fc1, L.fc1_b.data(), f.data(), ex);
+    pool.parallel_for(M, [&](size_t lo, size_t hi) { kernels::gelu_tanh(&f[lo * F], (hi - lo) * F, ex.isa); });
+    kernels::matmul_bias(f.data(), M, L.fc2, L.fc2_b.data(), h.data(), ex);
     rows_parallel(pool, M, [&](size_t m) {
       for (size_t i = 0; i < D; ++i) x[m * D + i] += h[m * D + i];
     });

@@ -5,8 +5,8 @@
 #pragma once
 #include <vector>
 
-#include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "kernels/exec.h"
 #include "kernels/matmul.h"
 
 namespace vlm::vision {
@@ -31,7 +31,7 @@ class SiglipTower {
   // pixels [n, 3, S, S] (the processor's f32 output) → [n, P, hidden] after the
   // post-layernorm. The pixels are first rounded to the weight dtype, as HF casts
   // pixel_values to the tower's dtype before the patch convolution (spec §5.2).
-  std::vector<float> forward(const float* pixels, int n, ThreadPool& pool) const;
+  std::vector<float> forward(const float* pixels, int n, const kernels::Exec& ex) const;
 
   // Floating-point operations of forward() for n images (matmuls and attention).
   double flops(int n) const;

@@ -75,9 +75,9 @@ Activations::Activations(const TextConfig& c, size_t rows, size_t max_keys) : ma
   attn_work.scores.resize(group * max_keys);
 }
 
-Decoder::Decoder(const Checkpoint& ckpt, ThreadPool& pool, EmbedScaling scaling)
+Decoder::Decoder(const Checkpoint& ckpt, const kernels::Exec& ex, EmbedScaling scaling)
     : cfg_(ckpt.config().text),
-      pool_(pool),
+      ex_(ex),
       embedder_(ckpt.get("text.embed_tokens.weight"), scaling) {
   const TextConfig& c = cfg_;
   const int64_t H = c.hidden_size, d = c.head_dim;
@@ -177,8 +177,8 @@ void Decoder::forward(const Batch& b, std::span<const SeqSlot> slots, Activation
   size_t nw = 0;
   for (size_t i = 0; i < n; ++i)
     if (b.want_logits[i])
-      kernels::rms_norm(act.x.data() + i * H, final_norm_.data(), act.head_in.data() + nw++ * H, 1, H, eps_);
-  if (nw) kernels::matmul(act.head_in.data(), nw, head_, logits, pool_);
+      kernels::rms_norm(act.x.data() + i * H, final_norm_.data(), act.head_in.data() + nw++ * H, 1, H, eps_, ex_.isa);
+  if (nw) kernels::matmul(act.head_in.data(), nw, head_, logits, ex_);
 
   for (size_t s = 0; s < slots.size(); ++s) {
     const uint32_t r0 = act.runs[2 * s];
@@ -199,13 +199,13 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
   float* t = act.proj.data();
 
   // Attention sublayer: x += post_attn_norm(o(attention(rope(norm(q)), rope(norm(k)), v))).
-  kernels::rms_norm(x, L.input_norm.data(), a, n, H, eps_);
+  kernels::rms_norm(x, L.input_norm.data(), a, n, H, eps_, ex_.isa);
   observe("attn_norm", a, H);
-  kernels::matmul(a, n, L.q, act.q.data(), pool_);
-  kernels::matmul(a, n, L.k, act.k.data(), pool_);
-  kernels::matmul(a, n, L.v, act.v.data(), pool_);
-  kernels::rms_norm(act.q.data(), L.q_norm.data(), act.q.data(), n * nH, d, eps_);
-  kernels::rms_norm(act.k.data(), L.k_norm.data(), act.k.data(), n * nKV, d, eps_);
+  kernels::matmul(a, n, L.q, act.q.data(), ex_);
+  kernels::matmul(a, n, L.k, act.k.data(), ex_);
+  kernels::matmul(a, n, L.v, act.v.data(), ex_);
+  kernels::rms_norm(act.q.data(), L.q_norm.data(), act.q.data(), n * nH, d, eps_, ex_.isa);
+  kernels::rms_norm(act.k.data(), L.k_norm.data(), act.k.data(), n * nKV, d, eps_, ex_.isa);
   const int f = L.sliding ? 0 : 1;
   for (size_t r = 0; r < n; ++r) {
     const float* cs = act.rope_cos[f].data() + r * (d / 2);
@@ -215,20 +215,20 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
   }
   for (size_t s = 0; s < slots.size(); ++s)
     if (act.runs[2 * s] != kNoRow) attend(l, b, slots[s], act.runs[2 * s], act.runs[2 * s + 1], act);
-  kernels::matmul(act.attn.data(), n, L.o, t, pool_);
+  kernels::matmul(act.attn.data(), n, L.o, t, ex_);
   observe("attn_out", t, H);
-  kernels::rms_norm(t, L.post_attn_norm.data(), t, n, H, eps_);
+  kernels::rms_norm(t, L.post_attn_norm.data(), t, n, H, eps_, ex_.isa);
   observe("attn_post_norm", t, H);
   add_rows(x, t, n * H);
   observe("ffn_inp", x, H);
 
   // MLP sublayer: x += post_ff_norm(down(gelu_tanh(gate(norm(x))) · up(norm(x)))).
-  kernels::rms_norm(x, L.pre_ff_norm.data(), a, n, H, eps_);
-  kernels::matmul(a, n, L.gate, act.gate.data(), pool_);
-  kernels::matmul(a, n, L.up, act.up.data(), pool_);
-  kernels::gelu_tanh_mul(act.gate.data(), act.up.data(), n * I);
-  kernels::matmul(act.gate.data(), n, L.down, t, pool_);
-  kernels::rms_norm(t, L.post_ff_norm.data(), t, n, H, eps_);
+  kernels::rms_norm(x, L.pre_ff_norm.data(), a, n, H, eps_, ex_.isa);
+  kernels::matmul(a, n, L.gate, act.gate.data(), ex_);
+  kernels::matmul(a, n, L.up, act.up.data(), ex_);
+  kernels::gelu_tanh_mul(act.gate.data(), act.up.data(), n * I, ex_.isa);
+  kernels::matmul(act.gate.data(), n, L.down, t, ex_);
+  kernels::rms_norm(t, L.post_ff_norm.data(), t, n, H, eps_, ex_.isa);
   observe("ffn_out", t, H);
   add_rows(x, t, n * H);
   observe("l_out", x, H);
@@ -249,7 +249,7 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   if (!slot.mask) {  // a decode row sees every visible cached key and itself
     std::memcpy(c.key_slot(l, P), k, bytes);
     std::memcpy(c.value_slot(l, P), v, bytes);
-    nn::attention_decode(q, c.keys(l), c.values(l), c.visible(l, P + 1), attn_, out, act.attn_work, pool_);
+    nn::attention_decode(q, c.keys(l), c.values(l), c.visible(l, P + 1), attn_, out, act.attn_work, ex_);
     return;
   }
   if (!L.sliding) {
@@ -259,7 +259,7 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
       std::memcpy(c.value_slot(l, P + int64_t(i)), v + i * krow, bytes);
     }
     const SpecTiles tiles(*slot.mask, false, P, int(valid), 0);
-    nn::attention(q, rows, c.keys(l), c.values(l), size_t(P) + valid, &tiles, attn_, out, act.attn_work, pool_);
+    nn::attention(q, rows, c.keys(l), c.values(l), size_t(P) + valid, &tiles, attn_, out, act.attn_work, ex_);
     return;
   }
   // Sliding layers: the W − 1 cached positions any new row can reach, in position order,
@@ -275,7 +275,7 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   std::memcpy(ck + size_t(m) * krow, k, valid * bytes);
   std::memcpy(cv + size_t(m) * krow, v, valid * bytes);
   const SpecTiles tiles(*slot.mask, true, P, int(valid), base);
-  nn::attention(q, rows, ck, cv, size_t(m) + valid, &tiles, attn_, out, act.attn_work, pool_);
+  nn::attention(q, rows, ck, cv, size_t(m) + valid, &tiles, attn_, out, act.attn_work, ex_);
   for (int64_t i = std::max<int64_t>(0, int64_t(valid) - W); i < int64_t(valid); ++i) {
     std::memcpy(c.key_slot(l, P + i), k + size_t(i) * krow, bytes);
     std::memcpy(c.value_slot(l, P + i), v + size_t(i) * krow, bytes);

@@ -11,8 +11,8 @@
 #include <span>
 #include <vector>
 
-#include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "kernels/exec.h"
 #include "kernels/matmul.h"
 #include "models/batch.h"
 #include "models/embedder.h"
@@ -35,12 +35,15 @@ struct DecodeItem {
 
 class Decoder {
  public:
-  Decoder(const Checkpoint& ckpt, ThreadPool& pool, EmbedScaling scaling = EmbedScaling::Reference);
+  // `ex` (threads, ISA path, precision) runs every kernel call; a ThreadPool& converts to
+  // the default (best ISA, exact f32).
+  Decoder(const Checkpoint& ckpt, const kernels::Exec& ex, EmbedScaling scaling = EmbedScaling::Reference);
 
   const TextConfig& config() const { return cfg_; }
   const TextEmbedder& embedder() const { return embedder_; }
   int vocab() const { return int(head_.rows); }
-  ThreadPool& pool() const { return pool_; }
+  ThreadPool& pool() const { return ex_.threads(); }
+  const kernels::Exec& exec() const { return ex_; }
   KvCache new_cache(int64_t context) const { return KvCache(cfg_, context); }
 
   // Runs the batch's rows through every layer and appends each sequence's valid rows to
@@ -76,7 +79,7 @@ class Decoder {
   void attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size_t r1, Activations& act) const;
 
   TextConfig cfg_;
-  ThreadPool& pool_;
+  kernels::Exec ex_;
   TextEmbedder embedder_;
   std::vector<Layer> layers_;
   std::vector<float> final_norm_;

@@ -37,12 +37,12 @@ Projector::Projector(const Checkpoint& ck) {
   norm_w_ = registry_tensor(ck, "projector.mm_soft_emb_norm.weight").to_f32();
 }
 
-std::vector<float> Projector::forward(const float* vision, int n, ThreadPool& pool) const {
+std::vector<float> Projector::forward(const float* vision, int n, const kernels::Exec& ex) const {
   const size_t D = size_t(in_), g = size_t(grid_), s = size_t(side_), k = size_t(kernel_);
   const size_t T = s * s, M = size_t(n) * T;
   std::vector<float> pooled(M * D, 0.f);
   const float count = float(k * k);
-  pool.parallel_for(M, [&](size_t lo, size_t hi) {
+  ex.threads().parallel_for(M, [&](size_t lo, size_t hi) {
     for (size_t m = lo; m < hi; ++m) {
       const size_t img = m / T, i = (m % T) / s, j = m % s;
       float* o = &pooled[m * D];
@@ -52,11 +52,11 @@ std::vector<float> Projector::forward(const float* vision, int n, ThreadPool& po
           for (size_t d = 0; d < D; ++d) o[d] += src[d];
         }
       for (size_t d = 0; d < D; ++d) o[d] /= count;
-      kernels::rms_norm(o, norm_w_.data(), o, 1, D, eps_);
+      kernels::rms_norm(o, norm_w_.data(), o, 1, D, eps_, ex.isa);
     }
   });
   std::vector<float> out(M * size_t(out_));
-  kernels::matmul_kn(pooled.data(), M, proj_, out.data(), pool);
+  kernels::matmul_kn(pooled.data(), M, proj_, out.data(), ex);
   return out;
 }
 
