@@ -8,27 +8,21 @@
 //   tokens.json (prompt ids)  greedy.json (N greedy ids)  decode_logits.npy [N,V]
 // decode_logits[i] are the logits of the decode step fed greedy[i]. Rows ≥ valid
 // length (with --pad-to) are padding: finite, meaningless. Greedy ignores stop ids and,
-// on VLM checkpoints, never picks ids ≥ image_token_id (vocabulary padding, spec §10.2).
+// on VLM checkpoints, never picks ids ≥ image_token_id (Model::vocab_limit). The prefill
+// runs once, observed layer by layer; the greedy tokens come from an engine::Engine
+// resuming from it.
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/exec_env.h"
 #include "cli/prompt_args.h"
 #include "core/error.h"
-#include "engine/sampler.h"
-#include "io/checkpoint.h"
-#include "models/gemma3/registry.h"
+#include "engine/engine.h"
 #include "io/identity.h"
 #include "io/npy.h"
-#include "models/gemma3/decoder.h"
-#include "models/mask.h"
-#include "multimodal/host.h"
-#include "multimodal/merge.h"
-#include "multimodal/prompt_cache.h"
-#include "models/gemma3/vision_encoder.h"
 
 namespace vlm::cli {
 
@@ -64,38 +58,30 @@ int cmd_dump(int argc, char** argv) {
   if (scaling != "reference" && scaling != "f32")
     fail("--embed-scaling: expected reference or f32, got '{}'", scaling);
 
-  Checkpoint ck = models::gemma3::open_checkpoint(model_dir, Parts{.text = true, .vision = !ia.files.empty()});
-  const ModelConfig& mc = ck.config();
-  HostOptions ho = ia.host_options(mc);
-  ho.pad_to = pad_to;
-  const EmbedScaling es = scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference;
-  const Identity identity = request_identity(ck, ho, es);
+  engine::ModelOptions mo = ia.model_options();
+  mo.embed_scaling = scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference;
+  mo.threads = threads;
+  const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
   if (!identity_file.empty()) {
     std::ifstream f(identity_file);
     if (!f) fail("--check-identity: cannot read {}", identity_file);
     const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
     if (j.is_discarded()) fail("--check-identity: {} is not JSON", identity_file);
-    require_same_identity(identity_from_json(j, identity_file), identity, identity_file);
+    require_same_identity(identity_from_json(j, identity_file), model->identity(), identity_file);
   }
-
-  ImageInputs inputs = load_image_inputs(ia, ck);
-  const std::vector<int32_t> ids = make_prompt(pa, model_dir, inputs.tokens, inputs.crops).ids;
+  const std::vector<vision::RgbImage> images = ia.load(*model);
+  const std::vector<int32_t> ids = pa.ids(*model, images);
   const int n = int(ids.size());
-  const int64_t context = mc.text.max_position_embeddings;
-  if (int64_t(n) + steps > context)
-    fail("prompt of {} tokens plus {} steps exceeds the context limit of {}", n, steps, context);
-  ThreadPool pool(threads);
-  const kernels::Exec ex = exec_from_env(pool);
-  const models::gemma3::Decoder model(ck, ex, es);
-  const int H = mc.text.hidden_size, V = model.vocab();
+  if (int64_t(n) + steps > model->context())
+    fail("prompt of {} tokens plus {} steps exceeds the context limit of {}", n, steps, model->context());
+  const int H = model->config().text.hidden_size, V = model->vocab();
 
-  MultimodalPrefill pre =
-      build_prefill(model, mc, inputs.encoder ? &*inputs.encoder : nullptr, ids, inputs.images, ho, ex);
+  MultimodalPrefill pre = model->prefill_input(ids, images, pad_to);
   PrefillInput& in = pre.input;
   const int Lp = in.Lp;
   std::filesystem::create_directories(out_dir);
   const std::filesystem::path out(out_dir);
-  write_json(out / "identity.json", identity_to_json(identity));
+  write_json(out / "identity.json", identity_to_json(model->identity()));
   if (pre.encoding) {
     const vision::ImageEncoding& e = *pre.encoding;
     const int64_t ni = e.pixels.count;
@@ -118,30 +104,44 @@ int cmd_dump(int argc, char** argv) {
       if (!m->empty()) (*m)[size_t(q) * size_t(Lp) + size_t(k)] = kMaskBlocked;
   }
 
-  models::gemma3::PrefillOptions opts;
-  opts.all_logits = true;
+  // hidden_<i>: the residual stream leaving layer i, from the decoder's observation points.
   const models::Observer hidden = [&](std::string_view name, int layer, const float* h, size_t rows, size_t cols) {
     if (name == "l_out")
       write_npy(out / ("hidden_" + std::to_string(layer) + ".npy"), h, {int64_t(rows), int64_t(cols)});
   };
+  models::gemma3::PrefillOptions opts;
+  opts.all_logits = true;
   opts.observer = &hidden;
-  KvCache cache = model.new_cache(context);
-  std::vector<float> logits = model.prefill_from_embeddings(in, cache, opts);
+  auto prefilled = std::make_shared<engine::Prefilled>(
+      engine::Prefilled{KvCache(model->config().text, model->context()), {}});
+  const std::vector<float> logits = model->decoder().prefill_from_embeddings(in, prefilled->cache, opts);
   write_npy(out / "logits.npy", logits.data(), {Lp, V});
 
-  SamplingParams greedy;
-  if (mc.is_vlm()) greedy.vocab_limit = mc.image_token_id;
-  Sampler sampler(greedy);
-  std::vector<float> row(logits.begin() + int64_t(n - 1) * V, logits.begin() + int64_t(n) * V);
+  // Greedy from the prefill above. The engine samples from each logits row it gets; one token
+  // past `steps` makes it run the decode step fed the last kept token.
+  prefilled->logits.assign(logits.begin() + int64_t(n - 1) * V, logits.begin() + int64_t(n) * V);
+  engine::Request req;
+  req.prompt = ids;
+  req.max_tokens = steps + 1;
+  req.stop_ids.emplace();  // none
+  req.prefilled = prefilled;
   std::vector<int32_t> tokens;
   std::vector<float> decode_logits;
   decode_logits.reserve(size_t(steps) * size_t(V));
-  for (int s = 0; s < steps; ++s) {
-    tokens.push_back(sampler.sample(row));
-    const models::gemma3::DecodeItem item{&cache, tokens.back()};
-    row = model.decode_step({&item, 1});
-    decode_logits.insert(decode_logits.end(), row.begin(), row.end());
-  }
+  engine::Callbacks cb;
+  cb.on_token = [&](const engine::TokenEvent& e) {
+    if (int(tokens.size()) < steps) tokens.push_back(e.id);
+  };
+  cb.on_logits = [&, first = true](std::span<const float> row) mutable {
+    if (!first) decode_logits.insert(decode_logits.end(), row.begin(), row.end());
+    first = false;
+  };
+  auto seq = std::make_shared<engine::Sequence>(*model, std::move(req), std::move(cb));
+  engine::Engine eng(*model);
+  eng.add(seq);
+  eng.run_until_idle();
+  if (seq->finish_reason() == engine::FinishReason::Error) fail("{}", seq->error());
+  if (int(tokens.size()) != steps) fail("greedy stopped after {} of {} steps", tokens.size(), steps);
   write_json(out / "greedy.json", tokens);
   write_npy(out / "decode_logits.npy", decode_logits.data(), {steps, V});
   return 0;

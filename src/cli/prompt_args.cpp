@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "io/identity.h"
 #include "multimodal/host.h"
 #include "text/chat.h"
 
@@ -44,12 +43,17 @@ void ImageArgs::add(CLI::App& app) {
   app.add_flag("--pan-and-scan", pan_and_scan, "Pan & Scan crops follow each image (spec 5.4)");
 }
 
-HostOptions ImageArgs::host_options(const ModelConfig& mc) const {
-  HostOptions o;
-  o.mask_mode = parse_mask_mode(mask_mode.empty() ? default_mask_mode(mc) : mask_mode);
+engine::ModelOptions ImageArgs::model_options() const {
+  engine::ModelOptions o;
+  if (!mask_mode.empty()) o.mask_mode = parse_mask_mode(mask_mode);
   o.image_scaling = parse_image_scaling(image_scaling);
+  if (layout != "hf" && layout != "google") fail("--layout: expected hf or google, got '{}'", layout);
+  o.layout = layout == "google" ? text::ImageLayout::Google : text::ImageLayout::HF;
   if (pan_and_scan) o.pan_and_scan = true;
-  // The test-only fault switch (multimodal/host.h) comes from the environment, read here only.
+  o.vision = !files.empty();
+  // Kernel ISA path (tests and benchmarks compare paths) and the TEST-ONLY fault switches
+  // (multimodal/host.h): read here, at the CLI's edge; the library reads no environment.
+  if (const char* isa = std::getenv("VLM_ISA"); isa && *isa) o.isa = kernels::parse_isa(isa, "VLM_ISA");
   const char* fault = std::getenv("VLM_FAULT");
   try {
     o.fault = parse_fault(fault ? fault : "");
@@ -59,65 +63,36 @@ HostOptions ImageArgs::host_options(const ModelConfig& mc) const {
   return o;
 }
 
-ImageInputs load_image_inputs(const ImageArgs& a, const Checkpoint& ck) {
-  if (a.layout != "hf" && a.layout != "google") fail("--layout: expected hf or google, got '{}'", a.layout);
-  ImageInputs in;
-  const ModelConfig& mc = ck.config();
-  in.tokens = image_tokens_of(mc, a.layout == "google" ? text::ImageLayout::Google : text::ImageLayout::HF);
-  if (a.files.empty()) return in;
-  if (!mc.is_vlm()) fail("--image: {} is a text-only checkpoint ({})", ck.dir().string(), mc.architecture);
-  for (const std::string& f : a.files) in.images.push_back(vision::load_image(f));
-  in.encoder.emplace(ck);
-  in.crops = crops_per_image(*in.encoder, in.images, a.pan_and_scan ? std::optional<bool>(true) : std::nullopt);
-  return in;
+std::vector<vision::RgbImage> ImageArgs::load(const engine::Model& model) const {
+  std::vector<vision::RgbImage> images;
+  if (files.empty()) return images;
+  const ModelConfig& mc = model.config();
+  if (!mc.is_vlm()) fail("--image: {} is a text-only checkpoint ({})", model.dir().string(), mc.architecture);
+  for (const std::string& f : files) images.push_back(vision::load_image(f));
+  return images;
 }
 
-Prompt make_prompt(const PromptArgs& a, const std::filesystem::path& model_dir, const text::ImageTokens& it,
-                   std::span<const int> crops) {
-  if (int(!a.prompt.empty()) + int(!a.tokens.empty()) + int(!a.messages.empty()) != 1)
+std::vector<int32_t> PromptArgs::ids(const engine::Model& model, const std::vector<vision::RgbImage>& images) const {
+  if (int(!prompt.empty()) + int(!tokens.empty()) + int(!messages.empty()) != 1)
     fail("give exactly one of --prompt, --tokens or --messages");
-  if (a.raw && !a.messages.empty()) fail("--raw applies to --prompt, not --messages");
-  Prompt p;
-  const bool have_tokenizer = std::filesystem::exists(model_dir / "tokenizer.json");
-  if (!a.tokens.empty()) {
-    p.ids = parse_token_list(a.tokens, "--tokens");
-    if (have_tokenizer) p.tokenizer = text::Tokenizer::load(model_dir);
-    return p;
-  }
-  const char* opt = a.messages.empty() ? "--prompt" : "--messages";
-  if (!have_tokenizer) fail("{}: {} has no tokenizer.json", opt, model_dir.string());
-  p.tokenizer = text::Tokenizer::load(model_dir);
-  const text::Tokenizer& tok = *p.tokenizer;
-  if (it.boi >= 0) text::check_image_tokens(it, tok);
-  if (a.raw && crops.empty()) {
-    const bool has_bos = !tok.bos_token().empty() && a.prompt.starts_with(tok.bos_token());
-    p.ids = tok.encode(a.prompt, {.parse_special = true, .add_special = !has_bos});
-  } else if (a.raw) {
-    // HF's processor on raw text: every "<start_of_image>" in it is an image slot.
-    std::vector<text::Segment> seg;
-    const std::optional<int32_t> bos = tok.token_id(tok.bos_token());
-    if (!tok.bos_token().empty() && bos && !a.prompt.starts_with(tok.bos_token()))
-      seg.push_back({text::Segment::Kind::Control, *bos, {}});
-    seg.push_back({text::Segment::Kind::Text, -1, a.prompt});
-    p.ids = text::tokenize_prompt(seg, tok, it, crops, true).ids;
+  if (raw && !messages.empty()) fail("--raw applies to --prompt, not --messages");
+  if (!tokens.empty()) return parse_token_list(tokens, "--tokens");
+  const char* opt = messages.empty() ? "--prompt" : "--messages";
+  if (!model.tokenizer()) fail("{}: {} has no tokenizer.json", opt, model.dir().string());
+  if (raw) return model.raw_prompt(prompt, images);
+  if (!model.has_chat_template())
+    fail("{}: the chat template is not the Gemma 3 one; use --raw", model.dir().string());
+  std::vector<text::ChatMessage> msgs;
+  if (!messages.empty()) {
+    std::ifstream f(messages);
+    if (!f) fail("--messages: cannot read {}", messages);
+    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_discarded()) fail("--messages: {} is not valid JSON", messages);
+    msgs = text::parse_messages(j, messages);
   } else {
-    if (!text::is_gemma3_chat_template(tok.chat_template()))
-      fail("{}: the chat template is not the Gemma 3 one; use --raw", model_dir.string());
-    std::vector<text::ChatMessage> msgs;
-    if (!a.messages.empty()) {
-      std::ifstream f(a.messages);
-      if (!f) fail("--messages: cannot read {}", a.messages);
-      nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-      if (j.is_discarded()) fail("--messages: {} is not valid JSON", a.messages);
-      msgs = text::parse_messages(j, a.messages);
-    } else {
-      msgs.push_back(user_turn(a.prompt, crops.size()));
-    }
-    const std::vector<text::Segment> seg = text::render_gemma3_chat(msgs, tok, true);
-    p.ids = text::tokenize_prompt(seg, tok, it, crops).ids;
+    msgs.push_back(user_turn(prompt, images.size()));
   }
-  if (p.ids.empty()) fail("{}: the prompt has no tokens", opt);
-  return p;
+  return model.chat_prompt(msgs, images);
 }
 
 }  // namespace vlm::cli

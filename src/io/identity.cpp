@@ -4,6 +4,9 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
 
 namespace vlm {
 
@@ -103,6 +106,37 @@ std::vector<std::string> identity_diff(const Identity& a, const Identity& b) {
   for (const auto& [k, v] : b.fields)
     if (bm.count(k)) out.push_back(k);
   return out;
+}
+
+nlohmann::json identity_to_json(const Identity& id) {
+  nlohmann::json f = nlohmann::json::object();
+  for (const auto& [k, v] : id.fields) f[k] = v;
+  return {{"hash", id.hash_hex()}, {"fields", f}};
+}
+
+Identity identity_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object() || !j.contains("fields") || !j["fields"].is_object())
+    fail("{}: no identity \"fields\" object", where);
+  Identity id;
+  for (const auto& [k, v] : j["fields"].items()) {
+    if (!v.is_string()) fail("{}: identity field {} is not a string", where, k);
+    id.fields.emplace_back(k, v.get<std::string>());
+  }
+  return id;
+}
+
+void require_same_identity(const Identity& saved, const Identity& ours, const std::string& where) {
+  const std::vector<std::string> diff = identity_diff(saved, ours);
+  if (diff.empty()) return;
+  auto value = [](const Identity& id, const std::string& k) {
+    for (const auto& [n, v] : id.fields)
+      if (n == k) return v;
+    return std::string("(absent)");
+  };
+  std::string list;
+  for (const std::string& k : diff)
+    list += fmt::format("{}{} ({} vs {})", list.empty() ? "" : ", ", k, value(saved, k), value(ours, k));
+  fail("{} was made for another model identity; differing fields (saved vs now): {}", where, list);
 }
 
 }  // namespace vlm

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "io/checkpoint.h"
 
 namespace vlm {
@@ -37,6 +39,12 @@ Identity make_identity(const Checkpoint& ck, std::string_view mask_mode, std::st
 // Names of the fields whose values differ (or that only one side has), in a's
 // order followed by b's extras; empty when the identities match.
 std::vector<std::string> identity_diff(const Identity& a, const Identity& b);
+
+// {"hash": hex, "fields": {name: value}} and back; `where` names the source in errors.
+nlohmann::json identity_to_json(const Identity& id);
+Identity identity_from_json(const nlohmann::json& j, const std::string& where);
+// Fails "<where> was made for another model identity; differing fields: f (saved vs ours), …".
+void require_same_identity(const Identity& saved, const Identity& ours, const std::string& where);
 
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
 

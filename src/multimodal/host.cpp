@@ -44,37 +44,86 @@ text::ChatMessage user_turn(const std::string& text, size_t n_images) {
   return m;
 }
 
-MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
-                                std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
-                                const HostOptions& opt, const kernels::Exec& ex) {
-  const Fault fault = opt.fault;
-  const TextConfig& tc = mc.text;
+std::vector<int32_t> check_prompt(const ModelConfig& mc, const vision::VisionEncoder* enc,
+                                  std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
+                                  const HostOptions& opt) {
   const int n = int(ids.size());
   if (n == 0) fail("the prompt has no tokens");
   if (!images.empty() && !mc.is_vlm())
     fail("{} image(s) given, but the checkpoint ({}) has no vision tower", images.size(), mc.architecture);
   if (!images.empty() && !enc) fail("images given without a vision encoder");
 
-  // Cardinality (spec §4.4): exactly mm_tokens_per_image soft tokens per encoded image
+  // Cardinality (docs/gemma3/prompt.md): exactly mm_tokens_per_image soft tokens per encoded image
   // (an image and each of its Pan & Scan crops), before any compute.
-  MultimodalPrefill r;
-  r.ids.assign(ids.begin(), ids.end());
+  std::vector<int32_t> positions;
   if (mc.is_vlm())
     for (int i = 0; i < n; ++i)
-      if (ids[size_t(i)] == mc.image_token_id) r.image_positions.push_back(i);
+      if (ids[size_t(i)] == mc.image_token_id) positions.push_back(i);
   std::vector<int> crops;
   if (enc) crops = crops_per_image(*enc, images, opt.pan_and_scan);
   const size_t encoded = images.size() + size_t(std::accumulate(crops.begin(), crops.end(), 0));
   const size_t want = encoded * size_t(std::max(mc.mm_tokens_per_image, 0));
-  if (r.image_positions.size() != want)
+  if (positions.size() != want)
     fail("the prompt has {} image soft tokens (id {}) but {} image(s){} need {} ({} per image)",
-         r.image_positions.size(), mc.image_token_id, images.size(),
+         positions.size(), mc.image_token_id, images.size(),
          encoded != images.size() ? fmt::format(" with {} crops", encoded - images.size()) : "", want,
          mc.mm_tokens_per_image);
-  const int64_t context = opt.context > 0 ? opt.context : tc.max_position_embeddings;
+  const int64_t context = opt.context > 0 ? opt.context : mc.text.max_position_embeddings;
   if (int64_t(n) > context)
     fail("the prompt of {} tokens ({} of them image tokens) exceeds the context limit of {}", n,
-         r.image_positions.size(), context);
+         positions.size(), context);
+  return positions;
+}
+
+std::vector<float> prefill_rows(const TextEmbedder& emb, const ModelConfig& mc, std::span<const int32_t> ids,
+                                int valid_len, std::span<const float> features, const HostOptions& opt) {
+  const int H = emb.hidden();
+  const float s = emb.normalizer();
+  std::vector<float> rows = emb.embed(ids);
+  if (opt.fault == Fault::DoubleScale)
+    for (size_t i = 0; i < size_t(valid_len) * size_t(H); ++i) rows[i] *= s;
+  if (!features.empty()) {
+    const bool mlx = opt.image_scaling == ImageScaling::Mlx || opt.fault == Fault::NoImagePrescale;
+    const float pre = mlx && opt.fault != Fault::NoImagePrescale ? s : 1.0f;
+    merge_image_rows(ids.first(size_t(valid_len)), mc.image_token_id, features, H, pre, mlx ? s : 1.0f,
+                     rows.data());
+  }
+  return rows;
+}
+
+PrefillMasks prefill_masks(const ModelConfig& mc, std::span<const int32_t> ids, int valid_len,
+                           const HostOptions& opt) {
+  const MaskMode mode = opt.fault == Fault::CausalMask ? MaskMode::Causal : opt.mask_mode;
+  PrefillMasks m = build_masks(mode, ids, valid_len, int(ids.size()), mc.text.sliding_window,
+                               mc.is_vlm() ? mc.image_token_id : -1);
+  if (opt.fault == Fault::MultiplicativeMask)
+    for (std::vector<float>* v : {&m.global, &m.sliding})
+      for (float& x : *v) x = x == kMaskAllowed ? 1.0f : 0.0f;
+  return m;
+}
+
+models::MaskSpec prefill_mask_spec(const ModelConfig& mc, std::span<const int32_t> ids, const HostOptions& opt,
+                                   PrefillMasks& dense) {
+  models::MaskSpec spec;
+  spec.window = mc.text.sliding_window;
+  if (opt.fault == Fault::MultiplicativeMask) {
+    dense = prefill_masks(mc, ids, int(ids.size()), opt);
+    spec.dense_global = &dense.global;
+    spec.dense_sliding = dense.sliding.empty() ? nullptr : &dense.sliding;
+    return spec;
+  }
+  spec.mode = opt.fault == Fault::CausalMask ? MaskMode::Causal : opt.mask_mode;
+  if (spec.mode == MaskMode::Hf && mc.is_vlm()) spec.group = image_groups(ids, mc.image_token_id);
+  return spec;
+}
+
+MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
+                                std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
+                                const HostOptions& opt, const kernels::Exec& ex) {
+  MultimodalPrefill r;
+  r.image_positions = check_prompt(mc, enc, ids, images, opt);
+  r.ids.assign(ids.begin(), ids.end());
+  const int n = int(ids.size());
   const int Lp = opt.pad_to > 0 ? opt.pad_to : n;
   if (Lp < n) fail("--pad-to {} is shorter than the prompt ({} tokens)", Lp, n);
 
@@ -83,28 +132,12 @@ MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const Mode
   in.valid_len = n;
   std::vector<int32_t> padded(ids.begin(), ids.end());
   padded.resize(size_t(Lp), mc.pad_token_id);
-  const TextEmbedder& emb = model.embedder();
-  const int H = emb.hidden();
-  const float s = emb.normalizer();
-  in.embeds = emb.embed(padded);
-  if (fault == Fault::DoubleScale)
-    for (int i = 0; i < n; ++i)
-      for (int j = 0; j < H; ++j) in.embeds[size_t(i) * size_t(H) + size_t(j)] *= s;
-
-  if (!images.empty()) {
-    r.encoding = enc->encode(images, ex, opt.pan_and_scan);
-    const bool mlx = opt.image_scaling == ImageScaling::Mlx || fault == Fault::NoImagePrescale;
-    const float pre = mlx && fault != Fault::NoImagePrescale ? s : 1.0f;
-    merge_image_rows(ids, mc.image_token_id, r.encoding->features, H, pre, mlx ? s : 1.0f, in.embeds.data());
-  }
-  r.embed_norms = row_norms(in.embeds.data(), size_t(n), size_t(H));
-
-  const MaskMode mode = fault == Fault::CausalMask ? MaskMode::Causal : opt.mask_mode;
-  PrefillMasks m = build_masks(mode, std::span<const int32_t>(padded), n, Lp, tc.sliding_window,
-                               mc.is_vlm() ? mc.image_token_id : -1);
-  if (fault == Fault::MultiplicativeMask)
-    for (std::vector<float>* v : {&m.global, &m.sliding})
-      for (float& x : *v) x = x == kMaskAllowed ? 1.0f : 0.0f;
+  if (!images.empty()) r.encoding = enc->encode(images, ex, opt.pan_and_scan);
+  in.embeds = prefill_rows(model.embedder(), mc, padded, n,
+                           r.encoding ? std::span<const float>(r.encoding->features) : std::span<const float>(),
+                           opt);
+  r.embed_norms = row_norms(in.embeds.data(), size_t(n), size_t(model.embedder().hidden()));
+  PrefillMasks m = prefill_masks(mc, padded, n, opt);
   in.mask_global = std::move(m.global);
   in.mask_sliding = std::move(m.sliding);
   return r;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "engine/generate.h"
+#include "engine/stop.h"
 #include "engine/sampler.h"
 
 namespace vlm {

@@ -10,19 +10,11 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "models/kv_cache.h"
 #include "io/identity.h"
 #include "vision/image.h"
 
 namespace vlm {
-
-// {"hash": hex, "fields": {name: value}} and back; `where` names the source in errors.
-nlohmann::json identity_to_json(const Identity& id);
-Identity identity_from_json(const nlohmann::json& j, const std::string& where);
-// Fails "<where> was made for another model identity; differing fields: f (saved vs ours), …".
-void require_same_identity(const Identity& saved, const Identity& ours, const std::string& where);
 
 // What a saved prefill is valid for besides the identity: the prompt ids and every
 // image's pixels (equal ids can hold different images).

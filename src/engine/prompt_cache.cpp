@@ -1,4 +1,4 @@
-#include "multimodal/prompt_cache.h"
+#include "engine/prompt_cache.h"
 
 #include <cstring>
 #include <fstream>
@@ -16,37 +16,6 @@ constexpr uint64_t kMaxHeader = 1 << 20;
 
 std::string hex(uint64_t h) { return fmt::format("{:016x}", h); }
 }  // namespace
-
-nlohmann::json identity_to_json(const Identity& id) {
-  nlohmann::json f = nlohmann::json::object();
-  for (const auto& [k, v] : id.fields) f[k] = v;
-  return {{"hash", id.hash_hex()}, {"fields", f}};
-}
-
-Identity identity_from_json(const nlohmann::json& j, const std::string& where) {
-  if (!j.is_object() || !j.contains("fields") || !j["fields"].is_object())
-    fail("{}: no identity \"fields\" object", where);
-  Identity id;
-  for (const auto& [k, v] : j["fields"].items()) {
-    if (!v.is_string()) fail("{}: identity field {} is not a string", where, k);
-    id.fields.emplace_back(k, v.get<std::string>());
-  }
-  return id;
-}
-
-void require_same_identity(const Identity& saved, const Identity& ours, const std::string& where) {
-  const std::vector<std::string> diff = identity_diff(saved, ours);
-  if (diff.empty()) return;
-  auto value = [](const Identity& id, const std::string& k) {
-    for (const auto& [n, v] : id.fields)
-      if (n == k) return v;
-    return std::string("(absent)");
-  };
-  std::string list;
-  for (const std::string& k : diff)
-    list += fmt::format("{}{} ({} vs {})", list.empty() ? "" : ", ", k, value(saved, k), value(ours, k));
-  fail("{} was made for another model identity; differing fields (saved vs now): {}", where, list);
-}
 
 uint64_t request_hash(std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images) {
   uint64_t h = fnv1a64(ids.data(), ids.size_bytes());

@@ -1,0 +1,379 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "core/error.h"
+#include "engine/prompt_cache.h"
+
+namespace vlm::engine {
+
+// A run of prompt rows [begin, end) of one sequence in this step's pass.
+struct Engine::Chunk {
+  Sequence* seq;
+  size_t begin, end;
+};
+
+Engine::Engine(const Model& model, StepBudget budget) : model_(model), budget_(budget) {
+  if (budget.prefill_rows < 1) fail("prefill rows per step must be >= 1, got {}", budget.prefill_rows);
+  if (budget.images < 1) fail("images per step must be >= 1, got {}", budget.images);
+  if (budget.max_seqs < 0) fail("max sequences must be >= 0, got {}", budget.max_seqs);
+}
+
+Engine::~Engine() {
+  // Whatever is left ends here, so on_finish still comes exactly once.
+  std::deque<std::shared_ptr<Sequence>> inbox;
+  {
+    std::lock_guard lock(inbox_mu_);
+    inbox.swap(inbox_);
+  }
+  for (auto* list : {&inbox, &queue_})
+    for (auto& s : *list) finish(*s, FinishReason::Cancelled);
+  for (auto& s : active_) finish(*s, FinishReason::Cancelled);
+}
+
+void Engine::add(std::shared_ptr<Sequence> seq) {
+  if (!seq) fail("Engine::add: null sequence");
+  if (&seq->model() != &model_) fail("Engine::add: the sequence was made for another model");
+  std::lock_guard lock(inbox_mu_);
+  inbox_.push_back(std::move(seq));
+  waiting_.fetch_add(1);
+}
+
+void Engine::run_until_idle() {
+  while (!idle()) step();
+}
+
+void Engine::fail_request(Sequence& s, const std::string& message) {
+  s.error_ = message;
+  finish(s, FinishReason::Error);
+}
+
+void Engine::finish(Sequence& s, FinishReason r) {
+  if (s.phase() == Phase::Finished) return;
+  if (r != FinishReason::Error && s.cb_.on_text) {
+    std::string tail;
+    if (s.detok_) {
+      const std::string rest = s.detok_->finish();  // an unfinished character at the end
+      if (s.stops_ && !s.stops_->stopped()) tail = s.stops_->feed(rest);
+    }
+    if (s.stops_) tail += s.stops_->flush();
+    if (!tail.empty()) s.cb_.on_text(tail);
+  }
+  s.finish_ = r;
+  s.cache_.reset();  // the KV memory goes now, whatever holds the Sequence
+  s.features_ = {};
+  s.logits_ = {};
+  s.phase_.store(Phase::Finished, std::memory_order_release);
+  if (s.cb_.on_finish) s.cb_.on_finish(r, s.usage_);
+}
+
+bool Engine::start(Sequence& s) {
+  const Request& req = s.req_;
+  const ModelConfig& mc = model_.config();
+  try {
+    validate_request(model_, req);
+    s.usage_.prompt_tokens = int(req.prompt.size());
+    if (mc.is_vlm())
+      s.usage_.image_tokens = int(std::count(req.prompt.begin(), req.prompt.end(), mc.image_token_id));
+    s.stop_ids_ = req.stop_ids ? *req.stop_ids : std::vector<int32_t>(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+    SamplingParams sp = req.sampling;
+    if (sp.vocab_limit == 0) sp.vocab_limit = model_.vocab_limit();
+    s.sampler_.emplace(sp);
+    s.sampler_->add_prompt(req.prompt);
+    if (const text::Tokenizer* tok = model_.tokenizer()) {
+      s.detok_.emplace(*tok, text::DecodeOptions{.skip_special = true});
+      s.stops_.emplace(req.stop_strings);
+    }
+    if (req.prefilled) {
+      s.cache_.emplace(std::move(req.prefilled->cache));
+      s.logits_ = std::move(req.prefilled->logits);
+      s.req_.prefilled.reset();
+      s.phase_.store(Phase::Decode, std::memory_order_release);
+      return true;
+    }
+    if (!req.prompt_cache.empty()) {
+      // The same request under the same identity resumes from the file: no vision tower, no
+      // prefill. Another identity is refused, naming the fields.
+      s.request_hash_ = request_hash(req.prompt, req.images);
+      if (std::filesystem::exists(req.prompt_cache)) {
+        std::optional<SavedPrefill> saved = load_prompt_cache(req.prompt_cache, model_.identity(), s.request_hash_,
+                                                              mc.text, model_.context(), model_.vocab());
+        if (saved) {
+          s.cache_.emplace(std::move(saved->cache));
+          s.logits_ = std::move(saved->logits);
+          s.usage_.cached_tokens = s.usage_.prompt_tokens;
+          s.phase_.store(Phase::Decode, std::memory_order_release);
+          return true;
+        }
+      }
+    }
+    s.crops_ = model_.crops_of(req.images);
+    s.cache_.emplace(mc.text, model_.context());
+    s.phase_.store(req.images.empty() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
+  } catch (const Error& e) {
+    fail_request(s, e.what());
+    return false;
+  }
+  return true;
+}
+
+void Engine::admit(StepStats& st) {
+  std::deque<std::shared_ptr<Sequence>> inbox;
+  {
+    std::lock_guard lock(inbox_mu_);
+    inbox.swap(inbox_);
+  }
+  for (auto& s : inbox) queue_.push_back(std::move(s));
+  // Cancelled sequences go first, wherever they are.
+  for (auto* list : {&queue_})
+    std::erase_if(*list, [&](const std::shared_ptr<Sequence>& s) {
+      if (!s->cancel_requested()) return false;
+      finish(*s, FinishReason::Cancelled);
+      ++st.finished;
+      return true;
+    });
+  for (auto& s : active_)
+    if (s->cancel_requested()) {
+      finish(*s, FinishReason::Cancelled);
+      ++st.finished;
+    }
+  std::erase_if(active_, [](const std::shared_ptr<Sequence>& s) { return s->phase() == Phase::Finished; });
+  while (!queue_.empty() && (budget_.max_seqs == 0 || active_.size() < size_t(budget_.max_seqs))) {
+    std::shared_ptr<Sequence> s = std::move(queue_.front());
+    queue_.pop_front();
+    ++st.admitted;
+    if (!start(*s)) {
+      ++st.finished;
+      continue;
+    }
+    active_.push_back(s);
+    if (s->phase() == Phase::Decode) sample(*s);  // a restored prefill: its first token now
+  }
+}
+
+void Engine::encode_images(StepStats& st) {
+  const vision::VisionEncoder* enc = model_.vision();
+  for (auto& sp : active_) {
+    Sequence& s = *sp;
+    while (s.phase() == Phase::Encoding && st.images < budget_.images) {
+      const std::vector<vision::RgbImage> one{s.req_.images[s.images_done_]};
+      const vision::ImageEncoding e = enc->encode(one, model_.exec(), model_.options().pan_and_scan);
+      s.features_.insert(s.features_.end(), e.features.begin(), e.features.end());
+      ++st.images;
+      if (++s.images_done_ == s.req_.images.size()) s.phase_.store(Phase::Prefill, std::memory_order_release);
+    }
+    if (st.images >= budget_.images) break;
+  }
+}
+
+namespace {
+// Where a prompt chunk starting at `begin` may end within `budget` rows: never inside an image
+// block (its rows attend to each other, so they share one chunk), and under the mlx mode (every
+// prompt row sees every other) only at the prompt's end. 0 = nothing fits.
+size_t chunk_end(std::span<const int32_t> ids, size_t begin, size_t budget, int32_t image_id, bool whole) {
+  const size_t n = ids.size();
+  if (whole) return begin == 0 && n <= budget ? n : 0;
+  size_t end = std::min(n, begin + budget);
+  while (end < n && end > begin && ids[end - 1] == image_id && ids[end] == image_id) --end;
+  return end > begin && !(end < n && ids[end] == image_id && ids[end - 1] == image_id) ? end : 0;
+}
+
+// How far a block that cannot be cut extends from `begin` (an oversized first chunk).
+size_t unit_end(std::span<const int32_t> ids, size_t begin, int32_t image_id, bool whole) {
+  if (whole) return ids.size();
+  size_t end = begin + 1;
+  while (end < ids.size() && ids[end] == image_id && ids[end - 1] == image_id) ++end;
+  return end;
+}
+}  // namespace
+
+StepStats Engine::step() {
+  StepStats st;
+  admit(st);
+
+  encode_images(st);
+  // Decode rows: every running sequence with a sampled token not yet in its cache.
+  std::vector<Sequence*> decode;
+  for (auto& s : active_)
+    if (s->phase() == Phase::Decode && s->pending_ >= 0) decode.push_back(s.get());
+  // Prompt chunks within the row budget, in admission order.
+  const ModelConfig& mc = model_.config();
+  const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
+  const bool whole = model_.host_options().mask_mode == MaskMode::Mlx && model_.host_options().fault != Fault::CausalMask;
+  std::vector<Chunk> chunks;
+  size_t left = size_t(budget_.prefill_rows);
+  for (auto& sp : active_) {
+    Sequence& s = *sp;
+    if (s.phase() != Phase::Prefill || left == 0) continue;
+    const std::span<const int32_t> ids(s.req_.prompt);
+    size_t end = chunk_end(ids, s.prefilled_rows_, left, image_id, whole);
+    // A block larger than the whole budget goes alone, so every prompt makes progress.
+    if (end == 0 && chunks.empty() && left == size_t(budget_.prefill_rows))
+      end = unit_end(ids, s.prefilled_rows_, image_id, whole);
+    if (end == 0) break;  // keep admission order: later prompts wait for this one
+    chunks.push_back({&s, s.prefilled_rows_, end});
+    left -= std::min(left, end - s.prefilled_rows_);
+    st.prefill_rows += int(end - s.prefilled_rows_);
+  }
+  st.decode_rows = int(decode.size());
+  st.prefill_seqs = int(chunks.size());
+
+  if (!decode.empty() || !chunks.empty()) {
+    try {
+      forward(decode, chunks);
+    } catch (const Error& e) {
+      // The pass failed as a whole: every sequence in it ends with the message.
+      for (Sequence* s : decode) fail_request(*s, e.what());
+      for (const Chunk& c : chunks) fail_request(*c.seq, e.what());
+    }
+    for (Sequence* s : decode)
+      if (s->phase() == Phase::Decode) sample(*s);
+    for (const Chunk& c : chunks) {
+      Sequence& s = *c.seq;
+      if (s.phase() != Phase::Prefill || s.prefilled_rows_ < s.req_.prompt.size()) continue;
+      s.features_ = {};
+      s.phase_.store(Phase::Decode, std::memory_order_release);
+      if (!s.req_.prompt_cache.empty()) {
+        try {
+          save_prompt_cache(s.req_.prompt_cache, model_.identity(), s.request_hash_, mc.text, *s.cache_, s.logits_);
+        } catch (const std::exception& e) {
+          fail_request(s, e.what());
+          continue;
+        }
+      }
+      sample(s);
+    }
+  }
+  for (auto& s : active_)
+    if (s->phase() == Phase::Finished) ++st.finished;
+  std::erase_if(active_, [](const std::shared_ptr<Sequence>& s) { return s->phase() == Phase::Finished; });
+  update_counters();
+  return st;
+}
+
+// One pass through the decoder's batch door: a decode row for each sequence in `decode` (its
+// sampled token at its next position, no mask), then each prompt chunk's rows (merged prompt
+// rows with their MaskSpec); logits for the decode rows and for the last row of a prompt.
+void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks) {
+  const models::gemma3::Decoder& dec = model_.decoder();
+  const ModelConfig& mc = model_.config();
+  const HostOptions& host = model_.host_options();
+  const size_t H = size_t(mc.text.hidden_size), V = size_t(model_.vocab());
+  const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
+  size_t n = decode.size();
+  for (const Chunk& c : chunks) n += c.end - c.begin;
+  if (!act_ || act_->max_rows < n)  // grows geometrically, so a steady batch allocates nothing
+    act_ = std::make_unique<models::gemma3::Activations>(mc.text, std::max(n, act_ ? 2 * act_->max_rows : size_t(0)));
+  embeds_.resize(n * H);
+  pos_.resize(n);
+  seq_.resize(n);
+  want_.resize(n);
+  ids_.resize(decode.size());
+  slots_.clear();
+  size_t row = 0, wanted = 0;
+  for (Sequence* s : decode) {
+    ids_[row] = s->pending_;
+    pos_[row] = s->cache_->length();
+    seq_[row] = int32_t(slots_.size());
+    want_[row] = 1;
+    slots_.push_back({&*s->cache_, nullptr});
+    ++row;
+    ++wanted;
+  }
+  dec.embedder().embed({ids_.data(), decode.size()}, embeds_.data());
+  // MaskSpecs (and the dense masks of a test fault) stay put while the pass runs.
+  std::vector<models::MaskSpec> specs(chunks.size());
+  std::vector<PrefillMasks> dense(chunks.size());
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const Chunk& c = chunks[k];
+    Sequence& s = *c.seq;
+    const std::span<const int32_t> prompt(s.req_.prompt);
+    const std::span<const int32_t> ids = prompt.subspan(c.begin, c.end - c.begin);
+    // The features of the images whose blocks lie in this chunk.
+    const size_t f0 = size_t(std::count(prompt.begin(), prompt.begin() + std::ptrdiff_t(c.begin), image_id)) * H;
+    const size_t nf = size_t(std::count(ids.begin(), ids.end(), image_id)) * H;
+    const std::vector<float> rows =
+        prefill_rows(dec.embedder(), mc, ids, int(ids.size()), std::span<const float>(s.features_).subspan(f0, nf), host);
+    std::copy(rows.begin(), rows.end(), embeds_.begin() + std::ptrdiff_t(row * H));
+    specs[k] = prefill_mask_spec(mc, ids, host, dense[k]);
+    const int64_t P = s.cache_->length();
+    for (size_t i = 0; i < ids.size(); ++i, ++row) {
+      pos_[row] = P + int64_t(i);
+      seq_[row] = int32_t(slots_.size());
+      want_[row] = c.end == prompt.size() && i + 1 == ids.size();
+      wanted += want_[row];
+    }
+    slots_.push_back({&*s.cache_, &specs[k]});
+  }
+  logits_.resize(wanted * V);
+  const models::Batch b{embeds_.data(), n, pos_.data(), seq_.data(), want_.data(), -1};
+  dec.forward(b, slots_, *act_, logits_.data());
+
+  size_t at = 0;
+  for (Sequence* s : decode) {
+    s->logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + 1) * V));
+    s->pending_ = -1;
+    ++at;
+  }
+  for (const Chunk& c : chunks) {
+    c.seq->prefilled_rows_ = c.end;
+    if (c.end != c.seq->req_.prompt.size()) continue;
+    c.seq->logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + 1) * V));
+    ++at;
+  }
+}
+
+void Engine::sample(Sequence& s) {
+  const Request& req = s.req_;
+  if (s.cb_.on_logits) s.cb_.on_logits(s.logits_);
+  if (int(s.tokens_.size()) >= req.max_tokens) return finish(s, FinishReason::Length);
+  TokenEvent ev;
+  std::vector<float> raw;
+  if (req.top_logprobs >= 0) raw.assign(s.logits_.begin(), s.logits_.begin() + model_.vocab_limit());
+  const int32_t id = s.sampler_->sample(s.logits_);
+  if (std::find(s.stop_ids_.begin(), s.stop_ids_.end(), id) != s.stop_ids_.end())
+    return finish(s, FinishReason::Stop);
+  s.tokens_.push_back(id);
+  ++s.usage_.completion_tokens;
+  ev.id = id;
+  if (!raw.empty()) {
+    // log-softmax of the raw row, in double.
+    const float mx = *std::max_element(raw.begin(), raw.end());
+    double sum = 0;
+    for (float x : raw) sum += std::exp(double(x) - double(mx));
+    const double lse = double(mx) + std::log(sum);
+    ev.logprob = float(double(raw[size_t(id)]) - lse);
+    std::vector<int32_t> idx(raw.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    const size_t k = std::min(idx.size(), size_t(req.top_logprobs));
+    std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(k), idx.end(), [&](int32_t a, int32_t b) {
+      return raw[size_t(a)] > raw[size_t(b)] || (raw[size_t(a)] == raw[size_t(b)] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) ev.top.emplace_back(idx[i], float(double(raw[size_t(idx[i])]) - lse));
+  }
+  if (s.detok_) ev.text = s.detok_->push(id);
+  if (s.cb_.on_token) s.cb_.on_token(ev);
+  if (s.stops_) {
+    const std::string out = s.stops_->feed(ev.text);
+    if (!out.empty() && s.cb_.on_text) s.cb_.on_text(out);
+    if (s.stops_->stopped()) return finish(s, FinishReason::Stop);
+  }
+  // The token just sampled needs a position of its own before the next one.
+  if (s.cache_->length() >= s.cache_->context()) return finish(s, FinishReason::Length);
+  if (int(s.tokens_.size()) >= req.max_tokens) return finish(s, FinishReason::Length);
+  s.pending_ = id;
+}
+
+void Engine::update_counters() {
+  size_t kv = 0;
+  for (auto& s : active_) kv += s->kv_bytes();
+  kv_bytes_.store(kv);
+  running_.store(active_.size());
+  std::lock_guard lock(inbox_mu_);
+  waiting_.store(inbox_.size() + queue_.size());
+}
+
+}  // namespace vlm::engine

@@ -1,0 +1,91 @@
+// The engine: advances many sequences together, one step at a time. Each step runs ONE pass over
+// the decoder weights (models::gemma3::Decoder::forward, the batch door) that holds a decode row for every running sequence plus prompt chunks of
+// sequences being prefilled (rows packed with their positions and sequence ids, logits only for
+// the rows that need them), within a row budget. An image block is never split across chunks
+// (its rows attend to each other); under the mlx mask mode the whole prompt is one chunk. Image
+// encoding is its own unit of work: at most StepBudget::images images per step, before the
+// sequence's prefill.
+//
+// One thread drives an Engine (step()); add() and Sequence::cancel() may be called from any
+// thread. Callbacks run on the driving thread.
+#pragma once
+#include <atomic>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/sequence.h"
+#include "models/gemma3/activations.h"
+
+namespace vlm::engine {
+
+struct StepBudget {
+  int prefill_rows = 512;  // prompt rows per step (an image block larger than this still fits whole)
+  int images = 1;          // image encodes per step (an image with its Pan & Scan crops is one)
+  int max_seqs = 0;        // sequences past the queue at once (0 = no limit)
+};
+
+struct StepStats {
+  int decode_rows = 0;   // running sequences that got a decode row
+  int prefill_rows = 0;  // prompt rows prefilled
+  int prefill_seqs = 0;  // sequences that got a prompt chunk
+  int images = 0;        // images encoded
+  int admitted = 0;      // sequences that left the queue
+  int finished = 0;      // sequences that finished (any reason)
+};
+
+class Engine {
+ public:
+  explicit Engine(const Model& model, StepBudget budget = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Model& model() const { return model_; }
+  const StepBudget& budget() const { return budget_; }
+
+  // Thread-safe. Queues the sequence; the next step validates it (validate_request) and either
+  // admits it or finishes it with FinishReason::Error before any compute.
+  void add(std::shared_ptr<Sequence> seq);
+  // One step (see above). Does nothing when idle.
+  StepStats step();
+  // Steps until every sequence added so far has finished.
+  void run_until_idle();
+
+  bool idle() const { return running() == 0 && waiting() == 0; }  // thread-safe
+  size_t running() const { return running_.load(); }  // admitted, not finished (thread-safe)
+  size_t waiting() const { return waiting_.load(); }  // added, not yet admitted (thread-safe)
+  size_t kv_bytes() const { return kv_bytes_.load(); }  // KV memory of running sequences (thread-safe)
+
+ private:
+  struct Chunk;
+  void admit(StepStats& st);
+  bool start(Sequence& s);                  // admission work: validate, prompt cache, sampler
+  void encode_images(StepStats& st);
+  void build_rows(Sequence& s);
+  void forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
+  void sample(Sequence& s);                 // from s.logits_: emit a token or finish
+  void finish(Sequence& s, FinishReason r);
+  void fail_request(Sequence& s, const std::string& message);
+  void update_counters();
+
+  const Model& model_;
+  StepBudget budget_;
+  std::mutex inbox_mu_;
+  std::deque<std::shared_ptr<Sequence>> inbox_;   // added, not yet validated
+  std::deque<std::shared_ptr<Sequence>> queue_;   // validated, waiting for a slot
+  std::vector<std::shared_ptr<Sequence>> active_;  // admitted, in order of admission
+  std::atomic<size_t> running_{0}, waiting_{0}, kv_bytes_{0};
+  // The pass's work state and inputs, kept between steps (they only grow).
+  std::unique_ptr<models::gemma3::Activations> act_;
+  std::vector<float> embeds_, logits_;
+  std::vector<int64_t> pos_;
+  std::vector<int32_t> seq_, ids_;
+  std::vector<uint8_t> want_;
+  std::vector<models::SeqSlot> slots_;
+};
+
+}  // namespace vlm::engine

@@ -1,0 +1,65 @@
+#include "engine/sequence.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "engine/model.h"
+
+namespace vlm::engine {
+
+std::string_view finish_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "?";
+}
+
+std::string_view phase_name(Phase p) {
+  switch (p) {
+    case Phase::Queued: return "queued";
+    case Phase::Encoding: return "encoding";
+    case Phase::Prefill: return "prefill";
+    case Phase::Decode: return "decode";
+    case Phase::Finished: return "finished";
+  }
+  return "?";
+}
+
+Sequence::Sequence(const Model& model, Request req, Callbacks cb)
+    : model_(&model), req_(std::move(req)), cb_(std::move(cb)) {}
+
+size_t Sequence::kv_bytes() const {
+  if (!cache_) return 0;
+  size_t slots = 0;
+  for (int l = 0; l < model_->config().text.num_layers; ++l) slots += cache_->visible(l, cache_->length());
+  return slots * cache_->row_size() * 2 * sizeof(float);  // keys and values
+}
+
+void validate_request(const Model& model, const Request& req) {
+  if (req.max_tokens < 0) fail("max_tokens must be >= 0, got {}", req.max_tokens);
+  if (req.top_logprobs < -1) fail("top_logprobs must be >= 0, got {}", req.top_logprobs);
+  if (req.top_logprobs > model.vocab_limit())
+    fail("top_logprobs {} exceeds the vocabulary of {}", req.top_logprobs, model.vocab_limit());
+  validate(req.sampling);
+  if (!req.stop_strings.empty() && !model.tokenizer())
+    fail("stop strings need a tokenizer, and {} has no tokenizer.json", model.dir().string());
+  if (req.prompt.empty()) fail("the prompt has no tokens");
+  const int V = model.vocab();
+  for (size_t i = 0; i < req.prompt.size(); ++i)
+    if (req.prompt[i] < 0 || req.prompt[i] >= V)
+      fail("prompt token {} (at {}) is outside the vocabulary [0, {})", req.prompt[i], i, V);
+  if (req.prefilled) {
+    if (req.prefilled->cache.length() <= 0 || req.prefilled->cache.length() > model.context())
+      fail("prefilled cache of {} positions outside (0, {}]", req.prefilled->cache.length(), model.context());
+    if (req.prefilled->logits.size() != size_t(V))
+      fail("prefilled logits have {} entries, expected {}", req.prefilled->logits.size(), V);
+    return;
+  }
+  model.crops_of(req.images);  // images need the vision tower
+  check_prompt(model.config(), model.vision(), req.prompt, req.images, model.host_options());
+}
+
+}  // namespace vlm::engine

@@ -1,0 +1,137 @@
+// One request and its state while an Engine runs it: prompt ids and images in, tokens and text
+// out through callbacks. The Engine alone mutates a Sequence (on its driving thread); other
+// threads may call cancel() and read phase() at any time.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "models/kv_cache.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+#include "text/detokenizer.h"
+#include "vision/image.h"
+
+namespace vlm::engine {
+
+class Model;
+
+enum class FinishReason { Stop, Length, Cancelled, Error };
+std::string_view finish_name(FinishReason r);  // "stop" | "length" | "cancelled" | "error"
+
+enum class Phase { Queued, Encoding, Prefill, Decode, Finished };
+std::string_view phase_name(Phase p);  // "queued" | "encoding" | "prefill" | "decode" | "finished"
+
+// A prefill computed elsewhere (a prompt cache file, vlm dump's observed prefill): the KV cache
+// after the prompt and the logits of its last row. A sequence given one starts in Decode.
+struct Prefilled {
+  KvCache cache;
+  std::vector<float> logits;
+};
+
+struct Request {
+  std::vector<int32_t> prompt;           // final ids, images expanded (Model::chat_prompt/raw_prompt)
+  std::vector<vision::RgbImage> images;  // in prompt order, decoded and validated
+  SamplingParams sampling;               // vocab_limit 0: the model's vocab_limit()
+  int max_tokens = 256;
+  std::optional<std::vector<int32_t>> stop_ids;  // nullopt: the config's eos ids
+  std::vector<std::string> stop_strings;         // need the model's tokenizer
+  int top_logprobs = -1;                 // -1: no logprobs; else logprob + this many alternatives
+  // A prompt cache file: when it holds this request under the model's identity the prefill is
+  // restored from it (no vision tower, no prefill); otherwise it is written after the prefill. A
+  // file made under another identity fails the request, naming the differing fields.
+  std::filesystem::path prompt_cache;
+  std::shared_ptr<Prefilled> prefilled;  // skip encoding and prefill (consumed on admission)
+};
+
+struct Usage {
+  int prompt_tokens = 0;      // image soft tokens included
+  int image_tokens = 0;
+  int completion_tokens = 0;  // tokens reported through on_token (a final stop id excluded)
+  int cached_tokens = 0;      // prompt tokens restored from a prompt cache
+};
+
+struct TokenEvent {
+  int32_t id = -1;
+  std::string text;   // this token's own text (streaming detokenizer; empty without a tokenizer)
+  float logprob = 0;  // log-softmax of the raw logits (Request::top_logprobs >= 0)
+  std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely ids, best first
+};
+
+// Called on the engine's thread; must not block for long.
+struct Callbacks {
+  std::function<void(const TokenEvent&)> on_token;  // every generated token
+  // The user-visible text stream: detokenized, stop strings cut, nothing past a stop string.
+  std::function<void(std::string_view)> on_text;
+  // Every logits row a token is sampled from (the prompt's last row, then one per decode step),
+  // before any penalty or masking. For dumps and tests.
+  std::function<void(std::span<const float>)> on_logits;
+  // Exactly once, also for a request that fails admission (Error; see Sequence::error()).
+  std::function<void(FinishReason, const Usage&)> on_finish;
+};
+
+class Sequence {
+ public:
+  Sequence(const Model& model, Request req, Callbacks cb = {});
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  // Thread-safe. The engine drops the sequence at its next step (in any phase), frees its KV
+  // cache and calls on_finish(Cancelled) unless it finished already.
+  void cancel() { cancel_.store(true, std::memory_order_relaxed); }
+  bool cancel_requested() const { return cancel_.load(std::memory_order_relaxed); }
+  Phase phase() const { return phase_.load(std::memory_order_acquire); }  // thread-safe
+
+  const Model& model() const { return *model_; }
+  // Read these on the engine's thread, or after on_finish.
+  const Request& request() const { return req_; }
+  const Usage& usage() const { return usage_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }  // generated ids
+  FinishReason finish_reason() const { return finish_; }
+  const std::string& error() const { return error_; }  // the message when finish_reason() is Error
+  size_t kv_bytes() const;                              // KV memory held now
+
+ private:
+  friend class Engine;
+
+  const Model* model_;
+  Request req_;
+  Callbacks cb_;
+  std::atomic<bool> cancel_{false};
+  std::atomic<Phase> phase_{Phase::Queued};
+  Usage usage_;
+  std::vector<int32_t> tokens_;
+  FinishReason finish_ = FinishReason::Length;
+  std::string error_;
+
+  // Engine state.
+  std::vector<int32_t> stop_ids_;
+  std::optional<KvCache> cache_;
+  std::optional<Sampler> sampler_;
+  std::optional<text::StreamDecoder> detok_;
+  std::optional<StopStrings> stops_;
+  std::vector<int> crops_;                  // per image
+  size_t images_done_ = 0;                  // images encoded so far
+  std::vector<float> features_;             // projector rows of the encoded images, in order
+  std::vector<float> rows_;                 // [prompt, H] merged prefill rows (built once encoded)
+  size_t prefilled_rows_ = 0;               // prompt rows already in the cache
+  std::vector<float> logits_;               // the row to sample from next
+  int32_t pending_ = -1;                    // sampled, not yet forwarded
+  uint64_t request_hash_ = 0;               // prompt cache key
+};
+
+// Checks a request against a model before any compute (ids in range, images vs soft tokens and
+// crops, context, sampling parameters, stop strings need a tokenizer); throws Error with a one-
+// line message naming both numbers. The engine runs it on admission; a server may call it first
+// to answer 400 at once.
+void validate_request(const Model& model, const Request& req);
+
+}  // namespace vlm::engine
