@@ -64,13 +64,12 @@ engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const
     refuse(400, e.what(), prompt_param);
   }
   const int64_t ctx = model.context(), n = int64_t(req.prompt.size());
-  const char* max_param = r.endpoint == Endpoint::Chat ? "max_completion_tokens" : "max_tokens";
   if (n >= ctx || (r.max_tokens && n + *r.max_tokens > ctx))
     refuse(400,
            fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
                        "the {}, {} for the completion). Please reduce the length of the {} or the completion.",
                        ctx, n + r.max_tokens.value_or(1), n, prompt_param, r.max_tokens.value_or(1), prompt_param),
-           r.max_tokens && n < ctx ? max_param : prompt_param, "context_length_exceeded");
+           r.max_tokens && n < ctx ? r.max_tokens_param : prompt_param, "context_length_exceeded");
   // Chat default: until a stop token or the end of the context; completions: 16 (OpenAI, vLLM).
   req.max_tokens = r.max_tokens.value_or(r.endpoint == Endpoint::Chat ? int(ctx - n) : 16);
 

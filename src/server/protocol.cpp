@@ -284,6 +284,7 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
     max_tokens = integer(body, max_key, endpoint == Endpoint::Chat ? 1 : 0, std::numeric_limits<int32_t>::max());
   }
   if (max_tokens) r.max_tokens = int(*max_tokens);
+  r.max_tokens_param = max_key;
   r.temperature = number(body, "temperature", 0, 2);
   r.top_p = number(body, "top_p", 0, 1);
   if (r.top_p && *r.top_p == 0.f) refuse(400, "'top_p' must be in (0, 1], got 0", "top_p");

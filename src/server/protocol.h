@@ -52,6 +52,7 @@ struct ApiRequest {
   bool stream = false;
   bool include_usage = false;                   // stream_options.include_usage
   std::optional<int> max_tokens;
+  std::string max_tokens_param = "max_tokens";  // the key it came in (max_completion_tokens)
   std::optional<float> temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
   std::optional<int> top_k;
   std::optional<uint64_t> seed;

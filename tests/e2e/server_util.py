@@ -188,23 +188,29 @@ def chat(text, image_seeds=(), max_tokens=12, **extra):
     return body
 
 
-def raw_exchange(host, port, payload, timeout=5.0, read=True):
-    """Sends raw bytes on a fresh connection; returns what came back (b"" if closed)."""
+def raw_exchange(host, port, payload, timeout=5.0):
+    """Sends raw bytes on a fresh connection; returns the response (headers and Content-Length
+    body), or what came before the server closed or the timeout passed (b"" if nothing).
+    The client never half-closes: cpp-httplib takes a half-closed socket for a client gone."""
     s = socket.create_connection((host, port), timeout=timeout)
     try:
-        s.sendall(payload)
-        if not read:
-            return b""
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
         out = b""
         while True:
+            head, sep, body = out.partition(b"\r\n\r\n")
+            if sep:
+                m = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                if m and len(body) >= int(m.group(1)):
+                    return out
             try:
                 chunk = s.recv(65536)
             except (socket.timeout, ConnectionResetError):
-                break
+                return out
             if not chunk:
-                break
+                return out
             out += chunk
-        return out
     finally:
         s.close()

@@ -16,11 +16,17 @@ PROMPTS = ["Hello", "Describe the sky at dusk in detail", "What is 2 + 2?", "Nam
 
 
 def mixed_requests():
-    """16 greedy requests: text and 1-2 images, different lengths and max_tokens."""
+    """16 requests: text and 1-2 images, different lengths and max_tokens; greedy, except every
+    fourth one samples with its own seed; all with the top-5 logprobs of every step, so a
+    difference in the logits shows even where the argmax does not change."""
     reqs = []
     for i in range(16):
         images = [] if i % 3 == 0 else ([i] if i % 3 == 1 else [i, i + 100])
-        reqs.append(chat(PROMPTS[i % len(PROMPTS)] + f" #{i}", image_seeds=images, max_tokens=6 + (i * 5) % 17))
+        r = chat(PROMPTS[i % len(PROMPTS)] + f" #{i}", image_seeds=images, max_tokens=6 + (i * 5) % 17,
+                 logprobs=True, top_logprobs=5)
+        if i % 4 == 3:
+            r.update(temperature=1.0, seed=1000 + i)
+        reqs.append(r)
     return reqs
 
 
@@ -30,16 +36,27 @@ def ids_of(result):
     return [t for c in result["chunks"] if c["choices"] for t in c["choices"][0].get("token_ids", [])]
 
 
+def logprobs_of(result):
+    if "response" in result:
+        return result["response"]["choices"][0]["logprobs"]["content"]
+    return [t for c in result["chunks"] if c["choices"] and c["choices"][0].get("logprobs")
+            for t in c["choices"][0]["logprobs"]["content"]]
+
+
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
 class TestBatchInvariance(unittest.TestCase):
     def test_16_concurrent_equal_solo_via_server_and_vlm_batch(self):
         reqs = mixed_requests()
         with Server("tiny-f32", ["--max-seqs", "16"], threads=2) as srv:
-            solo = []
+            solo, solo_lp = [], []
+            steps0 = metric(srv.metrics(), "vlm:engine_steps_total")
             for r in reqs:
                 code, _, body = srv.post("/v1/chat/completions", r)
                 self.assertEqual(code, 200, body)
                 solo.append(body["choices"][0]["token_ids"])
+                solo_lp.append(body["choices"][0]["logprobs"]["content"])
+            self.assertGreater(len({tuple(s) for s in solo}), 8, "the requests should differ")
+            steps1 = metric(srv.metrics(), "vlm:engine_steps_total")
             self.assertTrue(all(solo), "every request generates something")
             # Half streamed, half not, all at once through the official client.
             jobs = [{"op": "chat", "params": dict(r, stream=True) if i % 2 else r} for i, r in enumerate(reqs)]
@@ -47,7 +64,10 @@ class TestBatchInvariance(unittest.TestCase):
             for i, res in enumerate(together):
                 self.assertNotIn("error", res, res)
                 self.assertEqual(ids_of(res), solo[i], f"request {i} differs when batched")
+                self.assertEqual(logprobs_of(res), solo_lp[i], f"request {i}: logprobs differ when batched")
             m = srv.metrics()
+            # They really ran together: far fewer engine steps than one after the other.
+            self.assertLess(metric(m, "vlm:engine_steps_total") - steps1, 0.5 * (steps1 - steps0))
             self.assertEqual(metric(m, "vlm:num_requests_running"), 0)
             self.assertEqual(metric(m, "vlm:kv_cache_bytes"), 0)
             self.assertEqual(srv.stop(), 0)
@@ -60,6 +80,7 @@ class TestBatchInvariance(unittest.TestCase):
             lines = []
             for i, r in enumerate(reqs):
                 body = json.loads(json.dumps(r))
+                del body["logprobs"], body["top_logprobs"]  # not offered by vlm batch
                 if i == 1:
                     body["messages"][0]["content"][0]["image_url"]["url"] = "img1.png"
                 lines.append({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
@@ -94,7 +115,11 @@ class TestBatchInvariance(unittest.TestCase):
             with open(out) as f:
                 again = [json.loads(l) for l in f]
             self.assertEqual([r["custom_id"] for r in again], [l["custom_id"] for l in lines])
-            self.assertEqual(again, results)
+            def strip(rs):  # `created` is the time of writing
+                for r in rs:
+                    r["response"]["body"].pop("created", None)
+                return rs
+            self.assertEqual(strip(again), strip(results))
 
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
@@ -102,7 +127,7 @@ class TestCancellation(unittest.TestCase):
     def test_disconnects_in_every_phase(self):
         # TEST-ONLY pause between engine steps: a request with 8 images (one encode per step) stays in
         # the encoding phase for ~8 steps, long enough to disconnect during it.
-        os.environ["VLM_TEST_STEP_PAUSE_MS"] = "80"
+        os.environ["VLM_TEST_STEP_PAUSE_MS"] = "100"
         try:
             srv = Server("tiny-f32", ["--max-seqs", "4", "--images-per-step", "1"], threads=2)
         finally:
@@ -113,17 +138,18 @@ class TestCancellation(unittest.TestCase):
             before = srv.metrics()
             long = dict(max_tokens=400, ignore_eos=True, stream=True)
             jobs = [
-                # admitted first: 8 images, encoded one per step; the client leaves while they encode
-                {"op": "chat", "params": chat("Eight pictures", image_seeds=range(8), **long), "abort_after_ms": 250},
+                # admitted first (the others start 100 ms later): 8 images, encoded one per step (~100 ms
+                # each); the client leaves while they encode
+                {"op": "chat", "params": chat("Eight pictures", image_seeds=range(8), **long), "abort_after_ms": 500},
                 # two that leave mid-decode
-                {"op": "chat", "params": chat("Long story A", **long), "abort_after": 3},
-                {"op": "chat", "params": chat("Long story B", image_seeds=[9], **long), "abort_after": 5},
-                {"op": "chat", "params": dict(keep[0], stream=True), "delay_ms": 50},
+                {"op": "chat", "params": chat("Long story A", **long), "abort_after": 6, "delay_ms": 100},
+                {"op": "chat", "params": chat("Long story B", image_seeds=[9], **long), "abort_after": 8, "delay_ms": 100},
+                {"op": "chat", "params": dict(keep[0], stream=True), "delay_ms": 150},
                 # beyond --max-seqs 4: queued; its client leaves before it gets a place
-                {"op": "chat", "params": chat("Queued one", **long), "delay_ms": 60, "abort_after_ms": 60},
-                {"op": "chat", "params": keep[1], "delay_ms": 150},
-                {"op": "chat", "params": dict(keep[2], stream=True), "delay_ms": 150},
-                {"op": "chat", "params": keep[3], "delay_ms": 150},
+                {"op": "chat", "params": chat("Queued one", **long), "delay_ms": 300, "abort_after_ms": 50},
+                {"op": "chat", "params": keep[1], "delay_ms": 400},
+                {"op": "chat", "params": dict(keep[2], stream=True), "delay_ms": 400},
+                {"op": "chat", "params": keep[3], "delay_ms": 400},
             ]
             res = openai_client(srv, jobs, concurrent=True)
             for i in (0, 1, 2, 4):
@@ -141,10 +167,12 @@ class TestCancellation(unittest.TestCase):
                     break
                 time.sleep(0.1)
             self.assertEqual(done, 4, {k: v for k, v in m.items() if "cancel" in k or "success" in k})
-            self.assertEqual(metric(m, "vlm:requests_cancelled_total", 0) - metric(before, "vlm:requests_cancelled_total", 0), 4)
-            self.assertGreaterEqual(metric(m, "vlm:requests_cancelled_total", phase="queued"), 1)
-            self.assertGreaterEqual(metric(m, "vlm:requests_cancelled_total", phase="encoding"), 1)
-            self.assertGreaterEqual(metric(m, "vlm:requests_cancelled_total", phase="decode"), 2)
+            cancels = {k: v for k, v in m.items() if "cancel" in k}
+            self.assertEqual(metric(m, "vlm:requests_cancelled_total", 0) - metric(before, "vlm:requests_cancelled_total", 0), 4,
+                             cancels)
+            self.assertGreaterEqual(metric(m, "vlm:requests_cancelled_total", 0, phase="queued"), 1, cancels)
+            self.assertGreaterEqual(metric(m, "vlm:requests_cancelled_total", 0, phase="encoding"), 1, cancels)
+            self.assertGreaterEqual(metric(m, "vlm:requests_cancelled_total", 0, phase="decode"), 2, cancels)
             # Generation stops within one step of the cancel: at most one token each after it.
             self.assertLessEqual(metric(m, "vlm:tokens_after_cancel_total"), 4)
             self.assertEqual(metric(m, "vlm:num_requests_running"), 0)
