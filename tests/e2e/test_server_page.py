@@ -36,7 +36,8 @@ class TestChatPage(unittest.TestCase):
             self.assertEqual([a["state"] for a in r["answers"]], ["done", "done", "stopped"])
             self.assertTrue(r["answers"][0]["text"] and r["answers"][1]["text"])
             self.assertEqual(r["user_images"], 1)
-            self.assertIn("tokens/s", r["stats"])
+            self.assertRegex(r["stats"], r"^\d+ tokens · [\d.]+ tokens/s$")  # from the usage chunk
+            self.assertIn("tokens/s", r["stats_stopped"])
             m = srv.metrics()
             self.assertGreaterEqual(metric(m, "vlm:requests_cancelled_total", 0), 1)
             self.assertGreaterEqual(metric(m, "vlm:request_success_total", 0, finished_reason="cancelled"), 1)

@@ -21,7 +21,7 @@ try {
   await page.setViewport({ width: 1000, height: 800 });
   page.on("pageerror", (e) => (result.page_error = String(e)));
   const external = [];
-  page.on("request", (r) => { if (!r.url().startsWith(base)) external.push(r.url()); });
+  page.on("request", (r) => { const u = r.url(); if (!u.startsWith(base) && !u.startsWith("data:")) external.push(u); });
   await page.goto(base + "/", { waitUntil: "load" });
   await page.waitForFunction(() => document.getElementById("model").textContent.includes("context"), { timeout: 30000 });
   result.model = await page.$eval("#model", (e) => e.textContent);
@@ -37,6 +37,7 @@ try {
     }, n);
   };
 
+  await page.type("#max-tokens", "24");
   await page.type("#input", "Hello, who are you?");
   await page.click("#send");
   result.answers.push(await answer(1, "done"));
@@ -48,7 +49,9 @@ try {
   await page.click("#send");
   result.answers.push(await answer(2, "done"));
   result.user_images = await page.$$eval(".msg.user img", (imgs) => imgs.length);
+  result.stats = await page.$eval("#stats", (e) => e.textContent);
 
+  await page.$eval("#max-tokens", (e) => (e.value = ""));  // until the model stops: long enough to stop it
   await page.type("#input", "Tell me a very long story.");
   await page.click("#send");
   await page.waitForFunction(() => {
@@ -57,7 +60,7 @@ try {
   }, { timeout: 60000 });
   await page.click("#stop");
   result.answers.push(await answer(3, "stopped"));
-  result.stats = await page.$eval("#stats", (e) => e.textContent);
+  result.stats_stopped = await page.$eval("#stats", (e) => e.textContent);
   result.external_requests = external;
   await page.screenshot({ path: shot, fullPage: true });
 } finally {
