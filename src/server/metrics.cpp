@@ -11,7 +11,6 @@ const std::vector<MetricInfo>& metric_list() {
       {"num_requests_running", "gauge", "Requests in the engine (encoding, prefill or decode)."},
       {"num_requests_waiting", "gauge", "Requests admitted and waiting for a place in the batch."},
       {"kv_cache_bytes", "gauge", "Bytes of KV cache held by running requests."},
-      {"kv_cache_usage_perc", "gauge", "KV cache bytes held over the --kv-budget (0 when unbounded)."},
       {"prompt_tokens_total", "counter", "Prompt tokens of finished requests (image tokens included)."},
       {"generation_tokens_total", "counter", "Generated tokens."},
       {"request_success_total", "counter", "Finished requests by finish reason (stop, length, cancelled, error)."},

@@ -168,7 +168,6 @@ void Scheduler::update_queue_state() {
   metrics_.set("num_requests_waiting", double(waiting_));
   metrics_.set("num_requests_running", double(engine_.running()));
   metrics_.set("kv_cache_bytes", double(engine_.kv_bytes()));
-  metrics_.set("kv_cache_usage_perc", opt_.kv_budget ? double(engine_.kv_bytes()) / double(opt_.kv_budget) : 0.0);
   room_cv_.notify_all();
   if (inbox_.empty() && live_.empty()) idle_cv_.notify_all();
 }

@@ -61,7 +61,6 @@ struct SchedulerOptions {
   engine::StepBudget budget;                  // max_seqs bounds the batch
   int max_queue = 64;                         // requests waiting for a place in the batch
   uint64_t max_queued_image_bytes = 512u << 20;  // decoded pixels of waiting requests
-  uint64_t kv_budget = 0;                     // bytes; 0 = unbounded (reported as usage only)
   // TEST-ONLY: a pause after every engine step, so tests can act while a request is in a given
   // phase (e.g. disconnect while its images are being encoded). Never set outside tests.
   std::chrono::milliseconds test_step_pause{0};
@@ -82,7 +81,7 @@ class Scheduler {
   bool wait_idle(Clock::time_point deadline);
   // Cancels every live request.
   void cancel_all();
-  // Rethrown on the submitters' side if the engine thread died (then every job finishes with Error).
+  // False once an engine step threw (a bug): every live job then finished with Error.
   bool healthy() const { return healthy_.load(); }
 
  private:
