@@ -17,9 +17,10 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "models/gemma3/registry.h"
 #include "kernels/matmul.h"
 #include "kernels/roofline.h"
-#include "models/gemma3.h"
+#include "models/gemma3/decoder.h"
 #include "multimodal/merge.h"
 
 using namespace vlm;
@@ -40,9 +41,9 @@ int main(int argc, char** argv) {
     if (!std::filesystem::exists(dir / "config.json"))
       fail("{}: no checkpoint here; make one with tools/make_checkpoint.py --preset gemma3-4b", dir.string());
     if (n_prompt < 1 || n_decode < 1) fail("prompt and decode token counts must be positive");
-    Checkpoint ck = Checkpoint::open(dir, Parts{.text = true, .vision = false});
+    Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false});
     ThreadPool pool(threads);
-    Gemma3 model(ck, pool);
+    const models::gemma3::Decoder model(ck, pool);
     const TextConfig& c = model.config();
 
     // Bytes one decode step reads from weights: every decoder matrix plus the head.
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
       if (name.starts_with("text.layers.") && t.shape.size() == 2) weight_bytes += t.nbytes;
     fmt::print("model {} ({} layers, H {}, V {}, {}), {} threads, matmul {}\n", dir.string(),
                c.num_layers, c.hidden_size, model.vocab(), dtype_name(ck.lm_head().dtype), threads,
-               kernels::matmul_isa());
+               kernels::isa_name(kernels::best_isa()));
     fmt::print("weight bytes per decode token: {:.3f} GB\n", double(weight_bytes) * 1e-9);
 
     std::vector<int32_t> ids(static_cast<size_t>(n_prompt));
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
     int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
     double best = 1e30, total = 0;
     for (int s = 0; s < n_decode; ++s) {
-      const DecodeItem item{&cache, next};
+      const models::gemma3::DecodeItem item{&cache, next};
       t0 = std::chrono::steady_clock::now();
       logits = model.decode_step({&item, 1});
       const double dt = seconds_since(t0);

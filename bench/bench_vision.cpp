@@ -14,7 +14,8 @@
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kernels/roofline.h"
-#include "vision/encode.h"
+#include "models/gemma3/registry.h"
+#include "models/gemma3/vision_encoder.h"
 
 using namespace vlm;
 
@@ -25,7 +26,7 @@ int main(int argc, char** argv) {
   try {
     if (!std::filesystem::exists(dir / "config.json"))
       fail("{}: no checkpoint here; make one with tools/make_checkpoint.py --preset gemma3-4b", dir.string());
-    Checkpoint ck = Checkpoint::open(dir, Parts{.text = false, .vision = true});
+    Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = false, .vision = true});
     vision::VisionEncoder enc(ck);
     const int S = enc.processor().width;
     // A synthetic photo-like image at the model's size (the resize is then a copy).
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
     fmt::print("model {} ({}), image {}x{}, {} patches x {} -> {} tokens x {}, {} threads, matmul {}\n",
                dir.string(), dtype_name(enc.tower().weight_dtype()), S, S, enc.tower().num_patches(),
                enc.tower().hidden(), enc.projector().tokens(), enc.projector().out_dim(), threads,
-               kernels::matmul_isa());
+               kernels::isa_name(kernels::best_isa()));
     const double flops = enc.tower().flops(1) + enc.projector().flops(1);
     double best = 1e30;
     for (int rep = 0; rep < 2; ++rep) {

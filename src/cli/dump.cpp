@@ -104,14 +104,17 @@ int cmd_dump(int argc, char** argv) {
       if (!m->empty()) (*m)[size_t(q) * size_t(Lp) + size_t(k)] = kMaskBlocked;
   }
 
-  PrefillOptions opts;
-  opts.all_logits = true;
-  opts.on_layer = [&](int layer, const float* h) {
-    write_npy(out / ("hidden_" + std::to_string(layer) + ".npy"), h, {Lp, H});
+  // hidden_<i>: the residual stream leaving layer i, from the decoder's observation points.
+  const models::Observer hidden = [&](std::string_view name, int layer, const float* h, size_t rows, size_t cols) {
+    if (name == "l_out")
+      write_npy(out / ("hidden_" + std::to_string(layer) + ".npy"), h, {int64_t(rows), int64_t(cols)});
   };
+  models::gemma3::PrefillOptions opts;
+  opts.all_logits = true;
+  opts.observer = &hidden;
   auto prefilled = std::make_shared<engine::Prefilled>(
       engine::Prefilled{KvCache(model->config().text, model->context()), {}});
-  const std::vector<float> logits = model->mutable_decoder().prefill_from_embeddings(in, prefilled->cache, opts);
+  const std::vector<float> logits = model->decoder().prefill_from_embeddings(in, prefilled->cache, opts);
   write_npy(out / "logits.npy", logits.data(), {Lp, V});
 
   // Greedy from the prefill above. The engine samples from each logits row it gets; one token

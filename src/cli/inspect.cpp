@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "io/checkpoint.h"
+#include "models/gemma3/registry.h"
 #include "io/identity.h"
 
 namespace vlm::cli {
@@ -153,7 +154,7 @@ int cmd_inspect(int argc, char** argv) {
   app.add_flag("--text-only", text_only, "load only the text decoder (vision tensors untouched)");
   CLI11_PARSE(app, argc, argv);
 
-  const Checkpoint ck = Checkpoint::open(model, Parts{true, !text_only});
+  const Checkpoint ck = models::gemma3::open_checkpoint(model, Parts{true, !text_only});
   const ModelConfig& c = ck.config();
   const Identity id = make_identity(ck, default_mask_mode(c),
                                     default_scaling_policy(ck.get("text.embed_tokens.weight").dtype));

@@ -51,9 +51,15 @@ engine::ModelOptions ImageArgs::model_options() const {
   o.layout = layout == "google" ? text::ImageLayout::Google : text::ImageLayout::HF;
   if (pan_and_scan) o.pan_and_scan = true;
   o.vision = !files.empty();
-  // TEST-ONLY fault switches (multimodal/host.h): read here, at the CLI's edge, and nowhere else.
+  // Kernel ISA path (tests and benchmarks compare paths) and the TEST-ONLY fault switches
+  // (multimodal/host.h): read here, at the CLI's edge; the library reads no environment.
+  if (const char* isa = std::getenv("VLM_ISA"); isa && *isa) o.isa = kernels::parse_isa(isa, "VLM_ISA");
   const char* fault = std::getenv("VLM_FAULT");
-  o.fault = parse_fault(fault ? fault : "");
+  try {
+    o.fault = parse_fault(fault ? fault : "");
+  } catch (const Error& e) {
+    fail("VLM_FAULT: {}", e.what());
+  }
   return o;
 }
 

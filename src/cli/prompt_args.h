@@ -40,7 +40,7 @@ struct ImageArgs {
   bool pan_and_scan = false;
   // Adds --image, --mask-mode, --image-scaling, --layout, --pan-and-scan.
   void add(CLI::App& app);
-  // The model options these flags (and the environment's VLM_FAULT test switch) ask for;
+  // The model options these flags (and the environment's VLM_ISA and VLM_FAULT) ask for;
   // checks every value before anything is loaded.
   engine::ModelOptions model_options() const;
   // Decodes the images (a text-only checkpoint refuses them first).

@@ -160,7 +160,7 @@ void Engine::encode_images(StepStats& st) {
     Sequence& s = *sp;
     while (s.phase() == Phase::Encoding && st.images < budget_.images) {
       const std::vector<vision::RgbImage> one{s.req_.images[s.images_done_]};
-      const vision::ImageEncoding e = enc->encode(one, model_.pool(), model_.options().pan_and_scan);
+      const vision::ImageEncoding e = enc->encode(one, model_.exec(), model_.options().pan_and_scan);
       s.features_.insert(s.features_.end(), e.features.begin(), e.features.end());
       ++st.images;
       if (++s.images_done_ == s.req_.images.size()) s.phase_.store(Phase::Prefill, std::memory_order_release);
@@ -254,41 +254,75 @@ StepStats Engine::step() {
   return st;
 }
 
-// The adapter onto the decoder's current doors: the decode rows of every running sequence in
-// one batched decode, then each prompt chunk as a continuation prefill over its cache.
+// One pass through the decoder's batch door: a decode row for each sequence in `decode` (its
+// sampled token at its next position, no mask), then each prompt chunk's rows (merged prompt
+// rows with their MaskSpec); logits for the decode rows and for the last row of a prompt.
 void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks) {
-  Gemma3& dec = model_.mutable_decoder();
+  const models::gemma3::Decoder& dec = model_.decoder();
   const ModelConfig& mc = model_.config();
-  const size_t V = size_t(model_.vocab());
-  if (!decode.empty()) {
-    std::vector<DecodeItem> items;
-    for (Sequence* s : decode) items.push_back({&*s->cache_, s->pending_});
-    const std::vector<float> logits = dec.decode_step(items);
-    for (size_t b = 0; b < decode.size(); ++b) {
-      decode[b]->logits_.assign(logits.begin() + std::ptrdiff_t(b * V), logits.begin() + std::ptrdiff_t((b + 1) * V));
-      decode[b]->pending_ = -1;
-    }
-  }
+  const HostOptions& host = model_.host_options();
+  const size_t H = size_t(mc.text.hidden_size), V = size_t(model_.vocab());
   const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
-  const size_t H = size_t(mc.text.hidden_size);
-  for (const Chunk& c : chunks) {
+  size_t n = decode.size();
+  for (const Chunk& c : chunks) n += c.end - c.begin;
+  if (!act_ || act_->max_rows < n)  // grows geometrically, so a steady batch allocates nothing
+    act_ = std::make_unique<models::gemma3::Activations>(mc.text, std::max(n, act_ ? 2 * act_->max_rows : size_t(0)));
+  embeds_.resize(n * H);
+  pos_.resize(n);
+  seq_.resize(n);
+  want_.resize(n);
+  ids_.resize(decode.size());
+  slots_.clear();
+  size_t row = 0, wanted = 0;
+  for (Sequence* s : decode) {
+    ids_[row] = s->pending_;
+    pos_[row] = s->cache_->length();
+    seq_[row] = int32_t(slots_.size());
+    want_[row] = 1;
+    slots_.push_back({&*s->cache_, nullptr});
+    ++row;
+    ++wanted;
+  }
+  dec.embedder().embed({ids_.data(), decode.size()}, embeds_.data());
+  // MaskSpecs (and the dense masks of a test fault) stay put while the pass runs.
+  std::vector<models::MaskSpec> specs(chunks.size());
+  std::vector<PrefillMasks> dense(chunks.size());
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const Chunk& c = chunks[k];
     Sequence& s = *c.seq;
-    const std::span<const int32_t> ids = std::span<const int32_t>(s.req_.prompt).subspan(c.begin, c.end - c.begin);
-    const int n = int(ids.size());
+    const std::span<const int32_t> prompt(s.req_.prompt);
+    const std::span<const int32_t> ids = prompt.subspan(c.begin, c.end - c.begin);
     // The features of the images whose blocks lie in this chunk.
-    const std::span<const int32_t> before = std::span<const int32_t>(s.req_.prompt).first(c.begin);
-    const size_t f0 = size_t(std::count(before.begin(), before.end(), image_id)) * H;
+    const size_t f0 = size_t(std::count(prompt.begin(), prompt.begin() + std::ptrdiff_t(c.begin), image_id)) * H;
     const size_t nf = size_t(std::count(ids.begin(), ids.end(), image_id)) * H;
-    PrefillInput in;
-    in.Lp = in.valid_len = n;
-    in.embeds = prefill_rows(dec.embedder(), mc, ids, n, std::span<const float>(s.features_).subspan(f0, nf),
-                             model_.host_options());
-    PrefillMasks m = prefill_masks(mc, ids, n, model_.host_options());
-    in.mask_global = std::move(m.global);
-    in.mask_sliding = std::move(m.sliding);
-    std::vector<float> logits = dec.prefill_from_embeddings(in, *s.cache_);
-    s.prefilled_rows_ = c.end;
-    if (c.end == s.req_.prompt.size()) s.logits_ = std::move(logits);
+    const std::vector<float> rows =
+        prefill_rows(dec.embedder(), mc, ids, int(ids.size()), std::span<const float>(s.features_).subspan(f0, nf), host);
+    std::copy(rows.begin(), rows.end(), embeds_.begin() + std::ptrdiff_t(row * H));
+    specs[k] = prefill_mask_spec(mc, ids, host, dense[k]);
+    const int64_t P = s.cache_->length();
+    for (size_t i = 0; i < ids.size(); ++i, ++row) {
+      pos_[row] = P + int64_t(i);
+      seq_[row] = int32_t(slots_.size());
+      want_[row] = c.end == prompt.size() && i + 1 == ids.size();
+      wanted += want_[row];
+    }
+    slots_.push_back({&*s.cache_, &specs[k]});
+  }
+  logits_.resize(wanted * V);
+  const models::Batch b{embeds_.data(), n, pos_.data(), seq_.data(), want_.data(), -1};
+  dec.forward(b, slots_, *act_, logits_.data());
+
+  size_t at = 0;
+  for (Sequence* s : decode) {
+    s->logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + 1) * V));
+    s->pending_ = -1;
+    ++at;
+  }
+  for (const Chunk& c : chunks) {
+    c.seq->prefilled_rows_ = c.end;
+    if (c.end != c.seq->req_.prompt.size()) continue;
+    c.seq->logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + 1) * V));
+    ++at;
   }
 }
 

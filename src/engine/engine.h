@@ -1,5 +1,5 @@
 // The engine: advances many sequences together, one step at a time. Each step runs ONE pass over
-// the decoder weights that holds a decode row for every running sequence plus prompt chunks of
+// the decoder weights (models::gemma3::Decoder::forward, the batch door) that holds a decode row for every running sequence plus prompt chunks of
 // sequences being prefilled (rows packed with their positions and sequence ids, logits only for
 // the rows that need them), within a row budget. An image block is never split across chunks
 // (its rows attend to each other); under the mlx mask mode the whole prompt is one chunk. Image
@@ -18,6 +18,7 @@
 
 #include "engine/model.h"
 #include "engine/sequence.h"
+#include "models/gemma3/activations.h"
 
 namespace vlm::engine {
 
@@ -78,6 +79,13 @@ class Engine {
   std::deque<std::shared_ptr<Sequence>> queue_;   // validated, waiting for a slot
   std::vector<std::shared_ptr<Sequence>> active_;  // admitted, in order of admission
   std::atomic<size_t> running_{0}, waiting_{0}, kv_bytes_{0};
+  // The pass's work state and inputs, kept between steps (they only grow).
+  std::unique_ptr<models::gemma3::Activations> act_;
+  std::vector<float> embeds_, logits_;
+  std::vector<int64_t> pos_;
+  std::vector<int32_t> seq_, ids_;
+  std::vector<uint8_t> want_;
+  std::vector<models::SeqSlot> slots_;
 };
 
 }  // namespace vlm::engine

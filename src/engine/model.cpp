@@ -4,12 +4,13 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "models/gemma3/registry.h"
 
 namespace vlm::engine {
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opt) {
   if (opt.threads < 0) fail("threads must be >= 1, got {}", opt.threads);
-  Checkpoint ck = Checkpoint::open(dir, Parts{.text = true, .vision = opt.vision});
+  Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = opt.vision});
   return std::shared_ptr<const Model>(new Model(std::move(ck), opt));
 }
 
@@ -28,7 +29,8 @@ Model::Model(Checkpoint ck, const ModelOptions& opt) : ck_(std::move(ck)), opt_(
   if (std::filesystem::exists(ck_.dir() / "tokenizer.json")) tok_.emplace(text::Tokenizer::load(ck_.dir()));
   if (opt.vision && mc.is_vlm()) enc_.emplace(ck_);
   pool_ = std::make_unique<ThreadPool>(opt.threads > 0 ? opt.threads : default_threads());
-  decoder_ = std::make_unique<Gemma3>(ck_, *pool_, opt.embed_scaling);
+  exec_ = std::make_unique<const kernels::Exec>(*pool_, opt.isa.value_or(kernels::best_isa()), opt.precision);
+  decoder_ = std::make_unique<const models::gemma3::Decoder>(ck_, *exec_, opt.embed_scaling);
 }
 
 bool Model::has_chat_template() const { return tok_ && text::is_gemma3_chat_template(tok_->chat_template()); }
@@ -83,7 +85,7 @@ MultimodalPrefill Model::prefill_input(std::span<const int32_t> ids, const std::
                                        int pad_to) const {
   HostOptions o = host_;
   o.pad_to = pad_to;
-  return build_prefill(*decoder_, config(), vision(), ids, images, o, *pool_);
+  return build_prefill(*decoder_, config(), vision(), ids, images, o, *exec_);
 }
 
 }  // namespace vlm::engine

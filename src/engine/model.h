@@ -15,13 +15,14 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/exec.h"
 #include "io/checkpoint.h"
 #include "io/identity.h"
-#include "models/gemma3.h"
+#include "models/gemma3/decoder.h"
 #include "multimodal/host.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
-#include "vision/encode.h"
+#include "models/gemma3/vision_encoder.h"
 
 namespace vlm::engine {
 
@@ -35,6 +36,8 @@ struct ModelOptions {
   text::ImageLayout layout = text::ImageLayout::HF;
   Fault fault = Fault::None;           // TEST-ONLY (multimodal/host.h); the CLI maps VLM_FAULT
   int threads = 0;                     // 0: default_threads()
+  std::optional<kernels::Isa> isa;     // kernel ISA path; nullopt: the best this CPU has
+  kernels::Precision precision = kernels::Precision::F32;
   int64_t context = 0;                 // 0: max_position_embeddings
 };
 
@@ -56,7 +59,7 @@ class Model {
   const vision::VisionEncoder* vision() const { return enc_ ? &*enc_ : nullptr; }
   bool has_vision() const { return enc_.has_value(); }
   // The decoder (its weights are views of the checkpoint).
-  const Gemma3& decoder() const { return *decoder_; }
+  const models::gemma3::Decoder& decoder() const { return *decoder_; }
   // Positions one sequence may hold (options.context or max_position_embeddings).
   int64_t context() const { return context_; }
   // Ids ≥ this are never sampled: image_token_id on VLMs (the vocabulary padding past it), else
@@ -84,10 +87,9 @@ class Model {
   MultimodalPrefill prefill_input(std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
                                   int pad_to = 0) const;
 
-  // The pool kernels run on. Until the decoder takes its execution settings per call, the
-  // decoder is bound to it: one Engine (one driving thread) per Model at a time.
-  ThreadPool& pool() const { return *pool_; }
-  Gemma3& mutable_decoder() const { return *decoder_; }
+  // How the decoder and the vision tower run their kernels (threads, ISA, precision). The pool
+  // runs one job at a time: one Engine drives a Model.
+  const kernels::Exec& exec() const { return *exec_; }
 
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -106,7 +108,8 @@ class Model {
   std::optional<text::Tokenizer> tok_;
   std::optional<vision::VisionEncoder> enc_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Gemma3> decoder_;
+  std::unique_ptr<const kernels::Exec> exec_;
+  std::unique_ptr<const models::gemma3::Decoder> decoder_;
 };
 
 }  // namespace vlm::engine

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "models/kv_cache.h"
 #include "io/identity.h"
 #include "vision/image.h"
 

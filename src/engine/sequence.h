@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/kv_cache.h"
+#include "models/kv_cache.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "text/detokenizer.h"

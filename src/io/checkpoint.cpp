@@ -100,66 +100,6 @@ Naming detect_naming(const ModelConfig& c, const std::vector<std::string>& names
   return new_name ? Naming::New : Naming::Old;
 }
 
-struct Expected {
-  std::vector<int64_t> shape;
-  bool required = true;
-};
-
-// Every tensor the config implies, with its exact shape (spec §2.2-2.4).
-std::map<std::string, Expected, std::less<>> expected_tensors(const ModelConfig& c) {
-  std::map<std::string, Expected, std::less<>> e;
-  const TextConfig& t = c.text;
-  const int64_t H = t.hidden_size, I = t.intermediate_size, d = t.head_dim;
-  const int64_t q = int64_t(t.num_heads) * d, kv = int64_t(t.num_kv_heads) * d;
-  e["text.embed_tokens.weight"] = {{t.vocab_size, H}};
-  e["text.norm.weight"] = {{H}};
-  e["lm_head.weight"] = {{t.vocab_size, H}, !t.tie_word_embeddings};
-  for (int n = 0; n < t.num_layers; ++n) {
-    const std::string p = fmt::format("text.layers.{}.", n);
-    for (const char* norm : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                             "post_feedforward_layernorm"})
-      e[p + norm + ".weight"] = {{H}};
-    e[p + "self_attn.q_proj.weight"] = {{q, H}};
-    e[p + "self_attn.k_proj.weight"] = {{kv, H}};
-    e[p + "self_attn.v_proj.weight"] = {{kv, H}};
-    e[p + "self_attn.o_proj.weight"] = {{H, q}};
-    e[p + "self_attn.q_norm.weight"] = {{d}};
-    e[p + "self_attn.k_norm.weight"] = {{d}};
-    e[p + "mlp.gate_proj.weight"] = {{I, H}};
-    e[p + "mlp.up_proj.weight"] = {{I, H}};
-    e[p + "mlp.down_proj.weight"] = {{H, I}};
-  }
-  if (!c.vision) return e;
-
-  const VisionConfig& v = *c.vision;
-  const int64_t Hv = v.hidden_size, Iv = v.intermediate_size, P = v.patch_size;
-  const int64_t patches = int64_t(v.patches_per_side()) * v.patches_per_side();
-  e["vision.embeddings.patch_embedding.weight"] = {{Hv, v.num_channels, P, P}};
-  e["vision.embeddings.patch_embedding.bias"] = {{Hv}};
-  e["vision.embeddings.position_embedding.weight"] = {{patches, Hv}};
-  e["vision.post_layernorm.weight"] = {{Hv}};
-  e["vision.post_layernorm.bias"] = {{Hv}};
-  for (int n = 0; n < v.num_layers; ++n) {
-    const std::string p = fmt::format("vision.encoder.layers.{}.", n);
-    for (const char* ln : {"layer_norm1", "layer_norm2"}) {
-      e[p + ln + ".weight"] = {{Hv}};
-      e[p + ln + ".bias"] = {{Hv}};
-    }
-    for (const char* proj : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
-      e[p + "self_attn." + proj + ".weight"] = {{Hv, Hv}};
-      e[p + "self_attn." + proj + ".bias"] = {{Hv}};
-    }
-    e[p + "mlp.fc1.weight"] = {{Iv, Hv}};
-    e[p + "mlp.fc1.bias"] = {{Iv}};
-    e[p + "mlp.fc2.weight"] = {{Hv, Iv}};
-    e[p + "mlp.fc2.bias"] = {{Hv}};
-  }
-  // The one [in, out] matrix: vision width -> text width.
-  e["projector.mm_input_projection_weight"] = {{Hv, H}};
-  e["projector.mm_soft_emb_norm.weight"] = {{Hv}};
-  return e;
-}
-
 std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 // Shard file names come from index.json: plain names inside the folder only.
@@ -220,7 +160,7 @@ std::vector<File> read_headers(const fs::path& dir) {
 
 }  // namespace
 
-Checkpoint Checkpoint::open(const fs::path& dir, Parts parts) {
+Checkpoint Checkpoint::open(const fs::path& dir, Parts parts, const TensorRegistry& registry) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("{}: not a directory", dir.string());
   if (!fs::exists(dir / "config.json")) fail("{}: not a model folder (no config.json)", dir.string());
@@ -252,7 +192,8 @@ Checkpoint Checkpoint::open(const fs::path& dir, Parts parts) {
     }
   }
 
-  const auto expected = expected_tensors(cfg);
+  std::map<std::string, TensorSpec, std::less<>> expected;
+  for (TensorSpec& t : registry(cfg)) expected.emplace(t.name, std::move(t));
   std::map<std::string, std::set<std::string>> dtypes;  // part -> dtype names
   for (auto it = found.begin(); it != found.end();) {
     if (!expected.count(it->first)) {
@@ -325,10 +266,14 @@ const TensorView& Checkpoint::get(std::string_view canonical) const {
 }
 
 const TensorView& Checkpoint::get(std::string_view canonical, std::initializer_list<int64_t> shape) const {
+  return get(canonical, std::vector<int64_t>(shape));
+}
+
+const TensorView& Checkpoint::get(std::string_view canonical, const std::vector<int64_t>& shape) const {
   const TensorView& t = get(canonical);
   if (!std::equal(t.shape.begin(), t.shape.end(), shape.begin(), shape.end()))
     fail("{}: tensor '{}' has shape {}, expected {}", dir_.string(), canonical, shape_str(t.shape),
-         shape_str(std::vector<int64_t>(shape)));
+         shape_str(shape));
   return t;
 }
 

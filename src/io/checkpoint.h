@@ -9,6 +9,7 @@
 //   projector.<rest>   projector.mm_input_projection_weight, projector.mm_soft_emb_norm.weight
 #pragma once
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -31,11 +32,21 @@ struct Parts {
   bool vision = true;  // vision tower + projector (ignored for CausalLM)
 };
 
+// One tensor a model family expects: canonical name, exact shape (from the config), and
+// whether the file must hold it. The family's registry lists them (io knows no family).
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool required = true;
+};
+using TensorRegistry = std::function<std::vector<TensorSpec>(const ModelConfig&)>;
+
 class MappedFile;
 
 class Checkpoint {
  public:
-  static Checkpoint open(const std::filesystem::path& dir, Parts parts = {});
+  // Validates the loaded parts' tensors against `registry`'s list for this folder's config.
+  static Checkpoint open(const std::filesystem::path& dir, Parts parts, const TensorRegistry& registry);
 
   const ModelConfig& config() const { return config_; }
   Naming naming() const { return naming_; }
@@ -47,6 +58,7 @@ class Checkpoint {
   // Same, checked against the shape the caller's math assumes (open() already checked the
   // config's shapes; this guards a caller that derives them differently).
   const TensorView& get(std::string_view canonical, std::initializer_list<int64_t> shape) const;
+  const TensorView& get(std::string_view canonical, const std::vector<int64_t>& shape) const;
   // The output head: lm_head.weight when present, else the tied embedding.
   const TensorView& lm_head() const;
 

@@ -14,7 +14,7 @@ Fault parse_fault(std::string_view s) {
   if (s == "multiplicative_mask") return Fault::MultiplicativeMask;
   if (s == "double_scale") return Fault::DoubleScale;
   if (s == "no_image_prescale") return Fault::NoImagePrescale;
-  fail("VLM_FAULT: unknown fault '{}' (causal_mask, multiplicative_mask, double_scale, no_image_prescale)", s);
+  fail("unknown fault '{}' (causal_mask, multiplicative_mask, double_scale, no_image_prescale)", s);
 }
 
 text::ImageTokens image_tokens_of(const ModelConfig& mc, text::ImageLayout layout) {
@@ -102,9 +102,24 @@ PrefillMasks prefill_masks(const ModelConfig& mc, std::span<const int32_t> ids, 
   return m;
 }
 
-MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
+models::MaskSpec prefill_mask_spec(const ModelConfig& mc, std::span<const int32_t> ids, const HostOptions& opt,
+                                   PrefillMasks& dense) {
+  models::MaskSpec spec;
+  spec.window = mc.text.sliding_window;
+  if (opt.fault == Fault::MultiplicativeMask) {
+    dense = prefill_masks(mc, ids, int(ids.size()), opt);
+    spec.dense_global = &dense.global;
+    spec.dense_sliding = dense.sliding.empty() ? nullptr : &dense.sliding;
+    return spec;
+  }
+  spec.mode = opt.fault == Fault::CausalMask ? MaskMode::Causal : opt.mask_mode;
+  if (spec.mode == MaskMode::Hf && mc.is_vlm()) spec.group = image_groups(ids, mc.image_token_id);
+  return spec;
+}
+
+MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
                                 std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
-                                const HostOptions& opt, ThreadPool& pool) {
+                                const HostOptions& opt, const kernels::Exec& ex) {
   MultimodalPrefill r;
   r.image_positions = check_prompt(mc, enc, ids, images, opt);
   r.ids.assign(ids.begin(), ids.end());
@@ -117,7 +132,7 @@ MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, cons
   in.valid_len = n;
   std::vector<int32_t> padded(ids.begin(), ids.end());
   padded.resize(size_t(Lp), mc.pad_token_id);
-  if (!images.empty()) r.encoding = enc->encode(images, pool, opt.pan_and_scan);
+  if (!images.empty()) r.encoding = enc->encode(images, ex, opt.pan_and_scan);
   in.embeds = prefill_rows(model.embedder(), mc, padded, n,
                            r.encoding ? std::span<const float>(r.encoding->features) : std::span<const float>(),
                            opt);

@@ -1,5 +1,5 @@
 // The host side of a Gemma 3 request (docs/gemma3/prompt.md, merge-and-scaling.md, masks.md): prompt ids with expanded image
-// blocks plus decoded images in, the PrefillInput for Gemma3::prefill_from_embeddings
+// blocks plus decoded images in, prefill rows and masks (models/batch.h, prefill_input.h)
 // out. Every check on the request (soft-token cardinality, context, padding) runs
 // before the vision tower or the decoder does any work; a request without images
 // never touches the vision tower.
@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "kernels/exec.h"
 #include "io/identity.h"
-#include "models/gemma3.h"
-#include "multimodal/mask.h"
+#include "models/gemma3/decoder.h"
+#include "models/mask.h"
 #include "multimodal/merge.h"
 #include "text/chat.h"
-#include "vision/encode.h"
+#include "models/gemma3/vision_encoder.h"
 
 namespace vlm {
 
@@ -67,10 +67,15 @@ std::vector<int32_t> check_prompt(const ModelConfig& mc, const vision::VisionEnc
 std::vector<float> prefill_rows(const TextEmbedder& emb, const ModelConfig& mc, std::span<const int32_t> ids,
                                 int valid_len, std::span<const float> features, const HostOptions& opt);
 
-// The additive masks over rows whose ids are `ids` (valid_len real, the rest padding), in the
-// configured mode (image groups from the soft tokens).
+// The dense additive masks over rows whose ids are `ids` (valid_len real, the rest padding), in
+// the configured mode (image groups from the soft tokens): what dumps write.
 PrefillMasks prefill_masks(const ModelConfig& mc, std::span<const int32_t> ids, int valid_len,
                            const HostOptions& opt);
+// The same as the compact description the decoder takes tiles from (a prompt chunk whose ids
+// are `ids`). The multiplicative_mask fault has no compact form: then `dense` receives the
+// chunk's dense masks and the spec points at them (keep `dense` alive with the spec).
+models::MaskSpec prefill_mask_spec(const ModelConfig& mc, std::span<const int32_t> ids, const HostOptions& opt,
+                                   PrefillMasks& dense);
 
 struct MultimodalPrefill {
   PrefillInput input;
@@ -83,9 +88,9 @@ struct MultimodalPrefill {
 // The whole prefill at once (dumps, tests): checks, encoding, rows and masks, right-padded to
 // opt.pad_to rows with the config's pad id. ids: the prompt with every image already expanded
 // (soft tokens included); images in prompt order. `enc` may be null when there are no images.
-MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
+MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const ModelConfig& mc, const vision::VisionEncoder* enc,
                                 std::span<const int32_t> ids, const std::vector<vision::RgbImage>& images,
-                                const HostOptions& opt, ThreadPool& pool);
+                                const HostOptions& opt, const kernels::Exec& ex);
 
 // The scaling policy as the compatibility identity names it.
 std::string scaling_policy_name(EmbedScaling text, DType embedding_dtype, ImageScaling image);

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "nn/attention.h"
 
 namespace vlm::vision {
 
@@ -19,6 +20,31 @@ void rows_parallel(ThreadPool& pool, size_t n, F&& f) {
 }
 
 }  // namespace
+
+void siglip_tensors(const VisionConfig& v, std::vector<TensorSpec>& e) {
+  const int64_t Hv = v.hidden_size, Iv = v.intermediate_size, P = v.patch_size;
+  const int64_t patches = P > 0 ? int64_t(v.patches_per_side()) * v.patches_per_side() : 0;
+  e.push_back({"vision.embeddings.patch_embedding.weight", {Hv, v.num_channels, P, P}});
+  e.push_back({"vision.embeddings.patch_embedding.bias", {Hv}});
+  e.push_back({"vision.embeddings.position_embedding.weight", {patches, Hv}});
+  e.push_back({"vision.post_layernorm.weight", {Hv}});
+  e.push_back({"vision.post_layernorm.bias", {Hv}});
+  for (int n = 0; n < v.num_layers; ++n) {
+    const std::string p = "vision.encoder.layers." + std::to_string(n) + ".";
+    for (const char* ln : {"layer_norm1", "layer_norm2"}) {
+      e.push_back({p + ln + ".weight", {Hv}});
+      e.push_back({p + ln + ".bias", {Hv}});
+    }
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "out_proj"}) {
+      e.push_back({p + "self_attn." + proj + ".weight", {Hv, Hv}});
+      e.push_back({p + "self_attn." + proj + ".bias", {Hv}});
+    }
+    e.push_back({p + "mlp.fc1.weight", {Iv, Hv}});
+    e.push_back({p + "mlp.fc1.bias", {Iv}});
+    e.push_back({p + "mlp.fc2.weight", {Hv, Iv}});
+    e.push_back({p + "mlp.fc2.bias", {Hv}});
+  }
+}
 
 SiglipTower::SiglipTower(const Checkpoint& ck) {
   const ModelConfig& mc = ck.config();
@@ -47,34 +73,41 @@ SiglipTower::SiglipTower(const Checkpoint& ck) {
   heads_ = v.num_heads;
   eps_ = float(v.layer_norm_eps);
 
-  const int64_t D = hidden_, F = inter_, P = num_patches();
-  const TensorView& pw = ck.get("vision.embeddings.patch_embedding.weight", {D, 3, patch_, patch_});
-  patch_w_ = kernels::Weight{pw.data, pw.dtype, size_t(D), size_t(3 * patch_ * patch_)};
-  patch_b_ = ck.get("vision.embeddings.patch_embedding.bias", {D}).to_f32();
-  pos_ = ck.get("vision.embeddings.position_embedding.weight", {P, D}).to_f32();
+  std::vector<TensorSpec> list;
+  siglip_tensors(v, list);
+  auto get = [&](const std::string& name) -> const TensorView& {
+    for (const TensorSpec& t : list)
+      if (t.name == name) return ck.get(name, t.shape);
+    fail("SigLIP: tensor '{}' is not in its registry", name);
+  };
+  auto vec = [&](const std::string& name) { return get(name).to_f32(); };
+  const TensorView& pw = get("vision.embeddings.patch_embedding.weight");
+  patch_w_ = kernels::Weight{pw.data, pw.dtype, size_t(hidden_), size_t(3 * patch_ * patch_)};
+  patch_b_ = vec("vision.embeddings.patch_embedding.bias");
+  pos_ = vec("vision.embeddings.position_embedding.weight");
   for (int i = 0; i < v.num_layers; ++i) {
     const std::string p = "vision.encoder.layers." + std::to_string(i) + ".";
     Layer L;
-    L.ln1_w = ck.get(p + "layer_norm1.weight", {D}).to_f32();
-    L.ln1_b = ck.get(p + "layer_norm1.bias", {D}).to_f32();
-    L.ln2_w = ck.get(p + "layer_norm2.weight", {D}).to_f32();
-    L.ln2_b = ck.get(p + "layer_norm2.bias", {D}).to_f32();
-    L.q = kernels::as_weight(ck.get(p + "self_attn.q_proj.weight", {D, D}));
-    L.k = kernels::as_weight(ck.get(p + "self_attn.k_proj.weight", {D, D}));
-    L.v = kernels::as_weight(ck.get(p + "self_attn.v_proj.weight", {D, D}));
-    L.o = kernels::as_weight(ck.get(p + "self_attn.out_proj.weight", {D, D}));
-    L.q_b = ck.get(p + "self_attn.q_proj.bias", {D}).to_f32();
-    L.k_b = ck.get(p + "self_attn.k_proj.bias", {D}).to_f32();
-    L.v_b = ck.get(p + "self_attn.v_proj.bias", {D}).to_f32();
-    L.o_b = ck.get(p + "self_attn.out_proj.bias", {D}).to_f32();
-    L.fc1 = kernels::as_weight(ck.get(p + "mlp.fc1.weight", {F, D}));
-    L.fc1_b = ck.get(p + "mlp.fc1.bias", {F}).to_f32();
-    L.fc2 = kernels::as_weight(ck.get(p + "mlp.fc2.weight", {D, F}));
-    L.fc2_b = ck.get(p + "mlp.fc2.bias", {D}).to_f32();
+    L.ln1_w = vec(p + "layer_norm1.weight");
+    L.ln1_b = vec(p + "layer_norm1.bias");
+    L.ln2_w = vec(p + "layer_norm2.weight");
+    L.ln2_b = vec(p + "layer_norm2.bias");
+    L.q = kernels::as_weight(get(p + "self_attn.q_proj.weight"));
+    L.k = kernels::as_weight(get(p + "self_attn.k_proj.weight"));
+    L.v = kernels::as_weight(get(p + "self_attn.v_proj.weight"));
+    L.o = kernels::as_weight(get(p + "self_attn.out_proj.weight"));
+    L.q_b = vec(p + "self_attn.q_proj.bias");
+    L.k_b = vec(p + "self_attn.k_proj.bias");
+    L.v_b = vec(p + "self_attn.v_proj.bias");
+    L.o_b = vec(p + "self_attn.out_proj.bias");
+    L.fc1 = kernels::as_weight(get(p + "mlp.fc1.weight"));
+    L.fc1_b = vec(p + "mlp.fc1.bias");
+    L.fc2 = kernels::as_weight(get(p + "mlp.fc2.weight"));
+    L.fc2_b = vec(p + "mlp.fc2.bias");
     layers_.push_back(std::move(L));
   }
-  post_w_ = ck.get("vision.post_layernorm.weight", {D}).to_f32();
-  post_b_ = ck.get("vision.post_layernorm.bias", {D}).to_f32();
+  post_w_ = vec("vision.post_layernorm.weight");
+  post_b_ = vec("vision.post_layernorm.bias");
 }
 
 double SiglipTower::flops(int n) const {
@@ -83,7 +116,8 @@ double SiglipTower::flops(int n) const {
   return n * (2 * P * K * D + per_layer * double(layers_.size()));
 }
 
-std::vector<float> SiglipTower::forward(const float* pixels, int n, ThreadPool& pool) const {
+std::vector<float> SiglipTower::forward(const float* pixels, int n, const kernels::Exec& ex) const {
+  ThreadPool& pool = ex.threads();
   const size_t S = size_t(image_size_), p = size_t(patch_), g = S / p, P = g * g;
   const size_t D = size_t(hidden_), F = size_t(inter_), H = size_t(heads_), hd = D / H;
   const size_t M = size_t(n) * P, K = 3 * p * p;
@@ -104,7 +138,7 @@ std::vector<float> SiglipTower::forward(const float* pixels, int n, ThreadPool& 
       }
   });
   std::vector<float> x(M * D);
-  kernels::matmul_bias(patches.data(), M, patch_w_, patch_b_.data(), x.data(), pool);
+  kernels::matmul_bias(patches.data(), M, patch_w_, patch_b_.data(), x.data(), ex);
   patches = {};
   rows_parallel(pool, M, [&](size_t m) {
     const float* pe = &pos_[(m % P) * D];
@@ -112,42 +146,37 @@ std::vector<float> SiglipTower::forward(const float* pixels, int n, ThreadPool& 
   });
 
   std::vector<float> h(M * D), q(M * D), k(M * D), v(M * D), att(M * D), f(M * F);
-  std::vector<float> scores(P * P);
   const float scale = float(1.0 / std::sqrt(double(hd)));
+  const nn::AttnShape shape{H, H, hd, 1.f};  // q carries the scale already
+  nn::AttnScratch work;
   auto layer_norm = [&](const float* in, const std::vector<float>& w, const std::vector<float>& b,
                         float* out) {
     pool.parallel_for(M, [&](size_t lo, size_t hi) {
-      kernels::layer_norm(in + lo * D, w.data(), b.data(), out + lo * D, hi - lo, D, eps_);
+      kernels::layer_norm(in + lo * D, w.data(), b.data(), out + lo * D, hi - lo, D, eps_, ex.isa);
     });
   };
   for (const Layer& L : layers_) {
     layer_norm(x.data(), L.ln1_w, L.ln1_b, h.data());
-    kernels::matmul_bias(h.data(), M, L.q, L.q_b.data(), q.data(), pool);
+    kernels::matmul_bias(h.data(), M, L.q, L.q_b.data(), q.data(), ex);
     // q·kᵀ·scale computed as (q·scale)·kᵀ: one pass over [M, D] instead of over every
     // [P, P] score matrix (in f32 the two orders differ by about an ulp).
     rows_parallel(pool, M, [&](size_t m) {
       for (size_t i = 0; i < D; ++i) q[m * D + i] *= scale;
     });
-    kernels::matmul_bias(h.data(), M, L.k, L.k_b.data(), k.data(), pool);
-    kernels::matmul_bias(h.data(), M, L.v, L.v_b.data(), v.data(), pool);
+    kernels::matmul_bias(h.data(), M, L.k, L.k_b.data(), k.data(), ex);
+    kernels::matmul_bias(h.data(), M, L.v, L.v_b.data(), v.data(), ex);
     // Every patch attends to every patch of its own image (no mask).
     for (size_t img = 0; img < size_t(n); ++img)
-      for (size_t hh = 0; hh < H; ++hh) {
-        const size_t off = img * P * D + hh * hd;
-        const kernels::Weight kw = kernels::f32_weight(&k[off], P, hd, D);
-        kernels::matmul_strided(&q[off], D, P, kw, kernels::Layout::NK, nullptr, scores.data(), P, pool);
-        rows_parallel(pool, P, [&](size_t r) { kernels::softmax(&scores[r * P], P); });
-        const kernels::Weight vw = kernels::f32_weight(&v[off], P, hd, D);
-        kernels::matmul_strided(scores.data(), P, P, vw, kernels::Layout::KN, nullptr, &att[off], D, pool);
-      }
-    kernels::matmul_bias(att.data(), M, L.o, L.o_b.data(), h.data(), pool);
+      nn::attention(&q[img * P * D], P, &k[img * P * D], &v[img * P * D], P, nullptr, shape, &att[img * P * D],
+                    work, ex);
+    kernels::matmul_bias(att.data(), M, L.o, L.o_b.data(), h.data(), ex);
     rows_parallel(pool, M, [&](size_t m) {
       for (size_t i = 0; i < D; ++i) x[m * D + i] += h[m * D + i];
     });
     layer_norm(x.data(), L.ln2_w, L.ln2_b, h.data());
-    kernels::matmul_bias(h.data(), M, L.fc1, L.fc1_b.data(), f.data(), pool);
-    pool.parallel_for(M, [&](size_t lo, size_t hi) { kernels::gelu_tanh(&f[lo * F], (hi - lo) * F); });
-    kernels::matmul_bias(f.data(), M, L.fc2, L.fc2_b.data(), h.data(), pool);
+    kernels::matmul_bias(h.data(), M, L.fc1, L.fc1_b.data(), f.data(), ex);
+    pool.parallel_for(M, [&](size_t lo, size_t hi) { kernels::gelu_tanh(&f[lo * F], (hi - lo) * F, ex.isa); });
+    kernels::matmul_bias(f.data(), M, L.fc2, L.fc2_b.data(), h.data(), ex);
     rows_parallel(pool, M, [&](size_t m) {
       for (size_t i = 0; i < D; ++i) x[m * D + i] += h[m * D + i];
     });

@@ -5,11 +5,15 @@
 #pragma once
 #include <vector>
 
-#include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "kernels/exec.h"
 #include "kernels/matmul.h"
 
 namespace vlm::vision {
+
+// SigLIP's tensors (canonical names under `vision.`, shapes from the config), appended to
+// `out`: the list checkpoint validation and SiglipTower both read.
+void siglip_tensors(const VisionConfig& v, std::vector<TensorSpec>& out);
 
 class SiglipTower {
  public:
@@ -27,7 +31,7 @@ class SiglipTower {
   // pixels [n, 3, S, S] (the processor's f32 output) → [n, P, hidden] after the
   // post-layernorm. The pixels are first rounded to the weight dtype, as HF casts
   // pixel_values to the tower's dtype before the patch convolution (spec §5.2).
-  std::vector<float> forward(const float* pixels, int n, ThreadPool& pool) const;
+  std::vector<float> forward(const float* pixels, int n, const kernels::Exec& ex) const;
 
   // Floating-point operations of forward() for n images (matmuls and attention).
   double flops(int n) const;

@@ -1,4 +1,5 @@
 #include "io/checkpoint.h"
+#include "models/gemma3/registry.h"
 
 #include <gtest/gtest.h>
 
@@ -20,7 +21,7 @@ using test::write_model;
 
 std::string open_error(const fs::path& dir, Parts parts = {}) {
   try {
-    Checkpoint::open(dir, parts);
+    models::gemma3::open_checkpoint(dir, parts);
   } catch (const Error& e) {
     return e.what();
   }
@@ -39,7 +40,7 @@ TEST(Checkpoint, VlmNewNamingSingleFile) {
   const json cfg = test::small_vlm_config();
   const auto specs = model_tensors(cfg, Naming::New, DType::BF16);
   write_model(tmp.path, cfg, specs);
-  const Checkpoint ck = Checkpoint::open(tmp.path);
+  const Checkpoint ck = models::gemma3::open_checkpoint(tmp.path);
   EXPECT_EQ(ck.naming(), Naming::New);
   EXPECT_EQ(ck.tensors().size(), specs.size());
   EXPECT_TRUE(ck.unknown().empty());
@@ -73,8 +74,8 @@ TEST(Checkpoint, BothNamingSchemesGiveTheSameModel) {
   const json cfg = test::small_vlm_config();
   write_model(tmp / "new", cfg, model_tensors(cfg, Naming::New, DType::F32));
   write_model(tmp / "old", cfg, model_tensors(cfg, Naming::Old, DType::F32), 3);
-  const Checkpoint a = Checkpoint::open(tmp / "new");
-  const Checkpoint b = Checkpoint::open(tmp / "old");
+  const Checkpoint a = models::gemma3::open_checkpoint(tmp / "new");
+  const Checkpoint b = models::gemma3::open_checkpoint(tmp / "old");
   EXPECT_EQ(b.naming(), Naming::Old);
   EXPECT_EQ(b.file_name_of("vision.post_layernorm.bias"), "vision_tower.vision_model.post_layernorm.bias");
   EXPECT_EQ(b.file_of("text.embed_tokens.weight"), "model-00001-of-00003.safetensors");
@@ -106,7 +107,7 @@ TEST(Checkpoint, CausalLMAndExplicitHead) {
   TempDir tmp;
   json cfg = test::small_text_config();
   write_model(tmp / "tied", cfg, model_tensors(cfg, Naming::CausalLM, DType::F16));
-  const Checkpoint tied = Checkpoint::open(tmp / "tied");
+  const Checkpoint tied = models::gemma3::open_checkpoint(tmp / "tied");
   EXPECT_EQ(tied.naming(), Naming::CausalLM);
   EXPECT_EQ(tied.file_name_of("text.norm.weight"), "model.norm.weight");
   EXPECT_EQ(&tied.lm_head(), &tied.get("text.embed_tokens.weight"));
@@ -114,7 +115,7 @@ TEST(Checkpoint, CausalLMAndExplicitHead) {
 
   cfg["tie_word_embeddings"] = false;
   write_model(tmp / "untied", cfg, model_tensors(cfg, Naming::CausalLM, DType::F16, true));
-  const Checkpoint untied = Checkpoint::open(tmp / "untied");
+  const Checkpoint untied = models::gemma3::open_checkpoint(tmp / "untied");
   EXPECT_EQ(untied.lm_head().name, "lm_head.weight");
   EXPECT_NE(untied.lm_head().data, untied.get("text.embed_tokens.weight").data);
   EXPECT_NE(make_identity(tied, "causal", "f32-normalizer").hash(), make_identity(untied, "causal", "f32-normalizer").hash());
@@ -125,7 +126,7 @@ TEST(Checkpoint, CausalLMAndExplicitHead) {
   // The older VLM naming puts an explicit head under language_model.lm_head.
   json vcfg = test::small_vlm_config();
   write_model(tmp / "vlm-head", vcfg, model_tensors(vcfg, Naming::Old, DType::F32, true));
-  const Checkpoint vh = Checkpoint::open(tmp / "vlm-head");
+  const Checkpoint vh = models::gemma3::open_checkpoint(tmp / "vlm-head");
   EXPECT_EQ(vh.lm_head().name, "lm_head.weight");
   EXPECT_EQ(vh.file_name_of("lm_head.weight"), "language_model.lm_head.weight");
 }
@@ -148,7 +149,7 @@ TEST(Checkpoint, WrongShapeNamesTensorAndShapes) {
   write_model(t2.path, cfg, specs);
   expect_refused(t2.path, {"mm_input_projection_weight", "[16, 8]", "expected [8, 16]"});
   // ... but a text-only load never looks at vision or projector tensors.
-  const Checkpoint text = Checkpoint::open(t2.path, Parts{true, false});
+  const Checkpoint text = models::gemma3::open_checkpoint(t2.path, Parts{true, false});
   EXPECT_EQ(text.find("projector.mm_input_projection_weight"), nullptr);
   EXPECT_EQ(text.find("vision.post_layernorm.weight"), nullptr);
   EXPECT_NE(text.find("text.embed_tokens.weight"), nullptr);
@@ -175,11 +176,11 @@ TEST(Checkpoint, TextOnlyLeavesVisionShardUnmapped) {
     return all.find(fs::canonical(p).string()) != std::string::npos;
   };
   {
-    const Checkpoint ck = Checkpoint::open(tmp.path, Parts{true, false});
+    const Checkpoint ck = models::gemma3::open_checkpoint(tmp.path, Parts{true, false});
     EXPECT_TRUE(mapped(tmp / "model-00001-of-00002.safetensors"));
     EXPECT_FALSE(mapped(tmp / "model-00002-of-00002.safetensors"));
   }
-  const Checkpoint full = Checkpoint::open(tmp.path);
+  const Checkpoint full = models::gemma3::open_checkpoint(tmp.path);
   EXPECT_TRUE(mapped(tmp / "model-00002-of-00002.safetensors"));
   EXPECT_EQ(full.file_of("vision.post_layernorm.bias"), "model-00002-of-00002.safetensors");
 }
@@ -191,7 +192,7 @@ TEST(Checkpoint, MissingTensor) {
   std::erase_if(specs, [](const Spec& s) { return s.name == "vision_tower.vision_model.encoder.layers.0.mlp.fc2.bias"; });
   write_model(tmp.path, cfg, specs, 2);
   expect_refused(tmp.path, {"missing tensor", "vision_tower.vision_model.encoder.layers.0.mlp.fc2.bias", "[8]"});
-  EXPECT_NO_THROW(Checkpoint::open(tmp.path, Parts{true, false}));
+  EXPECT_NO_THROW(models::gemma3::open_checkpoint(tmp.path, Parts{true, false}));
 }
 
 TEST(Checkpoint, UnknownAndIgnoredTensors) {
@@ -204,12 +205,12 @@ TEST(Checkpoint, UnknownAndIgnoredTensors) {
   specs.push_back({"model.vision_tower.vision_model.extra", DType::F32, {2}});
   specs.push_back({"something.else", DType::F32, {2}});
   write_model(tmp.path, cfg, specs);
-  const Checkpoint ck = Checkpoint::open(tmp.path);
+  const Checkpoint ck = models::gemma3::open_checkpoint(tmp.path);
   EXPECT_EQ(ck.unknown(), (std::vector<std::string>{"model.language_model.layers.7.mlp.gate_proj.weight",
                                                     "model.vision_tower.vision_model.extra", "something.else"}));
   EXPECT_EQ(ck.find("vision.head.probe"), nullptr);
   // Text-only runs report the same unknowns (names are checked from the header alone).
-  EXPECT_EQ(Checkpoint::open(tmp.path, Parts{true, false}).unknown(), ck.unknown());
+  EXPECT_EQ(models::gemma3::open_checkpoint(tmp.path, Parts{true, false}).unknown(), ck.unknown());
 }
 
 TEST(Checkpoint, MixedDtypesPerPart) {
@@ -219,9 +220,9 @@ TEST(Checkpoint, MixedDtypesPerPart) {
   for (Spec& s : specs)
     if (!s.name.starts_with("model.language_model.")) s.dtype = DType::F32;
   write_model(tmp.path, cfg, specs);
-  const Checkpoint ck = Checkpoint::open(tmp.path);
+  const Checkpoint ck = models::gemma3::open_checkpoint(tmp.path);
   EXPECT_EQ(ck.weight_dtypes(), "text=BF16,vision=F32,projector=F32");
-  EXPECT_EQ(Checkpoint::open(tmp.path, Parts{true, false}).weight_dtypes(), ck.weight_dtypes());
+  EXPECT_EQ(models::gemma3::open_checkpoint(tmp.path, Parts{true, false}).weight_dtypes(), ck.weight_dtypes());
 }
 
 TEST(Checkpoint, ShardErrors) {
@@ -329,7 +330,7 @@ TEST(Checkpoint, Fixtures) {
                {"tiny-text-f16", Naming::CausalLM, "F16"}, {"tiny-text-sharded", Naming::CausalLM, "F32"}};
   for (const auto& c : cases) {
     SCOPED_TRACE(c.dir);
-    const Checkpoint ck = Checkpoint::open(fs::path(root) / c.dir);
+    const Checkpoint ck = models::gemma3::open_checkpoint(fs::path(root) / c.dir);
     EXPECT_EQ(ck.naming(), c.naming);
     EXPECT_EQ(ck.weight_dtypes(), c.dtypes);
     EXPECT_TRUE(ck.unknown().empty());

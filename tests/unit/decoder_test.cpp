@@ -11,11 +11,16 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
-#include "models/gemma3.h"
+#include "models/gemma3/registry.h"
+#include "models/gemma3/decoder.h"
 #include "multimodal/merge.h"
 
 namespace vlm {
 namespace {
+
+using models::gemma3::DecodeItem;
+using models::gemma3::Decoder;
+using models::gemma3::PrefillOptions;
 
 namespace fs = std::filesystem;
 
@@ -37,9 +42,9 @@ class DecoderTest : public ::testing::Test {
   void SetUp() override {
     const fs::path dir = fixture("tiny-text-f32");
     if (dir.empty() || !fs::exists(dir / "config.json")) GTEST_SKIP() << "VLM_FIXTURES not built";
-    ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+    ckpt_ = std::make_unique<Checkpoint>(models::gemma3::open_checkpoint(dir));
     pool_ = std::make_unique<ThreadPool>(2);
-    model_ = std::make_unique<Gemma3>(*ckpt_, *pool_);
+    model_ = std::make_unique<Decoder>(*ckpt_, *pool_);
   }
   KvCache prefilled(const std::vector<int32_t>& ids, std::vector<float>* logits, int64_t context = 256) {
     KvCache c = model_->new_cache(context);
@@ -50,7 +55,7 @@ class DecoderTest : public ::testing::Test {
   }
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Gemma3> model_;
+  std::unique_ptr<Decoder> model_;
 };
 
 // Sequences of lengths 1..30 (around W = 8) decode 20 steps together (the rings wrap)
@@ -59,7 +64,7 @@ class DecoderTest : public ::testing::Test {
 // order for another row count (it chooses its path by M), so bitwise equality is not
 // promised (today's kernels happen to give it for these sizes). Cross-talk between
 // sequences would show as differences of order 1.
-void check_batched(Gemma3& model, std::vector<KvCache> alone, std::vector<int32_t> next) {
+void check_batched(Decoder& model, std::vector<KvCache> alone, std::vector<int32_t> next) {
   std::vector<KvCache> together = alone;
   const size_t B = alone.size(), V = size_t(model.vocab());
   for (int step = 0; step < 20; ++step) {

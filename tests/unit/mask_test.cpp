@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "multimodal/mask.h"
+#include "models/mask.h"
 
 namespace vlm {
 namespace {

@@ -9,13 +9,18 @@
 
 #include "core/error.h"
 #include "io/checkpoint.h"
+#include "models/gemma3/registry.h"
 #include "io/identity.h"
-#include "models/gemma3.h"
+#include "models/gemma3/decoder.h"
 #include "multimodal/host.h"
 #include "multimodal/merge.h"
 
 namespace vlm {
 namespace {
+
+using models::gemma3::DecodeItem;
+using models::gemma3::Decoder;
+using models::gemma3::PrefillOptions;
 
 namespace fs = std::filesystem;
 
@@ -54,7 +59,7 @@ TEST(RowNorms, L2PerRow) {
   EXPECT_FLOAT_EQ(n[2], std::sqrt(2.0f));
 }
 
-TEST(Fault, ParsedByNameAndUnknownRefused) {
+TEST(Fault, ParsedAndUnknownRefused) {
   EXPECT_EQ(parse_fault(""), Fault::None);
   EXPECT_EQ(parse_fault("double_scale"), Fault::DoubleScale);
   EXPECT_THROW(parse_fault("bogus"), Error);
@@ -83,9 +88,9 @@ class HostTest : public ::testing::Test {
     const fs::path dir = root ? fs::path(root) / "tiny-f32" : fs::path();
     if (dir.empty() || !fs::exists(dir / "config.json")) GTEST_SKIP() << "VLM_FIXTURES not built";
     // Text part only: any path that touched the vision tower would fail.
-    ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(dir, Parts{.text = true, .vision = false}));
+    ckpt_ = std::make_unique<Checkpoint>(models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false}));
     pool_ = std::make_unique<ThreadPool>(2);
-    model_ = std::make_unique<Gemma3>(*ckpt_, *pool_);
+    model_ = std::make_unique<Decoder>(*ckpt_, *pool_);
   }
   std::string error_of(const std::vector<int32_t>& ids, const HostOptions& o) {
     try {
@@ -97,7 +102,7 @@ class HostTest : public ::testing::Test {
   }
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Gemma3> model_;
+  std::unique_ptr<Decoder> model_;
 };
 
 TEST_F(HostTest, SoftTokensWithoutImagesRefusedBeforeCompute) {
@@ -139,11 +144,10 @@ TEST_F(HostTest, NoImagePrefillEqualsTextPrefill) {
 TEST_F(HostTest, FaultsChangeTheirIntermediate) {
   const std::vector<int32_t> ids = {2, 105, 2364, 107, 9259, 106};
   const MultimodalPrefill clean = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, {}, *pool_);
-  HostOptions o;
-  o.fault = Fault::DoubleScale;
-  const MultimodalPrefill twice = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, o, *pool_);
-  o.fault = Fault::MultiplicativeMask;
-  const MultimodalPrefill mult = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, o, *pool_);
+  const MultimodalPrefill twice =
+      build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, HostOptions{.fault = Fault::DoubleScale}, *pool_);
+  const MultimodalPrefill mult = build_prefill(*model_, ckpt_->config(), nullptr, ids, {},
+                                               HostOptions{.fault = Fault::MultiplicativeMask}, *pool_);
   const float s = model_->embedder().normalizer();
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_FLOAT_EQ(twice.embed_norms[i], clean.embed_norms[i] * s);
   EXPECT_EQ(mult.input.embeds, clean.input.embeds);

@@ -9,7 +9,8 @@
 
 #include "core/error.h"
 #include "model_folder.h"
-#include "vision/encode.h"
+#include "models/gemma3/registry.h"
+#include "models/gemma3/vision_encoder.h"
 
 namespace vlm::vision {
 namespace {
@@ -169,7 +170,7 @@ void expect_field_error(const std::function<void(nlohmann::json&)>& edit, const 
   const std::string path = edited_fixture(dir, edit);
   if (path.empty()) GTEST_SKIP() << "VLM_FIXTURES not set";
   try {
-    Checkpoint ck = Checkpoint::open(path);
+    Checkpoint ck = models::gemma3::open_checkpoint(path);
     VisionEncoder enc(ck);
     FAIL() << "accepted a config with a bad " << field;
   } catch (const Error& e) {
@@ -193,7 +194,7 @@ TEST(VisionConfig, BadValuesNameTheField) {
 TEST(VisionEncoder, EncodesTinyImage) {
   const char* fx = std::getenv("VLM_FIXTURES");
   if (!fx) GTEST_SKIP() << "VLM_FIXTURES not set";
-  Checkpoint ck = Checkpoint::open(std::filesystem::path(fx) / "tiny-bf16");
+  Checkpoint ck = models::gemma3::open_checkpoint(std::filesystem::path(fx) / "tiny-bf16");
   VisionEncoder enc(ck);
   ThreadPool pool(2);
   const ImageEncoding e = enc.encode({gray_row({0, 50, 100, 200}, 3)}, pool);

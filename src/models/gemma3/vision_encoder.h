@@ -4,11 +4,11 @@
 #include <optional>
 #include <vector>
 
-#include "core/thread_pool.h"
+#include "kernels/exec.h"
 #include "io/checkpoint.h"
 #include "vision/image.h"
 #include "vision/preprocess.h"
-#include "vision/projector.h"
+#include "models/gemma3/projector.h"
 #include "vision/siglip.h"
 
 namespace vlm::vision {
@@ -33,7 +33,7 @@ class VisionEncoder {
 
   // All images (and their Pan & Scan crops, when enabled by the config or by
   // `pan_and_scan`) go through the tower as one batch.
-  ImageEncoding encode(const std::vector<RgbImage>& images, ThreadPool& pool,
+  ImageEncoding encode(const std::vector<RgbImage>& images, const kernels::Exec& ex,
                        std::optional<bool> pan_and_scan = std::nullopt) const;
 
  private:

@@ -1,4 +1,4 @@
-#include "vision/encode.h"
+#include "models/gemma3/vision_encoder.h"
 
 #include "core/error.h"
 
@@ -21,7 +21,7 @@ VisionEncoder::VisionEncoder(const Checkpoint& ck) : pp_(processor_of(ck)), towe
          pp_.width, tower_.image_size());
 }
 
-ImageEncoding VisionEncoder::encode(const std::vector<RgbImage>& images, ThreadPool& pool,
+ImageEncoding VisionEncoder::encode(const std::vector<RgbImage>& images, const kernels::Exec& ex,
                                     std::optional<bool> pan_and_scan) const {
   PreprocessorConfig pp = pp_;
   if (pan_and_scan) pp.do_pan_and_scan = *pan_and_scan;
@@ -33,8 +33,8 @@ ImageEncoding VisionEncoder::encode(const std::vector<RgbImage>& images, ThreadP
   e.tokens = proj_.tokens();
   e.hidden = proj_.out_dim();
   if (n == 0) return e;
-  e.vision_raw = tower_.forward(e.pixels.values.data(), n, pool);
-  e.features = proj_.forward(e.vision_raw.data(), n, pool);
+  e.vision_raw = tower_.forward(e.pixels.values.data(), n, ex);
+  e.features = proj_.forward(e.vision_raw.data(), n, ex);
   return e;
 }
 

@@ -1,11 +1,14 @@
-#include "vision/projector.h"
+#include "models/gemma3/projector.h"
 
 #include <cmath>
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "models/gemma3/registry.h"
 
 namespace vlm::vision {
+
+using models::gemma3::registry_tensor;
 
 Projector::Projector(const Checkpoint& ck) {
   const ModelConfig& mc = ck.config();
@@ -30,16 +33,16 @@ Projector::Projector(const Checkpoint& ck) {
   if (out_ <= 0) fail("config.json: text_config.hidden_size must be positive");
 
   // The one [in, out] matrix of the model (spec §2.4).
-  proj_ = kernels::as_weight(ck.get("projector.mm_input_projection_weight", {in_, out_}));
-  norm_w_ = ck.get("projector.mm_soft_emb_norm.weight", {in_}).to_f32();
+  proj_ = kernels::as_weight(registry_tensor(ck, "projector.mm_input_projection_weight"));
+  norm_w_ = registry_tensor(ck, "projector.mm_soft_emb_norm.weight").to_f32();
 }
 
-std::vector<float> Projector::forward(const float* vision, int n, ThreadPool& pool) const {
+std::vector<float> Projector::forward(const float* vision, int n, const kernels::Exec& ex) const {
   const size_t D = size_t(in_), g = size_t(grid_), s = size_t(side_), k = size_t(kernel_);
   const size_t T = s * s, M = size_t(n) * T;
   std::vector<float> pooled(M * D, 0.f);
   const float count = float(k * k);
-  pool.parallel_for(M, [&](size_t lo, size_t hi) {
+  ex.threads().parallel_for(M, [&](size_t lo, size_t hi) {
     for (size_t m = lo; m < hi; ++m) {
       const size_t img = m / T, i = (m % T) / s, j = m % s;
       float* o = &pooled[m * D];
@@ -49,11 +52,11 @@ std::vector<float> Projector::forward(const float* vision, int n, ThreadPool& po
           for (size_t d = 0; d < D; ++d) o[d] += src[d];
         }
       for (size_t d = 0; d < D; ++d) o[d] /= count;
-      kernels::rms_norm(o, norm_w_.data(), o, 1, D, eps_);
+      kernels::rms_norm(o, norm_w_.data(), o, 1, D, eps_, ex.isa);
     }
   });
   std::vector<float> out(M * size_t(out_));
-  kernels::matmul_kn(pooled.data(), M, proj_, out.data(), pool);
+  kernels::matmul_kn(pooled.data(), M, proj_, out.data(), ex);
   return out;
 }
 

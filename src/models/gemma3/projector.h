@@ -5,8 +5,8 @@
 #pragma once
 #include <vector>
 
-#include "core/thread_pool.h"
 #include "io/checkpoint.h"
+#include "kernels/exec.h"
 #include "kernels/matmul.h"
 
 namespace vlm::vision {
@@ -21,7 +21,7 @@ class Projector {
   int in_dim() const { return in_; }             // vision hidden size
 
   // vision [n, P, in] (tower output) → [n, T, H].
-  std::vector<float> forward(const float* vision, int n, ThreadPool& pool) const;
+  std::vector<float> forward(const float* vision, int n, const kernels::Exec& ex) const;
   double flops(int n) const { return 2.0 * n * tokens() * double(in_) * out_; }
 
  private:

@@ -1,0 +1,326 @@
+// The engine (issue 9): sequences of different lengths, some with images, admitted at different
+// steps so prompt chunks of new ones run in the same steps as decode rows of running ones, give
+// exactly the greedy tokens and (within 1e-5 of the largest logit) the logits each gives alone;
+// cancellation in every phase frees the sequence; on_finish comes exactly once; requests that
+// cannot run fail on admission, before any compute. Uses the tiny-f32 fixture (vision included).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "engine/engine.h"
+
+namespace vlm::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fixture(const char* name) {
+  const char* root = std::getenv("VLM_FIXTURES");
+  return root ? fs::path(root) / name : fs::path();
+}
+
+vision::RgbImage noise_image(int w, int h, uint32_t seed) {
+  vision::RgbImage im{w, h, std::vector<uint8_t>(size_t(w) * size_t(h) * 3)};
+  std::mt19937 rng(seed);
+  // Smooth gradients plus noise, so the tower sees structure, not only noise.
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      for (int c = 0; c < 3; ++c)
+        im.rgb[(size_t(y) * size_t(w) + size_t(x)) * 3 + size_t(c)] =
+            uint8_t((x * (c + 1) * 7 + y * (3 - c) * 5 + int(rng() % 40)) & 0xff);
+  return im;
+}
+
+// What one sequence produced, recorded through its callbacks.
+struct Record {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  std::string text;
+  int finishes = 0;
+  FinishReason reason = FinishReason::Length;
+  Usage usage;
+};
+
+Callbacks record_into(Record& r) {
+  Callbacks cb;
+  cb.on_token = [&r](const TokenEvent& e) { r.tokens.push_back(e.id); };
+  cb.on_text = [&r](std::string_view t) { r.text += t; };
+  cb.on_logits = [&r](std::span<const float> row) { r.logits.emplace_back(row.begin(), row.end()); };
+  cb.on_finish = [&r](FinishReason f, const Usage& u) {
+    ++r.finishes;
+    r.reason = f;
+    r.usage = u;
+  };
+  return cb;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const fs::path dir = fixture("tiny-f32");
+    if (dir.empty() || !fs::exists(dir / "config.json")) return;
+    ModelOptions o;
+    o.threads = 2;
+    model_ = Model::load(dir, o);
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << "VLM_FIXTURES not built";
+  }
+  static void TearDownTestSuite() { model_.reset(); }
+
+  // A greedy request: a chat turn with `n_images` images (in the prompt: images first).
+  Request request(const std::string& text, int n_images, uint32_t seed, int max_tokens = 8) const {
+    Request r;
+    for (int i = 0; i < n_images; ++i) r.images.push_back(noise_image(40 + 13 * i, 32 + 9 * int(seed % 5), seed + i));
+    const std::vector<text::ChatMessage> msgs{user_turn(text, r.images.size())};
+    r.prompt = model_->chat_prompt(msgs, r.images);
+    r.max_tokens = max_tokens;
+    r.stop_ids.emplace();  // run to max_tokens: the same number of steps alone and together
+    return r;
+  }
+  Record alone(const Request& req) const {
+    Record r;
+    Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8});
+    eng.add(std::make_shared<Sequence>(*model_, req, record_into(r)));
+    eng.run_until_idle();
+    return r;
+  }
+
+  static inline std::shared_ptr<const Model> model_;
+};
+
+float max_abs(const std::vector<float>& v) {
+  float m = 0;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+TEST_F(EngineTest, MixedStepsGiveEachSequenceItsSoloTokensAndLogits) {
+  // Six prompts of different lengths, three with images (one with two).
+  const std::vector<Request> reqs = {
+      request("Hi", 0, 1, 10),
+      request("What is in this picture? Describe it in detail, please.", 1, 2, 8),
+      request("A longer question about nothing in particular, written to take several chunks of the "
+              "prompt budget before the first token comes out of the model at all.",
+              0, 3, 6),
+      request("Compare these two images.", 2, 4, 7),
+      request("Short", 0, 5, 12),
+      request("And this one?", 1, 6, 5),
+  };
+  std::vector<Record> solo;
+  for (const Request& r : reqs) solo.push_back(alone(r));
+
+  // Together: a small row budget, so prompts take several steps, and arrivals spread over time.
+  std::vector<Record> got(reqs.size());
+  Engine eng(*model_, StepBudget{.prefill_rows = 24, .images = 1});
+  const std::map<int, std::vector<size_t>> arrivals = {{0, {0, 1}}, {2, {2}}, {3, {3}}, {5, {4}}, {9, {5}}};
+  int mixed_steps = 0, steps = 0;
+  for (int step = 0; step < 200 && (step <= arrivals.rbegin()->first || !eng.idle()); ++step) {
+    if (auto it = arrivals.find(step); it != arrivals.end())
+      for (size_t i : it->second) eng.add(std::make_shared<Sequence>(*model_, reqs[i], record_into(got[i])));
+    const StepStats st = eng.step();
+    mixed_steps += st.decode_rows > 0 && st.prefill_rows > 0;
+    ++steps;
+  }
+  EXPECT_TRUE(eng.idle());
+  EXPECT_GE(mixed_steps, 3) << "prompt chunks never shared a step with decode rows";
+  EXPECT_EQ(eng.kv_bytes(), 0u);
+
+  float worst_all = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    EXPECT_EQ(got[i].finishes, 1);
+    EXPECT_EQ(got[i].reason, FinishReason::Length);
+    ASSERT_EQ(got[i].tokens, solo[i].tokens);
+    EXPECT_EQ(int(got[i].tokens.size()), reqs[i].max_tokens);
+    EXPECT_EQ(got[i].text, solo[i].text);
+    EXPECT_EQ(got[i].usage.prompt_tokens, int(reqs[i].prompt.size()));
+    EXPECT_EQ(got[i].usage.completion_tokens, reqs[i].max_tokens);
+    ASSERT_EQ(got[i].logits.size(), solo[i].logits.size());
+    for (size_t t = 0; t < solo[i].logits.size(); ++t) {
+      const std::vector<float>& a = got[i].logits[t];
+      const std::vector<float>& b = solo[i].logits[t];
+      ASSERT_EQ(a.size(), b.size());
+      const float tol = 1e-5f * std::max(1.0f, max_abs(b));
+      float worst = 0;
+      for (size_t k = 0; k < a.size(); ++k) worst = std::max(worst, std::fabs(a[k] - b[k]));
+      EXPECT_LE(worst, tol) << "logits row " << t;
+      worst_all = std::max(worst_all, worst);
+    }
+  }
+  RecordProperty("max_logit_diff", std::to_string(worst_all));
+  std::printf("mixed vs alone: %d steps, %d with decode rows and prompt chunks together, max |logit diff| %g\n",
+              steps, mixed_steps, double(worst_all));
+  // The image requests really went through the tower: their tokens differ from a text-only run.
+  Request text_only = reqs[1];
+  text_only.images.clear();
+  text_only.prompt = model_->chat_prompt(std::vector<text::ChatMessage>{user_turn("What is in this picture? Describe it in detail, please.", 0)}, {});
+  EXPECT_NE(alone(text_only).logits[0], solo[1].logits[0]);
+}
+
+TEST_F(EngineTest, AnImageBlockLargerThanTheBudgetGoesWhole) {
+  const Request req = request("Look", 1, 9, 4);
+  const Record solo = alone(req);
+  Record r;
+  Engine eng(*model_, StepBudget{.prefill_rows = 3, .images = 1});
+  eng.add(std::make_shared<Sequence>(*model_, req, record_into(r)));
+  int biggest = 0;
+  while (!eng.idle()) biggest = std::max(biggest, eng.step().prefill_rows);
+  EXPECT_EQ(biggest, model_->config().mm_tokens_per_image);  // the soft tokens, never cut
+  EXPECT_EQ(r.tokens, solo.tokens);
+  ASSERT_EQ(r.logits.size(), solo.logits.size());
+  for (size_t t = 0; t < r.logits.size(); ++t) {
+    const float tol = 1e-5f * std::max(1.0f, max_abs(solo.logits[t]));
+    for (size_t k = 0; k < r.logits[t].size(); ++k) ASSERT_NEAR(r.logits[t][k], solo.logits[t][k], tol);
+  }
+}
+
+TEST_F(EngineTest, CancelInEveryPhaseFreesTheSequenceAndFinishesOnce) {
+  for (Phase when : {Phase::Queued, Phase::Encoding, Phase::Prefill, Phase::Decode}) {
+    SCOPED_TRACE(std::string(phase_name(when)));
+    // A running sequence keeps the engine busy; max_seqs 1 keeps the second one queued.
+    Record other, r;
+    Engine eng(*model_, StepBudget{.prefill_rows = 8, .images = 1, .max_seqs = when == Phase::Queued ? 1 : 0});
+    auto keep = std::make_shared<Sequence>(*model_, request("Hi", 0, 1, 40), record_into(other));
+    auto seq = std::make_shared<Sequence>(*model_, request("Compare these two images please", 2, 7, 40),
+                                          record_into(r));
+    eng.add(keep);
+    eng.step();
+    eng.add(seq);
+    for (int i = 0; i < 100 && seq->phase() != when; ++i) eng.step();
+    ASSERT_EQ(seq->phase(), when);
+    const size_t tokens_before = r.tokens.size();
+    if (when == Phase::Prefill || when == Phase::Decode) EXPECT_GT(seq->kv_bytes(), 0u);
+    seq->cancel();
+    EXPECT_EQ(r.finishes, 0);  // dropped at the next step, not in cancel()
+    eng.step();
+    EXPECT_EQ(r.finishes, 1);
+    EXPECT_EQ(r.reason, FinishReason::Cancelled);
+    EXPECT_EQ(seq->phase(), Phase::Finished);
+    EXPECT_EQ(seq->kv_bytes(), 0u);
+    EXPECT_EQ(r.tokens.size(), tokens_before);  // no compute spent on it afterwards
+    EXPECT_EQ(eng.running(), 1u);
+    EXPECT_EQ(eng.waiting(), 0u);
+    EXPECT_EQ(eng.kv_bytes(), keep->kv_bytes());  // only the other sequence's cache is left
+    seq->cancel();  // again: nothing more happens
+    eng.run_until_idle();
+    EXPECT_EQ(r.finishes, 1);
+    EXPECT_EQ(other.finishes, 1);
+    EXPECT_EQ(other.reason, FinishReason::Length);
+    EXPECT_EQ(other.tokens, alone(request("Hi", 0, 1, 40)).tokens);  // the other one is unaffected
+  }
+}
+
+TEST_F(EngineTest, AdmissionErrorsFinishOnceBeforeCompute) {
+  struct Case {
+    std::string name;
+    Request req;
+    std::string want;
+  };
+  std::vector<Case> cases;
+  {
+    Request r = request("Hi", 1, 3);
+    r.images.clear();  // soft tokens without their image
+    cases.push_back({"soft tokens without images", r, "image soft tokens"});
+  }
+  {
+    Request r = request("Hi", 0, 3);
+    r.prompt.push_back(model_->vocab() + 5);
+    cases.push_back({"id out of range", r, "outside the vocabulary"});
+  }
+  {
+    Request r = request("Hi", 0, 3);
+    r.prompt.clear();
+    cases.push_back({"empty prompt", r, "no tokens"});
+  }
+  {
+    Request r = request("Hi", 0, 3);
+    r.sampling.temperature = -1;
+    cases.push_back({"bad temperature", r, "temperature"});
+  }
+  {
+    Request r = request("Hi", 0, 3);
+    r.prompt.assign(size_t(model_->context()) + 1, 2);
+    cases.push_back({"over the context", r, "exceeds the context limit of " + std::to_string(model_->context())});
+  }
+  for (Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_THROW(validate_request(*model_, c.req), Error);
+    Record r;
+    Engine eng(*model_);
+    auto seq = std::make_shared<Sequence>(*model_, c.req, record_into(r));
+    eng.add(seq);
+    const StepStats st = eng.step();
+    EXPECT_EQ(st.decode_rows + st.prefill_rows + st.images, 0);
+    EXPECT_EQ(r.finishes, 1);
+    EXPECT_EQ(r.reason, FinishReason::Error);
+    EXPECT_NE(seq->error().find(c.want), std::string::npos) << seq->error();
+    EXPECT_TRUE(eng.idle());
+    eng.step();
+    EXPECT_EQ(r.finishes, 1);
+  }
+}
+
+TEST_F(EngineTest, StopIdsStopStringsAndMaxTokens) {
+  Request base = request("Tell me something", 0, 2, 12);
+  const Record full = alone(base);
+  ASSERT_EQ(full.tokens.size(), 12u);
+  Request stop_id = base;
+  stop_id.stop_ids = std::vector<int32_t>{full.tokens[4]};
+  const Record a = alone(stop_id);
+  EXPECT_EQ(a.reason, FinishReason::Stop);
+  EXPECT_EQ(a.finishes, 1);
+  const auto first = std::find(full.tokens.begin(), full.tokens.end(), full.tokens[4]);
+  EXPECT_EQ(a.tokens, std::vector<int32_t>(full.tokens.begin(), first));  // the stop id is not reported
+  Request zero = base;
+  zero.max_tokens = 0;
+  const Record z = alone(zero);
+  EXPECT_EQ(z.reason, FinishReason::Length);
+  EXPECT_TRUE(z.tokens.empty());
+  if (full.text.size() > 4) {
+    Request ss = base;
+    ss.stop_strings = {full.text.substr(2, 2)};
+    const Record s = alone(ss);
+    EXPECT_EQ(s.reason, FinishReason::Stop);
+    EXPECT_EQ(s.text, full.text.substr(0, full.text.find(ss.stop_strings[0])));
+  }
+}
+
+TEST_F(EngineTest, LogprobsAreLogSoftmaxOfTheRawRow) {
+  Request r = request("Hi", 0, 1, 3);
+  r.top_logprobs = 3;
+  std::vector<TokenEvent> events;
+  std::vector<std::vector<float>> rows;
+  Callbacks cb;
+  cb.on_token = [&](const TokenEvent& e) { events.push_back(e); };
+  cb.on_logits = [&](std::span<const float> row) { rows.emplace_back(row.begin(), row.end()); };
+  Engine eng(*model_);
+  eng.add(std::make_shared<Sequence>(*model_, r, cb));
+  eng.run_until_idle();
+  ASSERT_EQ(events.size(), 3u);
+  for (size_t t = 0; t < events.size(); ++t) {
+    const std::vector<float>& row = rows[t];
+    const size_t V = size_t(model_->vocab_limit());
+    double mx = *std::max_element(row.begin(), row.begin() + std::ptrdiff_t(V)), sum = 0;
+    for (size_t k = 0; k < V; ++k) sum += std::exp(double(row[k]) - mx);
+    const double lse = mx + std::log(sum);
+    EXPECT_NEAR(events[t].logprob, row[size_t(events[t].id)] - lse, 1e-5);
+    ASSERT_EQ(events[t].top.size(), 3u);
+    EXPECT_EQ(events[t].top[0].first, events[t].id);  // greedy picks the most likely
+    EXPECT_GE(events[t].top[0].second, events[t].top[1].second);
+    EXPECT_GE(events[t].top[1].second, events[t].top[2].second);
+  }
+}
+
+}  // namespace
+}  // namespace vlm::engine
