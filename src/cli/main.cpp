@@ -23,6 +23,8 @@ const Command kCommands[] = {
     {"inspect", "describe a checkpoint folder (tensors, config, identity)", vlm::cli::cmd_inspect},
     {"run", "generate text from a prompt (streamed)", vlm::cli::cmd_run},
     {"dump", "write prefill intermediates and greedy decode as .npy", vlm::cli::cmd_dump},
+    {"serve", "OpenAI-compatible HTTP server with continuous batching", vlm::cli::cmd_serve},
+    {"batch", "run a JSONL file of chat requests (continuous batching, resumable)", vlm::cli::cmd_batch},
 };
 
 void usage() {

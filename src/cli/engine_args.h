@@ -1,0 +1,32 @@
+// Options shared by the commands that run the scheduler (`vlm serve`, `vlm batch`): the
+// model folder and how it loads, the batch bounds and the image policy.
+#pragma once
+#include <string>
+
+#include "engine/model.h"
+#include "server/http_server.h"
+
+namespace CLI {
+class App;
+}
+
+namespace vlm::cli {
+
+struct EngineArgs {
+  std::string model_dir;
+  std::string mask_mode;  // empty: the checkpoint's default
+  int64_t context = 0;
+  int threads = 0;
+  int max_seqs = 8;
+  int max_queue = 64;
+  int prefill_rows = 512;
+  int images_per_step = 1;
+  int max_images = 8;
+  // Adds --model, --mask-mode, --ctx, --threads, --max-seqs, --max-queue, --prefill-rows,
+  // --images-per-step, --max-images.
+  void add(CLI::App& app);
+  engine::ModelOptions model_options() const;
+  server::SchedulerOptions scheduler_options() const;
+};
+
+}  // namespace vlm::cli

@@ -1,0 +1,406 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <ctime>
+#include <thread>
+
+#include "core/error.h"
+#include "io/json.h"
+#include "server/chat_page.h"
+
+namespace vlm::server {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr auto kPoll = std::chrono::milliseconds(50);  // how often a response checks its client
+
+void send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  send_json(res, e.status, error_json(e));
+  if (e.status == 429) res.set_header("Retry-After", "1");
+  // openai-node retries 408/409/429/5xx unless told not to; a client mistake never helps by retrying.
+  if (e.status < 500 && e.status != 429) res.set_header("x-should-retry", "false");
+}
+
+// Constant-time comparison, so the key cannot be guessed byte by byte from response times.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char d = a.size() != b.size();
+  for (size_t i = 0; i < a.size(); ++i) d |= uint8_t(a[i]) ^ uint8_t(b[i % (b.size() ? b.size() : 1)]);
+  return d == 0;
+}
+
+std::string finish_text(engine::FinishReason r) {
+  return r == engine::FinishReason::Length ? "length" : "stop";
+}
+
+}  // namespace
+
+// One generation response being written: the job, what the client asked for, what was sent.
+struct HttpServer::Stream {
+  std::shared_ptr<Job> job;
+  std::shared_ptr<const engine::Model> model;  // keeps the tokenizer alive
+  ResponseMeta meta;
+  Endpoint endpoint = Endpoint::Chat;
+  bool stream = false, include_usage = false, logprobs = false, echo = false, token_ids = false;
+  std::string prompt;  // completions with echo
+  bool started = false;
+  JobOutput out;  // non-streamed: everything; streamed: what came since the last chunk
+
+  std::string piece(int32_t id) const {
+    const text::Tokenizer* tok = model->tokenizer();
+    return tok ? tok->decode(std::span<const int32_t>(&id, 1)) : std::to_string(id);
+  }
+  std::vector<TokenOut> convert(std::vector<engine::TokenEvent>& evs) const {
+    std::vector<TokenOut> v;
+    if (!logprobs) return v;
+    for (auto& e : evs) {
+      TokenOut t{e.id, e.text, piece(e.id), e.logprob, {}};
+      for (auto& [id, lp] : e.top) t.top.emplace_back(piece(id), lp);
+      v.push_back(std::move(t));
+    }
+    return v;
+  }
+  // vLLM's return_token_ids: the generated ids next to the text.
+  void add_ids(json& body, const std::vector<engine::TokenEvent>& evs) const {
+    if (!token_ids) return;
+    json ids = json::array();
+    for (const auto& e : evs) ids.push_back(e.id);
+    body["choices"][0]["token_ids"] = std::move(ids);
+  }
+  UsageOut usage() const {
+    return {out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.image_tokens};
+  }
+  std::string error_message() const {
+    return *out.finish == engine::FinishReason::Cancelled ? "the request was cancelled: the server is shutting down"
+                                                          : out.error;
+  }
+};
+
+HttpServer::HttpServer(ServerOptions opt) : opt_(std::move(opt)), http_(std::make_unique<httplib::Server>()) {
+  routes();
+}
+
+HttpServer::~HttpServer() = default;
+
+std::shared_ptr<const engine::Model> HttpServer::model() const {
+  std::lock_guard lk(mu_);
+  if (!model_) refuse(503, "the model is loading", {}, "model_loading");
+  return model_;
+}
+
+int HttpServer::bind() {
+  const SchedulerOptions& s = opt_.scheduler;
+  // Each open connection (idle keep-alive ones too) holds a pool thread, and 0.11.4's queue behind
+  // the pool is unbounded: size the pool for every request the scheduler may hold, plus slack.
+  const size_t threads = opt_.http_threads > 0 ? size_t(opt_.http_threads)
+                                               : size_t(std::max(s.budget.max_seqs, 1) + s.max_queue + 8);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_payload_max_length(opt_.max_body_bytes);
+  http_->set_read_timeout(opt_.timeout_s);
+  http_->set_write_timeout(opt_.timeout_s);
+  http_->set_keep_alive_max_count(1000);
+  http_->set_keep_alive_timeout(5);
+  const int port = opt_.port == 0 ? http_->bind_to_any_port(opt_.host)
+                                  : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
+  if (port < 0) fail("cannot listen on {}:{} (in use, or not an address of this machine)", opt_.host, opt_.port);
+  return port;
+}
+
+void HttpServer::listen() { http_->listen_after_bind(); }
+
+void HttpServer::set_model(std::shared_ptr<const engine::Model> model, const std::filesystem::path& dir) {
+  defaults_ = load_generation_defaults(dir);
+  auto sched = std::make_unique<Scheduler>(*model, opt_.scheduler, metrics_);
+  std::lock_guard lk(mu_);
+  model_id_ = !opt_.served_model_name.empty() ? opt_.served_model_name
+                                              : std::filesystem::absolute(dir).lexically_normal().filename().string();
+  if (model_id_.empty()) model_id_ = std::filesystem::absolute(dir).parent_path().filename().string();
+  fingerprint_ = "fp_" + model->identity().hash_hex();
+  created_ = int64_t(std::time(nullptr));
+  scheduler_ = std::move(sched);
+  model_ = std::move(model);
+}
+
+void HttpServer::shutdown() {
+  if (stopping_.exchange(true)) return;
+  Scheduler* s = nullptr;
+  {
+    std::lock_guard lk(mu_);
+    s = scheduler_.get();
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(opt_.shutdown_timeout_s);
+  if (s) {
+    s->drain();
+    if (!s->wait_idle(deadline)) {
+      std::fprintf(stderr, "vlm serve: shutdown deadline passed; cancelling what is left\n");
+      s->cancel_all();
+      s->wait_idle(Clock::now() + std::chrono::seconds(5));
+    }
+  }
+  // Let the responses of finished requests reach their clients before the sockets close.
+  while (active_.load() > 0 && Clock::now() < deadline + std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  http_->stop();
+}
+
+void HttpServer::routes() {
+  httplib::Server& svr = *http_;
+
+  // Runs before the body is read: 0.11.4 reads chunked and length-less bodies without any limit,
+  // so those are refused here, and so is a Content-Length over the limit.
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    auto stop = [&](const ApiError& e) {
+      send_error(res, e);
+      res.set_header("Connection", "close");  // the unread body must not be parsed as a request
+      return httplib::Server::HandlerResponse::Handled;
+    };
+    if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE") {
+      if (req.has_header("Transfer-Encoding"))
+        return stop({411, "chunked request bodies are not accepted; send a Content-Length", {}, "length_required"});
+      if (!req.has_header("Content-Length"))
+        return stop({411, "a request body needs a Content-Length header", {}, "length_required"});
+      const std::string& cl = req.get_header_value("Content-Length");
+      if (cl.empty() || cl.size() > 19 || cl.find_first_not_of("0123456789") != std::string::npos)
+        return stop({400, "malformed Content-Length header", {}, "invalid_request"});
+      if (std::stoull(cl) > opt_.max_body_bytes)
+        return stop({413, fmt::format("request body of {} bytes exceeds the limit of {} bytes", cl, opt_.max_body_bytes),
+                     {}, "request_too_large"});
+    }
+    // /health, the chat page and /metrics stay public (load balancers and scrapers carry no key).
+    const bool is_public = req.path == "/health" || req.path == "/" || req.path == "/metrics";
+    if (!opt_.api_key.empty() && !is_public) {
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string want = "Bearer " + opt_.api_key;
+      if (!same_secret(auth, want)) {
+        metrics_.add("requests_rejected_total", 1, "status=\"401\"");
+        send_error(res, {401, auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
+                                           : "invalid API key", {}, "invalid_api_key"});
+        return httplib::Server::HandlerResponse::Handled;
+      }
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const int status = res.status;
+    std::string msg = status == 404 ? fmt::format("no route {} {}", req.method, printable(req.path))
+                                    : fmt::format("HTTP error {}", status);
+    send_json(res, status, error_json({status, msg, {}, status == 404 ? "not_found" : ""}));
+  });
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string msg = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      msg += std::string(": ") + e.what();
+    } catch (...) {
+    }
+    send_json(res, 500, error_json({500, msg, {}, "internal_error"}));
+  });
+
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard lk(mu_);
+    if (stopping_)
+      send_error(res, {503, "the server is shutting down", {}, "server_shutting_down"});
+    else if (!model_)
+      send_error(res, {503, "the model is loading", {}, "model_loading"});
+    else if (!scheduler_->healthy())
+      send_error(res, {503, "the engine stopped after an internal error", {}, "engine_dead"});
+    else
+      send_json(res, 200, {{"status", "ok"}});
+  });
+
+  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(std::string(chat_page()), "text/html; charset=utf-8");
+  });
+
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    std::string id;
+    {
+      std::lock_guard lk(mu_);
+      id = model_id_;
+    }
+    res.set_content(metrics_.text(id), "text/plain; version=0.0.4");
+  });
+
+  auto model_card = [this](const engine::Model& m) {
+    const ModelConfig& c = m.config();
+    return json{{"id", model_id_},
+                {"object", "model"},
+                {"created", created_},
+                {"owned_by", "vlm"},
+                {"max_model_len", m.context()},
+                {"capabilities", {{"vision", m.has_vision()}, {"chat", m.has_chat_template()}}},
+                {"context_length", m.context()},
+                {"architecture", c.architecture},
+                {"mask_mode", std::string(mask_mode_name(m.host_options().mask_mode))},
+                {"identity", m.identity().hash_hex()}};
+  };
+  svr.Get("/v1/models", [this, model_card](const httplib::Request&, httplib::Response& res) {
+    try {
+      auto m = model();
+      send_json(res, 200, {{"object", "list"}, {"data", json::array({model_card(*m)})}});
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+  svr.Get(R"(/v1/models/(.+))", [this, model_card](const httplib::Request& req, httplib::Response& res) {
+    try {
+      auto m = model();
+      if (req.matches[1] != model_id_)
+        refuse(404, fmt::format("The model '{}' does not exist; this server serves '{}'",
+                                printable(std::string(req.matches[1])), model_id_), "model", "model_not_found");
+      send_json(res, 200, model_card(*m));
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+
+  svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generate(req.body, Endpoint::Chat, res);
+  });
+  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    generate(req.body, Endpoint::Completion, res);
+  });
+}
+
+void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Response& res) {
+  auto st = std::make_shared<Stream>();
+  try {
+    if (stopping_) refuse(503, "the server is shutting down", {}, "server_shutting_down");
+    st->model = model();
+    Scheduler* sched;
+    {
+      std::lock_guard lk(mu_);
+      sched = scheduler_.get();
+    }
+    ApiRequest ar = parse_request(parse_body(body), ep, opt_.images);
+    if (!ar.model.empty() && ar.model != model_id_)
+      refuse(404, fmt::format("The model '{}' does not exist; this server serves '{}'", printable(ar.model), model_id_),
+             "model", "model_not_found");
+    st->endpoint = ep;
+    st->stream = ar.stream;
+    st->include_usage = ar.include_usage;
+    st->logprobs = ar.top_logprobs >= 0;
+    st->echo = ar.echo;
+    st->token_ids = ar.return_token_ids;
+    if (ar.echo) st->prompt = ar.prompt;
+    engine::Request er = prepare_request(*st->model, ar, defaults_, opt_.limits);
+    st->job = sched->submit(std::move(er));
+  } catch (const ApiError& e) {
+    metrics_.add("requests_rejected_total", 1, fmt::format("status=\"{}\"", e.status));
+    send_error(res, e);
+    return;
+  }
+  const uint64_t n = ++next_id_;
+  st->meta = {fmt::format("{}-{:x}{:08x}", ep == Endpoint::Chat ? "chatcmpl" : "cmpl", created_, n),
+              int64_t(std::time(nullptr)), model_id_, fingerprint_};
+  active_++;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Request-Id", st->meta.id);
+
+  // The releaser runs when the response ends: success = false means the client went away.
+  auto release = [this, st](bool success) {
+    if (!success) st->job->cancel();
+    active_--;
+  };
+  if (st->stream) {
+    res.set_header("X-Accel-Buffering", "no");
+    // Exactly "text/event-stream": 0.11.4 gzips any other type, buffering the events.
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [st](size_t, httplib::DataSink& sink) {
+          const bool chat = st->endpoint == Endpoint::Chat;
+          auto write = [&](const std::string& s) {
+            if (sink.write(s.data(), s.size())) return true;
+            st->job->cancel();
+            return false;
+          };
+          if (!st->started) {
+            st->started = true;
+            if (chat) return write(sse(chat_role_chunk(st->meta, st->include_usage)));
+            if (st->echo) return write(sse(completion_chunk(st->meta, st->prompt, {}, false, nullptr, st->include_usage)));
+          }
+          JobOutput& out = st->out;
+          const bool done = st->job->take(out, kPoll);
+          if (!sink.is_writable()) {
+            st->job->cancel();
+            return false;
+          }
+          if (!out.text.empty() || (st->logprobs && !out.tokens.empty())) {
+            std::vector<TokenOut> toks = st->convert(out.tokens);
+            json chunk = chat ? chat_delta_chunk(st->meta, out.text, toks, st->logprobs, st->include_usage)
+                              : completion_chunk(st->meta, out.text, toks, st->logprobs, nullptr, st->include_usage);
+            st->add_ids(chunk, out.tokens);
+            if (!write(sse(chunk))) return false;
+            out.text.clear();
+            out.tokens.clear();
+          }
+          // Tokens without text yet (a character or a possible stop string held back) ride on
+          // the next chunk.
+          if (!done) return true;
+          std::string tail;
+          if (*out.finish == engine::FinishReason::Error || *out.finish == engine::FinishReason::Cancelled) {
+            // openai-node raises an APIError for an event with an "error" key.
+            tail = sse(error_json({500, st->error_message(), {}, "internal_error"}));
+          } else {
+            const std::string f = finish_text(*out.finish);
+            json fin = chat ? chat_finish_chunk(st->meta, f, st->include_usage)
+                            : completion_chunk(st->meta, "", {}, false, f.c_str(), st->include_usage);
+            if (!out.tokens.empty()) st->add_ids(fin, out.tokens);
+            tail = sse(fin);
+            if (st->include_usage) tail += sse(usage_chunk(st->meta, st->endpoint, st->usage()));
+          }
+          tail += "data: [DONE]\n\n";
+          if (!write(tail)) return false;
+          sink.done();
+          return true;
+        },
+        release);
+  } else {
+    // Not streamed, yet still a chunked provider: it is the only place 0.11.4 lets a handler see
+    // that the client left while the answer is being computed.
+    res.set_chunked_content_provider(
+        "application/json",
+        [st](size_t, httplib::DataSink& sink) {
+          JobOutput& out = st->out;
+          const bool done = st->job->take(out, kPoll);
+          if (!sink.is_writable()) {
+            st->job->cancel();
+            return false;
+          }
+          if (!done) return true;
+          json body;
+          if (*out.finish == engine::FinishReason::Error || *out.finish == engine::FinishReason::Cancelled) {
+            body = error_json({500, st->error_message(), {}, "internal_error"});
+          } else {
+            const std::string f = finish_text(*out.finish);
+            std::vector<TokenOut> toks = st->convert(out.tokens);
+            body = st->endpoint == Endpoint::Chat
+                       ? chat_response(st->meta, out.text, toks, st->logprobs, f, st->usage())
+                       : completion_response(st->meta, st->prompt + out.text, toks, st->logprobs, f, st->usage());
+            st->add_ids(body, out.tokens);
+          }
+          const std::string s = dump(body);
+          if (!sink.write(s.data(), s.size())) {
+            st->job->cancel();
+            return false;
+          }
+          sink.done();
+          return true;
+        },
+        release);
+  }
+}
+
+}  // namespace vlm::server

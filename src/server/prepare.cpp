@@ -1,0 +1,97 @@
+#include "server/prepare.h"
+
+#include <fmt/format.h>
+
+#include <random>
+
+#include "core/error.h"
+#include "io/json.h"
+
+namespace vlm::server {
+
+GenerationDefaults load_generation_defaults(const std::filesystem::path& dir) {
+  GenerationDefaults d;
+  const std::filesystem::path f = dir / "generation_config.json";
+  if (!std::filesystem::exists(f)) return d;
+  const nlohmann::json j = parse_json(read_text_file(f, 1 << 20), f.string());
+  auto num = [&](const char* key, auto& out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return;
+    if (!it->is_number()) fail("{}: '{}' must be a number", f.string(), key);
+    out = it->get<std::remove_reference_t<decltype(out)>>();
+  };
+  if (auto it = j.find("do_sample"); it != j.end() && it->is_boolean()) d.do_sample = it->get<bool>();
+  num("temperature", d.temperature);
+  num("top_p", d.top_p);
+  num("top_k", d.top_k);
+  num("min_p", d.min_p);
+  num("repetition_penalty", d.repetition_penalty);
+  return d;
+}
+
+namespace {
+
+std::vector<vision::RgbImage> decode_images(std::vector<ImageRef>& refs, const PrepareLimits& limits) {
+  std::vector<vision::RgbImage> out;
+  for (ImageRef& r : refs) {
+    try {
+      out.push_back(r.path.empty() ? vision::decode_image(r.bytes, r.param, limits.decode)
+                                   : vision::load_image(r.path, limits.decode));
+    } catch (const Error& e) {
+      refuse(400, fmt::format("'{}': the image could not be used: {}", r.param, e.what()), r.param, "invalid_image");
+    }
+    r.bytes = {};
+    if (out.back().width < 1 || out.back().height < 1)
+      refuse(400, fmt::format("'{}': the image has no pixels", r.param), r.param, "invalid_image");
+  }
+  return out;
+}
+
+}  // namespace
+
+engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const GenerationDefaults& defaults,
+                                const PrepareLimits& limits) {
+  engine::Request req;
+  if (!r.images.empty() && !model.has_vision())
+    refuse(400, fmt::format("this model ({}) takes no images: it has no vision tower", model.config().architecture),
+           r.images.front().param, "images_not_supported");
+  req.images = decode_images(r.images, limits);
+  const char* prompt_param = r.endpoint == Endpoint::Chat ? "messages" : "prompt";
+  try {
+    req.prompt = r.endpoint == Endpoint::Chat ? model.chat_prompt(r.messages, req.images)
+                                              : model.raw_prompt(r.prompt, req.images);
+  } catch (const Error& e) {
+    refuse(400, e.what(), prompt_param);
+  }
+  const int64_t ctx = model.context(), n = int64_t(req.prompt.size());
+  if (n >= ctx || (r.max_tokens && n + *r.max_tokens > ctx))
+    refuse(400,
+           fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
+                       "the {}, {} for the completion). Please reduce the length of the {} or the completion.",
+                       ctx, n + r.max_tokens.value_or(1), n, prompt_param, r.max_tokens.value_or(1), prompt_param),
+           r.max_tokens && n < ctx ? r.max_tokens_param : prompt_param, "context_length_exceeded");
+  // Chat default: until a stop token or the end of the context; completions: 16 (OpenAI, vLLM).
+  req.max_tokens = r.max_tokens.value_or(r.endpoint == Endpoint::Chat ? int(ctx - n) : 16);
+
+  SamplingParams& s = req.sampling;
+  s.temperature = r.temperature.value_or(defaults.do_sample ? defaults.temperature : 0.f);
+  s.top_p = r.top_p.value_or(defaults.do_sample ? defaults.top_p : 1.f);
+  s.top_k = r.top_k.value_or(defaults.do_sample ? defaults.top_k : 0);
+  s.min_p = r.min_p.value_or(defaults.do_sample ? defaults.min_p : 0.f);
+  s.repetition_penalty = r.repetition_penalty.value_or(defaults.repetition_penalty);
+  s.presence_penalty = r.presence_penalty.value_or(0.f);
+  s.frequency_penalty = r.frequency_penalty.value_or(0.f);
+  // Without a seed every request draws its own (OpenAI); with one, the same tokens every time.
+  s.seed = r.seed ? *r.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  req.stop_strings = r.stop;
+  if (r.ignore_eos) req.stop_ids = std::vector<int32_t>{};
+  req.top_logprobs = r.top_logprobs;
+  try {
+    engine::validate_request(model, req);
+  } catch (const Error& e) {
+    refuse(400, e.what());
+  }
+  return req;
+}
+
+}  // namespace vlm::server

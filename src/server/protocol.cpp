@@ -1,0 +1,444 @@
+#include "server/protocol.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "io/json.h"
+
+namespace vlm::server {
+
+using nlohmann::json;
+
+std::string ApiError::type() const {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 429: return "rate_limit_error";
+    case 503: return "unavailable_error";
+    default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+void refuse(int status, std::string message, std::string param, std::string code) {
+  throw ApiError{status, std::move(message), std::move(param), std::move(code)};
+}
+
+json error_json(const ApiError& e) {
+  auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+  return {{"error", {{"message", e.message}, {"type", e.type()}, {"param", or_null(e.param)}, {"code", or_null(e.code)}}}};
+}
+
+json parse_body(std::string_view body) {
+  try {
+    return parse_json(body, "request body", 64);
+  } catch (const Error& e) {
+    refuse(400, e.what(), {}, "invalid_json");
+  }
+}
+
+std::optional<std::vector<uint8_t>> base64_decode(std::string_view s) {
+  static const std::array<int8_t, 256> table = [] {
+    std::array<int8_t, 256> t{};
+    t.fill(-1);
+    const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int i = 0; i < 64; ++i) t[uint8_t(a[i])] = int8_t(i);
+    return t;
+  }();
+  while (!s.empty() && s.back() == '=') s.remove_suffix(1);
+  if (s.size() % 4 == 1) return std::nullopt;
+  std::vector<uint8_t> out;
+  out.reserve(s.size() * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : s) {
+    const int v = table[uint8_t(c)];
+    if (v < 0) return std::nullopt;
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(uint8_t(acc >> bits));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: return "a number";
+    default: return "an integer";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& param, const char* want, const json& got) {
+  refuse(400, fmt::format("'{}' must be {}, got {}", param, want, type_name(got)), param);
+}
+
+// Reads one optional field; null counts as absent (openai-node sends explicit nulls).
+const json* field(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<float> number(const json& body, const char* key, double lo, double hi) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) wrong_type(key, "a number", *v);
+  const double d = v->get<double>();
+  if (!(d >= lo && d <= hi)) refuse(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, d), key);
+  return float(d);
+}
+
+std::optional<int64_t> integer(const json& body, const char* key, int64_t lo, int64_t hi) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) wrong_type(key, "an integer", *v);
+  // Unsigned values past int64 range are refused by the range check below.
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    refuse(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v->get<uint64_t>()), key);
+  const int64_t i = v->get<int64_t>();
+  if (i < lo || i > hi) refuse(400, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, i), key);
+  return i;
+}
+
+std::optional<bool> boolean(const json& body, const char* key) {
+  const json* v = field(body, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) wrong_type(key, "a boolean", *v);
+  return v->get<bool>();
+}
+
+ImageRef image_ref(const json& part, const std::string& param, const ImagePolicy& policy) {
+  // {"type":"image_url","image_url":{"url":...}} or the plain-string form some clients send.
+  auto iu = part.find("image_url");
+  if (iu == part.end()) refuse(400, fmt::format("'{}.image_url' is missing", param), param + ".image_url");
+  const json* url = &*iu;
+  if (iu->is_object()) {
+    auto u = iu->find("url");
+    if (u == iu->end()) refuse(400, fmt::format("'{}.image_url.url' is missing", param), param + ".image_url.url");
+    url = &*u;
+  }
+  const std::string up = param + ".image_url";
+  if (!url->is_string()) wrong_type(up, "a URL string", *url);
+  const std::string& s = url->get_ref<const std::string&>();
+  ImageRef ref{up, {}, {}};
+  if (s.rfind("data:", 0) == 0) {
+    // data:[<media type>][;base64],<payload>; the format is sniffed from the bytes, not the type.
+    const size_t comma = s.find(',');
+    if (comma == std::string::npos || comma < 12 || s.compare(comma - 7, 7, ";base64") != 0)
+      refuse(400, fmt::format("'{}': a data URL must be data:image/<format>;base64,<data>", up), up, "invalid_image_url");
+    const size_t payload = s.size() - comma - 1;
+    if (payload / 4 * 3 > policy.max_image_bytes)
+      refuse(400, fmt::format("'{}': image of about {} bytes exceeds the limit of {} bytes", up, payload / 4 * 3,
+                              policy.max_image_bytes), up, "image_too_large");
+    auto bytes = base64_decode(std::string_view(s).substr(comma + 1));
+    if (!bytes) refuse(400, fmt::format("'{}': the base64 data is malformed", up), up, "invalid_image_url");
+    ref.bytes = std::move(*bytes);
+    return ref;
+  }
+  std::string path;
+  if (s.rfind("file://", 0) == 0)
+    path = s.substr(7);
+  else if (s.rfind("http://", 0) == 0 || s.rfind("https://", 0) == 0)
+    refuse(400, fmt::format("'{}': remote image URLs are not fetched by this server; send the image as a "
+                            "data:image/...;base64 URL", up), up, "invalid_image_url");
+  else if (s.find("://") == std::string::npos)
+    path = s;  // a plain path (vlm batch)
+  else
+    refuse(400, fmt::format("'{}': unsupported URL scheme in '{}'", up, printable(s.substr(0, 40))), up,
+           "invalid_image_url");
+  if (!policy.allow_files)
+    refuse(400, fmt::format("'{}': local image files are refused unless the server runs with --allow-file-images",
+                            up), up, "invalid_image_url");
+  ref.path = path;
+  return ref;
+}
+
+std::vector<text::ChatMessage> parse_messages(const json& body, std::vector<ImageRef>& images,
+                                              const ImagePolicy& policy) {
+  const json* msgs = field(body, "messages");
+  if (!msgs) refuse(400, "'messages' is required", "messages");
+  if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
+  if (msgs->empty()) refuse(400, "'messages' must contain at least one message", "messages");
+  std::vector<text::ChatMessage> out;
+  for (size_t i = 0; i < msgs->size(); ++i) {
+    const json& m = (*msgs)[i];
+    const std::string at = fmt::format("messages[{}]", i);
+    if (!m.is_object()) wrong_type(at, "an object", m);
+    const json* role = field(m, "role");
+    if (!role) refuse(400, fmt::format("'{}.role' is required", at), at + ".role");
+    if (!role->is_string()) wrong_type(at + ".role", "a string", *role);
+    std::string r = role->get<std::string>();
+    if (r == "developer") r = "system";  // OpenAI's newer name for the system role
+    if (r != "system" && r != "user" && r != "assistant")
+      refuse(400, fmt::format("'{}.role' must be system, developer, user or assistant, got '{}' (this model has no "
+                              "tool template)", at, printable(r)), at + ".role");
+    text::ChatMessage msg{r, {}};
+    const json* content = field(m, "content");
+    if (!content) {
+      if (r != "assistant") refuse(400, fmt::format("'{}.content' is required", at), at + ".content");
+      msg.content.push_back({false, {}});
+    } else if (content->is_string()) {
+      msg.content.push_back({false, content->get<std::string>()});
+    } else if (content->is_array()) {
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& p = (*content)[k];
+        const std::string pat = fmt::format("{}.content[{}]", at, k);
+        if (!p.is_object()) wrong_type(pat, "an object", p);
+        const json* ty = field(p, "type");
+        if (!ty || !ty->is_string()) refuse(400, fmt::format("'{}.type' must be a string", pat), pat + ".type");
+        const std::string& t = ty->get_ref<const std::string&>();
+        if (t == "text") {
+          const json* tx = field(p, "text");
+          if (!tx || !tx->is_string()) refuse(400, fmt::format("'{}.text' must be a string", pat), pat + ".text");
+          msg.content.push_back({false, tx->get<std::string>()});
+        } else if (t == "image_url") {
+          if (r != "user") refuse(400, fmt::format("'{}': images are accepted in user messages only", pat), pat);
+          if (int(images.size()) >= policy.max_images)
+            refuse(400, fmt::format("too many images: more than the limit of {} per request", policy.max_images),
+                   pat, "too_many_images");
+          images.push_back(image_ref(p, pat, policy));
+          msg.content.push_back({true, {}});
+        } else {
+          refuse(400, fmt::format("'{}.type' '{}' is not supported (text and image_url are)", pat, printable(t)),
+                 pat + ".type");
+        }
+      }
+    } else {
+      wrong_type(at + ".content", "a string or an array of content parts", *content);
+    }
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+std::vector<std::string> parse_stop(const json& body) {
+  const json* v = field(body, "stop");
+  if (!v) return {};
+  if (v->is_string()) return {v->get<std::string>()};
+  if (!v->is_array()) wrong_type("stop", "a string or an array of strings", *v);
+  if (v->size() > 4) refuse(400, fmt::format("'stop' has {} entries; at most 4 are allowed", v->size()), "stop");
+  std::vector<std::string> out;
+  for (const json& s : *v) {
+    if (!s.is_string()) wrong_type("stop", "a string or an array of strings", s);
+    if (!s.get_ref<const std::string&>().empty()) out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace
+
+ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy& images) {
+  if (!body.is_object()) wrong_type("body", "a JSON object", body);
+  ApiRequest r;
+  r.endpoint = endpoint;
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) wrong_type("model", "a string", *m);
+    r.model = m->get<std::string>();
+  }
+  if (auto n = integer(body, "n", 1, 128); n && *n != 1)
+    refuse(400, fmt::format("'n' = {} is not supported; only one choice per request (n = 1)", *n), "n");
+  if (auto b = integer(body, "best_of", 1, 128); b && *b != 1)
+    refuse(400, "'best_of' other than 1 is not supported", "best_of");
+  if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty()))
+    refuse(400, "'tools' is not supported: this model has no tool-calling template", "tools");
+  if (const json* t = field(body, "tool_choice"); t && !(t->is_string() && *t == "none"))
+    refuse(400, "'tool_choice' is not supported: this model has no tool-calling template", "tool_choice");
+  if (field(body, "functions")) refuse(400, "'functions' is not supported", "functions");
+  if (const json* rf = field(body, "response_format")) {
+    const json* ty = rf->is_object() ? field(*rf, "type") : nullptr;
+    if (!ty || !ty->is_string()) refuse(400, "'response_format' must be an object with a string 'type'", "response_format");
+    if (*ty != "text")
+      refuse(400, fmt::format("'response_format' type '{}' is not supported (only 'text')",
+                              printable(ty->get<std::string>())), "response_format");
+  }
+  if (field(body, "suffix")) refuse(400, "'suffix' is not supported", "suffix");
+  if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
+    refuse(400, "'logit_bias' is not supported", "logit_bias");
+
+  r.stream = boolean(body, "stream").value_or(false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) wrong_type("stream_options", "an object", *so);
+    if (!r.stream) refuse(400, "'stream_options' is only allowed when 'stream' is true", "stream_options");
+    r.include_usage = boolean(*so, "include_usage").value_or(false);
+  }
+
+  const char* max_key = "max_tokens";
+  std::optional<int64_t> max_tokens;
+  if (endpoint == Endpoint::Chat && field(body, "max_completion_tokens")) {
+    max_key = "max_completion_tokens";
+    max_tokens = integer(body, max_key, 1, std::numeric_limits<int32_t>::max());
+  } else {
+    max_tokens = integer(body, max_key, endpoint == Endpoint::Chat ? 1 : 0, std::numeric_limits<int32_t>::max());
+  }
+  if (max_tokens) r.max_tokens = int(*max_tokens);
+  r.max_tokens_param = max_key;
+  r.temperature = number(body, "temperature", 0, 2);
+  r.top_p = number(body, "top_p", 0, 1);
+  if (r.top_p && *r.top_p == 0.f) refuse(400, "'top_p' must be in (0, 1], got 0", "top_p");
+  r.min_p = number(body, "min_p", 0, 1);
+  r.presence_penalty = number(body, "presence_penalty", -2, 2);
+  r.frequency_penalty = number(body, "frequency_penalty", -2, 2);
+  r.repetition_penalty = number(body, "repetition_penalty", 0.01, 10);
+  if (auto k = integer(body, "top_k", -1, 1 << 20)) r.top_k = int(*k < 0 ? 0 : *k);  // vLLM: -1 = off
+  if (const json* s = field(body, "seed")) {
+    if (!s->is_number_integer()) wrong_type("seed", "an integer", *s);
+    r.seed = s->is_number_unsigned() ? s->get<uint64_t>() : uint64_t(s->get<int64_t>());
+  }
+  r.stop = parse_stop(body);
+  r.return_token_ids = boolean(body, "return_token_ids").value_or(false);
+  r.ignore_eos = boolean(body, "ignore_eos").value_or(false);
+
+  if (endpoint == Endpoint::Chat) {
+    const bool lp = boolean(body, "logprobs").value_or(false);
+    auto top = integer(body, "top_logprobs", 0, 20);
+    if (top && !lp) refuse(400, "'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
+    if (lp) r.top_logprobs = int(top.value_or(0));
+    r.messages = parse_messages(body, r.images, images);
+  } else {
+    if (auto lp = integer(body, "logprobs", 0, 5)) r.top_logprobs = int(*lp);
+    r.echo = boolean(body, "echo").value_or(false);
+    const json* p = field(body, "prompt");
+    if (!p) refuse(400, "'prompt' is required", "prompt");
+    if (p->is_array()) {
+      if (p->size() != 1 || !(*p)[0].is_string())
+        refuse(400, "'prompt' must be one string (lists of prompts and token-id prompts are not supported)", "prompt");
+      p = &(*p)[0];
+    }
+    if (!p->is_string()) wrong_type("prompt", "a string", *p);
+    r.prompt = p->get<std::string>();
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+json usage_json(const UsageOut& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", 0}, {"image_tokens", u.image_tokens}}}};
+}
+
+namespace {
+
+json head(const ResponseMeta& m, const char* object) {
+  return {{"id", m.id}, {"object", object}, {"created", m.created}, {"model", m.model},
+          {"system_fingerprint", m.fingerprint}};
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+// chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}], "refusal": null}
+json chat_logprobs(const std::vector<TokenOut>& tokens) {
+  json content = json::array();
+  for (const TokenOut& t : tokens) {
+    json top = json::array();
+    for (const auto& [piece, lp] : t.top) top.push_back({{"token", piece}, {"logprob", lp}, {"bytes", bytes_of(piece)}});
+    content.push_back({{"token", t.piece}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+// completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{piece: lp}], "text_offset"}
+json legacy_logprobs(const std::vector<TokenOut>& tokens, size_t offset) {
+  json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  for (const TokenOut& t : tokens) {
+    toks.push_back(t.piece);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [piece, lp] : t.top) top[piece] = lp;
+    tops.push_back(top);
+    offs.push_back(offset);
+    offset += t.text.size();
+  }
+  return {{"tokens", toks}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+}  // namespace
+
+json chat_response(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens, bool logprobs,
+                   std::string_view finish, const UsageOut& u) {
+  json j = head(m, "chat.completion");
+  j["choices"] = json::array({{{"index", 0},
+                               {"message", {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}}},
+                               {"logprobs", logprobs ? chat_logprobs(tokens) : json(nullptr)},
+                               {"finish_reason", finish}}});
+  j["usage"] = usage_json(u);
+  return j;
+}
+
+json completion_response(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+                         bool logprobs, std::string_view finish, const UsageOut& u) {
+  json j = head(m, "text_completion");
+  j["choices"] = json::array({{{"index", 0},
+                               {"text", text},
+                               {"logprobs", logprobs ? legacy_logprobs(tokens, 0) : json(nullptr)},
+                               {"finish_reason", finish}}});
+  j["usage"] = usage_json(u);
+  return j;
+}
+
+namespace {
+json chat_chunk(const ResponseMeta& m, json delta, json logprobs, json finish, bool usage_null) {
+  json j = head(m, "chat.completion.chunk");
+  j["choices"] = json::array(
+      {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}});
+  if (usage_null) j["usage"] = nullptr;
+  return j;
+}
+}  // namespace
+
+json chat_role_chunk(const ResponseMeta& m, bool usage_null) {
+  return chat_chunk(m, {{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}, nullptr, nullptr, usage_null);
+}
+
+json chat_delta_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+                      bool logprobs, bool usage_null) {
+  return chat_chunk(m, {{"content", text}}, logprobs ? chat_logprobs(tokens) : json(nullptr), nullptr, usage_null);
+}
+
+json chat_finish_chunk(const ResponseMeta& m, std::string_view finish, bool usage_null) {
+  return chat_chunk(m, json::object(), nullptr, finish, usage_null);
+}
+
+json completion_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+                      bool logprobs, const char* finish, bool usage_null) {
+  json j = head(m, "text_completion");
+  j["choices"] = json::array({{{"index", 0},
+                               {"text", text},
+                               {"logprobs", logprobs ? legacy_logprobs(tokens, 0) : json(nullptr)},
+                               {"finish_reason", finish ? json(finish) : json(nullptr)}}});
+  if (usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+json usage_chunk(const ResponseMeta& m, Endpoint endpoint, const UsageOut& u) {
+  json j = head(m, endpoint == Endpoint::Chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array();
+  j["usage"] = usage_json(u);
+  return j;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace vlm::server

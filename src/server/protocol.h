@@ -1,0 +1,116 @@
+// The OpenAI wire contract of `vlm serve` and `vlm batch` (openai-node's
+// resources/chat/completions, resources/completions, core/streaming): request
+// JSON in, an ApiRequest out with every field type- and range-checked, and the
+// response, stream-chunk and error JSON writers. Nothing here touches the model.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "text/chat.h"
+
+namespace vlm::server {
+
+// A request the server refuses, answered as {"error": {message, type, param, code}}.
+// Client mistakes are 4xx: openai-node retries 429 and every 5xx, so a mistake must never be one.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param;  // empty = null
+  std::string code;   // empty = null
+  std::string type() const;  // from the status: invalid_request_error, authentication_error, ...
+};
+[[noreturn]] void refuse(int status, std::string message, std::string param = {}, std::string code = {});
+nlohmann::json error_json(const ApiError& e);
+
+enum class Endpoint { Chat, Completion };
+
+// Where image URLs may point. data: URIs always; the others only when the operator allows.
+struct ImagePolicy {
+  bool allow_files = false;  // file:// URLs and (vlm batch) plain paths
+  int max_images = 8;        // per request
+  uint64_t max_image_bytes = 20u << 20;  // per encoded image
+};
+
+struct ImageRef {
+  std::string param;                  // "messages[1].content[0].image_url"
+  std::vector<uint8_t> bytes;         // a data: URI's payload, base64-decoded
+  std::string path;                   // a file:// URL or a plain path (when allowed)
+};
+
+// Sampling fields are optional: the checkpoint's generation_config.json fills the absent ones.
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::Chat;
+  std::string model;                            // empty = not given
+  std::vector<text::ChatMessage> messages;      // chat
+  std::vector<ImageRef> images;                 // chat, in prompt order
+  std::string prompt;                           // completions
+  bool stream = false;
+  bool include_usage = false;                   // stream_options.include_usage
+  std::optional<int> max_tokens;
+  std::string max_tokens_param = "max_tokens";  // the key it came in (max_completion_tokens)
+  std::optional<float> temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
+  std::optional<int> top_k;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  int top_logprobs = -1;                        // -1 = no logprobs; chat: top_logprobs, completions: logprobs
+  bool echo = false;                            // completions: prompt text before the answer
+  bool return_token_ids = false;                // vLLM's extension: choices[0].token_ids
+  bool ignore_eos = false;                      // vLLM's extension: only max_tokens and stop strings end it
+};
+
+// Throws ApiError (400) naming the field for every wrong type, range or unsupported option.
+ApiRequest parse_request(const nlohmann::json& body, Endpoint endpoint, const ImagePolicy& images);
+// The body as JSON (malformed, too deep, duplicate keys → 400).
+nlohmann::json parse_body(std::string_view body);
+
+// Base64 (RFC 4648, padding optional, no whitespace); nullopt when malformed.
+std::optional<std::vector<uint8_t>> base64_decode(std::string_view s);
+
+// Response building. One generated token as the client sees it.
+struct TokenOut {
+  int32_t id = 0;
+  std::string text;    // what the detokenizer emitted for it (may be empty mid-character)
+  std::string piece;   // the token's own text (logprobs "token")
+  float logprob = 0.f;
+  std::vector<std::pair<std::string, float>> top;  // top alternatives (piece, logprob)
+};
+
+struct UsageOut {
+  int prompt_tokens = 0, completion_tokens = 0, image_tokens = 0;
+};
+
+struct ResponseMeta {
+  std::string id;          // chatcmpl-… / cmpl-…
+  int64_t created = 0;     // Unix seconds
+  std::string model;
+  std::string fingerprint; // system_fingerprint: the compatibility identity hash
+};
+
+nlohmann::json usage_json(const UsageOut& u);
+// Non-streamed bodies: the whole answer, its tokens (logprobs) and the finish reason.
+nlohmann::json chat_response(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+                             bool logprobs, std::string_view finish, const UsageOut& u);
+nlohmann::json completion_response(const ResponseMeta& m, const std::string& text,
+                                   const std::vector<TokenOut>& tokens, bool logprobs, std::string_view finish,
+                                   const UsageOut& u);
+// Stream chunks (chat.completion.chunk / text_completion). `usage_null` adds "usage": null as
+// openai-node's include_usage contract wants on every chunk but the last.
+nlohmann::json chat_role_chunk(const ResponseMeta& m, bool usage_null);
+nlohmann::json chat_delta_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+                                bool logprobs, bool usage_null);
+nlohmann::json chat_finish_chunk(const ResponseMeta& m, std::string_view finish, bool usage_null);
+nlohmann::json completion_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+                                bool logprobs, const char* finish, bool usage_null);
+nlohmann::json usage_chunk(const ResponseMeta& m, Endpoint endpoint, const UsageOut& u);
+
+// JSON text for the wire: invalid UTF-8 becomes U+FFFD instead of throwing.
+std::string dump(const nlohmann::json& j);
+// One server-sent event: "data: <json>\n\n".
+std::string sse(const nlohmann::json& j);
+
+}  // namespace vlm::server

@@ -1,0 +1,109 @@
+// The scheduler behind `vlm serve` and `vlm batch`: ONE thread owns the engine and calls
+// step() in a loop, so every step decodes all running sequences together plus a bounded
+// slice of prompt chunks and image encodes (engine/engine.h). Other threads submit requests
+// through a bounded queue (requests and not-yet-encoded image bytes) and get each request's
+// output through its own Job: a thread-safe channel the engine's callbacks fill and the
+// submitter drains (the SSE writer, the batch writer). Job::cancel() sets that request's own
+// cancel flag; the engine drops it at its next step in whatever phase it is.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/metrics.h"
+
+namespace vlm::server {
+
+using Clock = std::chrono::steady_clock;
+
+// What the engine produced for a request since the last take().
+struct JobOutput {
+  std::string text;                         // user-visible text (stop strings cut)
+  std::vector<engine::TokenEvent> tokens;   // generated tokens (logprobs)
+  std::optional<engine::FinishReason> finish;
+  engine::Usage usage;                      // with finish
+  std::string error;                        // with FinishReason::Error
+};
+
+class Job {
+ public:
+  // Waits up to `timeout` for output; moves what there is into `out` (appending). Returns true
+  // once the finish is in `out`.
+  bool take(JobOutput& out, std::chrono::milliseconds timeout);
+  // The client is gone: the engine stops this request at its next step. Thread-safe, idempotent.
+  void cancel();
+  const std::shared_ptr<engine::Sequence>& sequence() const { return seq_; }
+
+ private:
+  friend class Scheduler;
+  std::shared_ptr<engine::Sequence> seq_;
+  uint64_t image_bytes_ = 0;  // decoded pixels held until the images are encoded
+  Clock::time_point arrival_, last_token_;
+  bool queued_ = true, got_token_ = false;
+  std::atomic<bool> cancelled_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  JobOutput pending_;
+  bool finished_ = false;
+  class Scheduler* owner_ = nullptr;
+};
+
+struct SchedulerOptions {
+  engine::StepBudget budget;                  // max_seqs bounds the batch
+  int max_queue = 64;                         // requests waiting for a place in the batch
+  uint64_t max_queued_image_bytes = 512u << 20;  // decoded pixels of waiting requests
+  // TEST-ONLY: a pause after every engine step, so tests can act while a request is in a given
+  // phase (e.g. disconnect while its images are being encoded). Never set outside tests.
+  std::chrono::milliseconds test_step_pause{0};
+};
+
+class Scheduler {
+ public:
+  Scheduler(const engine::Model& model, const SchedulerOptions& opt, Metrics& metrics);
+  ~Scheduler();  // cancels what is left and joins the engine thread
+
+  // Queues a request. Throws ApiError: 429 when the queue is full (requests or image bytes),
+  // 503 once draining. `block` (vlm batch) waits for room instead of refusing.
+  std::shared_ptr<Job> submit(engine::Request req, bool block = false);
+  // Stops admitting (new submits get 503); running and queued requests go on.
+  void drain();
+  bool draining() const { return draining_.load(); }
+  // Waits until nothing is queued or running, or the deadline passes; true when idle.
+  bool wait_idle(Clock::time_point deadline);
+  // Cancels every live request.
+  void cancel_all();
+  // False once an engine step threw (a bug): every live job then finished with Error.
+  bool healthy() const { return healthy_.load(); }
+
+ private:
+  friend class Job;
+  void loop();
+  void note_cancel(Job& job);
+  void update_queue_state();  // queued flags, waiting counts, image bytes, gauges
+  // Finishes every queued and live job with `r` (the engine thread died or the server stops).
+  void end_all(engine::FinishReason r, const std::string& error);
+
+  const engine::Model& model_;
+  SchedulerOptions opt_;
+  Metrics& metrics_;
+  engine::Engine engine_;
+  std::mutex mu_;
+  std::condition_variable cv_, room_cv_, idle_cv_;
+  std::deque<std::shared_ptr<Job>> inbox_;  // submitted, not yet handed to the engine
+  std::vector<std::shared_ptr<Job>> live_;  // handed to the engine, not finished
+  size_t waiting_ = 0;                      // submitted, not yet taken into the batch
+  uint64_t queued_image_bytes_ = 0;
+  std::atomic<bool> stop_{false}, draining_{false}, healthy_{true};
+  std::thread thread_;
+};
+
+}  // namespace vlm::server

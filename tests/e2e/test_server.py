@@ -1,0 +1,375 @@
+"""`vlm serve` against the tiny checkpoints: the OpenAI wire contract through the official `openai`
+npm client and raw HTTP (exact SSE chunk sequence, usage, images as data URIs, models, errors
+with their 4xx codes, API key, queue full, SIGTERM)."""
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+from server_util import BIN, FIXTURES, Server, chat, data_uri, metric, model_dir, openai_client, png_bytes
+
+
+def run_ids(prompt, max_tokens, image_files=()):
+    """`vlm run --ids`: the single-request CLI path, greedy, for comparison with the server."""
+    args = [BIN, "run", "--model", model_dir("tiny-f32"), "--prompt", prompt, "--max-tokens", str(max_tokens),
+            "--ids", "--threads", "1"]
+    for f in image_files:
+        args += ["--image", f]
+    out = subprocess.run(args, check=True, capture_output=True, text=True, timeout=300).stdout
+    return [int(t) for t in out.split()]
+
+
+@unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
+class TestServer(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not shutil.which("node"):
+            raise AssertionError("node is required (scripts/setup.sh installs nodejs)")
+        cls.srv = Server("tiny-f32")
+
+    @classmethod
+    def tearDownClass(cls):
+        rc = cls.srv.stop()
+        assert rc == 0, f"exit code {rc}"
+
+    # -- health, models, page -------------------------------------------------------------------
+    def test_health_and_models(self):
+        for status, body in self.srv.health_seen:
+            self.assertIn(status, (200, 503))
+            if status == 503:
+                self.assertEqual(json.loads(body)["error"]["type"], "unavailable_error")
+        status, _, body = self.srv.request("GET", "/health")
+        self.assertEqual((status, json.loads(body)), (200, {"status": "ok"}))
+        r = openai_client(self.srv, [{"op": "models"}, {"op": "retrieve", "id": "tiny-f32"},
+                                     {"op": "retrieve", "id": "gpt-4o"}])
+        self.assertEqual([m["id"] for m in r[0]["response"]], ["tiny-f32"])
+        card = r[1]["response"]
+        self.assertEqual(card["object"], "model")
+        self.assertEqual(card["context_length"], 1024)
+        self.assertTrue(card["capabilities"]["vision"])
+        self.assertEqual(card["mask_mode"], "hf")
+        self.assertRegex(card["identity"], "^[0-9a-f]{16}$")
+        self.assertEqual((r[2]["error"]["status"], r[2]["error"]["name"]), (404, "NotFoundError"))
+
+    def test_chat_page_is_self_contained(self):
+        status, h, body = self.srv.request("GET", "/")
+        self.assertEqual(status, 200)
+        self.assertTrue(h["content-type"].startswith("text/html"))
+        page = body.decode()
+        self.assertIn("/v1/chat/completions", page)
+        for external in ("http://", "https://", "<link", "src=\"http"):
+            self.assertNotIn(external, page)
+
+    # -- generation -----------------------------------------------------------------------------
+    def test_greedy_chat_equals_vlm_run(self):
+        """Non-streamed, streamed (openai client) and `vlm run` give the same greedy tokens."""
+        want = run_ids("Hello there", 10)
+        body = chat("Hello there", max_tokens=10)
+        status, _, r = self.srv.post("/v1/chat/completions", body)
+        self.assertEqual(status, 200, r)
+        ids = r["choices"][0]["token_ids"]
+        self.assertEqual(ids, want)
+        self.assertEqual(r["usage"]["completion_tokens"], len(ids))
+        self.assertEqual(r["usage"]["total_tokens"], r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"])
+        self.assertEqual(r["choices"][0]["finish_reason"], "length" if len(ids) == 10 else "stop")
+        res = openai_client(self.srv, [{"op": "chat", "params": dict(body, stream=True,
+                                                                     stream_options={"include_usage": True})}])
+        chunks = res[0]["chunks"]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        self.assertEqual(text, r["choices"][0]["message"]["content"])
+        streamed_ids = [i for c in chunks if c["choices"] for i in c["choices"][0].get("token_ids", [])]
+        self.assertEqual(streamed_ids, ids)
+        self.assertEqual(chunks[-1]["usage"]["completion_tokens"], len(ids))
+
+    def test_sse_chunk_sequence_is_openai_exact(self):
+        body = chat("Tell me", max_tokens=6, stream=True, stream_options={"include_usage": True})
+        del body["return_token_ids"]
+        status, events = self.srv.events("/v1/chat/completions", body)
+        self.assertEqual(status, 200, events)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(e) for e in events[:-1]]
+        ids = {c["id"] for c in chunks}
+        self.assertEqual(len(ids), 1)
+        self.assertTrue(next(iter(ids)).startswith("chatcmpl-"))
+        for c in chunks:
+            self.assertEqual(c["object"], "chat.completion.chunk")
+            self.assertEqual(c["model"], "tiny-f32")
+            self.assertIn("system_fingerprint", c)
+        first, last, usage = chunks[0], chunks[-2], chunks[-1]
+        self.assertEqual(first["choices"], [{"index": 0, "delta": {"role": "assistant", "content": "", "refusal": None},
+                                             "logprobs": None, "finish_reason": None}])
+        for c in chunks[1:-2]:
+            self.assertEqual(set(c["choices"][0]["delta"]), {"content"})
+            self.assertIsNone(c["choices"][0]["finish_reason"])
+            self.assertIsNone(c["usage"])
+        self.assertEqual(last["choices"][0]["delta"], {})
+        self.assertIn(last["choices"][0]["finish_reason"], ("stop", "length"))
+        self.assertIsNone(last["usage"])
+        self.assertEqual(usage["choices"], [])
+        u = usage["usage"]
+        self.assertEqual(u["total_tokens"], u["prompt_tokens"] + u["completion_tokens"])
+        self.assertLessEqual(u["completion_tokens"], 6)
+        # Without include_usage no chunk carries a usage key.
+        body.pop("stream_options")
+        status, events = self.srv.events("/v1/chat/completions", body)
+        self.assertTrue(all("usage" not in json.loads(e) for e in events[:-1]))
+
+    def test_image_data_uri(self):
+        """An image request counts its image tokens, and answers as `vlm run --image` does."""
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "a.png")
+            with open(path, "wb") as f:
+                f.write(png_bytes(3))
+            want = run_ids("What is this?", 8, [path])
+        body = chat("What is this?", image_seeds=[3], max_tokens=8)
+        res = openai_client(self.srv, [
+            {"op": "chat", "params": body},
+            {"op": "chat", "params": dict(body, stream=True, stream_options={"include_usage": True})}])
+        r = res[0]["response"]
+        self.assertEqual(r["choices"][0]["token_ids"], want)
+        self.assertEqual(r["usage"]["prompt_tokens_details"]["image_tokens"], 16)  # mm_tokens_per_image
+        # 10 ids for the turn, "\n\n" + <boi> + 16 soft + <eoi> + "\n\n" around the image (HF layout)
+        self.assertGreater(r["usage"]["prompt_tokens"], 16 + 10)
+        chunks = res[1]["chunks"]
+        for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            self.assertEqual(chunks[-1]["usage"][k], r["usage"][k])
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        self.assertEqual(text, r["choices"][0]["message"]["content"])
+
+    def test_completions_endpoint(self):
+        res = openai_client(self.srv, [
+            {"op": "completion", "params": {"model": "tiny-f32", "prompt": "Once upon", "temperature": 0}},
+            {"op": "completion", "params": {"model": "tiny-f32", "prompt": "Once upon", "temperature": 0,
+                                            "max_tokens": 5, "stream": True, "stream_options": {"include_usage": True}}}])
+        r = res[0]["response"]
+        self.assertEqual(r["object"], "text_completion")
+        self.assertLessEqual(r["usage"]["completion_tokens"], 16)  # OpenAI's default max_tokens
+        if r["usage"]["completion_tokens"] == 16:
+            self.assertEqual(r["choices"][0]["finish_reason"], "length")
+        chunks = res[1]["chunks"]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        self.assertTrue(r["choices"][0]["text"].startswith(text) or r["usage"]["completion_tokens"] < 5)
+        self.assertLessEqual(chunks[-1]["usage"]["completion_tokens"], 5)
+
+    def test_sampling_defaults_and_seed(self):
+        """Omitted sampling fields come from generation_config.json (do_sample, top_k 64, top_p
+        0.95): a seed repeats, and unseeded sampling is not the greedy answer every time."""
+        base = chat("Pick a word", max_tokens=12)
+        del base["temperature"]
+        seeded = [self.srv.post("/v1/chat/completions", dict(base, seed=7))[2]["choices"][0]["token_ids"]
+                  for _ in range(2)]
+        self.assertEqual(seeded[0], seeded[1])
+        greedy = self.srv.post("/v1/chat/completions", dict(base, temperature=0))[2]["choices"][0]["token_ids"]
+        drawn = [self.srv.post("/v1/chat/completions", dict(base, seed=s))[2]["choices"][0]["token_ids"]
+                 for s in range(1, 5)]
+        self.assertTrue(any(d != greedy for d in drawn), "sampling defaults look greedy")
+
+    def test_stop_strings_and_logprobs(self):
+        full = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=12))[2]["choices"][0]["message"]["content"]
+        if len(full) >= 4:
+            stop = full[2:4]
+            r = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=12, stop=[stop]))[2]
+            self.assertEqual(r["choices"][0]["message"]["content"], full[:full.index(stop)])
+            self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        r = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=4, logprobs=True, top_logprobs=3))[2]
+        lp = r["choices"][0]["logprobs"]["content"]
+        self.assertEqual(len(lp), r["usage"]["completion_tokens"])
+        for t in lp:
+            self.assertLessEqual(t["logprob"], 0.0)
+            self.assertEqual(len(t["top_logprobs"]), 3)
+            # greedy: the chosen token is the most likely one
+            self.assertAlmostEqual(t["top_logprobs"][0]["logprob"], t["logprob"], places=5)
+            self.assertEqual(bytes(t["bytes"]).decode("utf-8", "replace"), t["token"])
+
+    # -- client mistakes ------------------------------------------------------------------------
+    def test_client_mistakes_are_4xx_openai_errors(self):
+        good = chat("Hi", max_tokens=2)
+        msgs = good["messages"]
+        cases = [
+            ("malformed JSON", b"{\"model\": ", 400, None),
+            ("not an object", [1, 2], 400, "body"),
+            ("no messages", {"model": "tiny-f32"}, 400, "messages"),
+            ("empty messages", {"messages": []}, 400, "messages"),
+            ("messages not a list", {"messages": "hi"}, 400, "messages"),
+            ("wrong role", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
+            ("content wrong type", {"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+            ("unknown part", {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}, 400,
+             "messages[0].content[0].type"),
+            ("temperature type", dict(good, temperature="hot"), 400, "temperature"),
+            ("temperature range", dict(good, temperature=3), 400, "temperature"),
+            ("max_tokens type", dict(good, max_tokens=1.5), 400, "max_tokens"),
+            ("max_tokens zero", dict(good, max_tokens=0), 400, "max_tokens"),
+            ("top_logprobs without logprobs", dict(good, top_logprobs=2), 400, "top_logprobs"),
+            ("n > 1", dict(good, n=2), 400, "n"),
+            ("tools", dict(good, tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+            ("json mode", dict(good, response_format={"type": "json_object"}), 400, "response_format"),
+            ("stream_options without stream", dict(good, stream_options={"include_usage": True}), 400,
+             "stream_options"),
+            ("stop list too long", dict(good, stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+            ("unknown model", dict(good, model="gpt-4o"), 404, "model"),
+            ("bad base64", {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@@"}}]}]}, 400,
+             "messages[0].content[0].image_url"),
+            ("not an image", {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8gd29ybGQ="}}]}]}, 400,
+             "messages[0].content[0].image_url"),
+            ("truncated png", {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_uri(1)[:200]}}]}]}, 400,
+             "messages[0].content[0].image_url"),
+            ("remote url", {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest"}}]}]}, 400,
+             "messages[0].content[0].image_url"),
+            ("file url", {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}, 400,
+             "messages[0].content[0].image_url"),
+            ("too many images", {"messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_uri(1)}}] * 9}]}, 400,
+             "messages[0].content[8]"),
+            ("image slots vs images", {"messages": [{"role": "assistant", "content": [
+                {"type": "image_url", "image_url": {"url": data_uri(1)}}]}]}, 400, "messages[0].content[0]"),
+            ("roles must alternate", {"messages": [{"role": "user", "content": "a"},
+                                                   {"role": "user", "content": "b"}]}, 400, "messages"),
+            ("context", dict(good, messages=[{"role": "user", "content": "word " * 1100}]), 400, "messages"),
+            ("context with max_tokens", dict(good, max_tokens=1020), 400, "max_tokens"),
+        ]
+        for name, body, status, param in cases:
+            with self.subTest(name):
+                if isinstance(body, bytes):
+                    code, h, raw = self.srv.request("POST", "/v1/chat/completions", body)
+                    r = json.loads(raw)
+                else:
+                    code, h, r = self.srv.post("/v1/chat/completions", body)
+                self.assertEqual(code, status, r)
+                err = r["error"]
+                self.assertEqual(set(err), {"message", "type", "param", "code"})
+                self.assertTrue(err["message"])
+                self.assertEqual(err["type"], "not_found_error" if status == 404 else "invalid_request_error")
+                if param is not None:
+                    self.assertEqual(err["param"], param, err)
+        # The context message names both numbers.
+        code, _, r = self.srv.post("/v1/chat/completions", dict(good, max_tokens=1020))
+        self.assertEqual(r["error"]["code"], "context_length_exceeded")
+        self.assertIn("1024", r["error"]["message"])
+        self.assertIn("1030", r["error"]["message"])
+        # The official client sees the right classes and does not retry.
+        res = openai_client(self.srv, [{"op": "chat", "params": dict(good, n=3)},
+                                       {"op": "chat", "params": dict(good, model="nope")}])
+        self.assertEqual(res[0]["error"]["name"], "BadRequestError")
+        self.assertEqual(res[0]["error"]["param"], "n")
+        self.assertEqual(res[1]["error"]["name"], "NotFoundError")
+        # and the server still serves
+        self.assertEqual(self.srv.post("/v1/chat/completions", good)[0], 200)
+
+    def test_http_level_refusals(self):
+        # a chunked body, a POST without length, a body over the limit, an unknown route
+        raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+               b"Content-Type: application/json\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+        from server_util import raw_exchange
+        out = raw_exchange(self.srv.host, self.srv.port, raw)
+        self.assertTrue(out.startswith(b"HTTP/1.1 411"), out[:100])
+        out = raw_exchange(self.srv.host, self.srv.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertTrue(out.startswith(b"HTTP/1.1 411"), out[:100])
+        out = raw_exchange(self.srv.host, self.srv.port,
+                           b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n{")
+        self.assertTrue(out.startswith(b"HTTP/1.1 413"), out[:100])
+        self.assertIn(b"\"type\":\"invalid_request_error\"", out)
+        status, _, body = self.srv.request("GET", "/v1/nothing")
+        self.assertEqual(status, 404)
+        self.assertEqual(json.loads(body)["error"]["code"], "not_found")
+
+    def test_text_only_model_refuses_images(self):
+        with Server("tiny-text-f32") as srv:
+            code, _, r = srv.post("/v1/chat/completions", dict(chat("x", image_seeds=[1]), model="tiny-text-f32"))
+            self.assertEqual(code, 400)
+            self.assertEqual(r["error"]["code"], "images_not_supported")
+            code, _, r = srv.post("/v1/chat/completions", dict(chat("x"), model="tiny-text-f32"))
+            self.assertEqual(code, 200, r)
+            self.assertEqual(srv.stop(), 0)
+
+
+@unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
+class TestServerOperator(unittest.TestCase):
+    def test_api_key(self):
+        with Server("tiny-f32", ["--api-key", "s3cret"]) as srv:
+            self.assertEqual(srv.request("GET", "/health")[0], 200)  # public
+            code, h, r = srv.post("/v1/chat/completions", chat("x", max_tokens=1))
+            self.assertEqual(code, 401)
+            self.assertEqual(r["error"]["type"], "authentication_error")
+            code, _, _ = srv.post("/v1/chat/completions", chat("x", max_tokens=1), {"Authorization": "Bearer nope"})
+            self.assertEqual(code, 401)
+            res = openai_client(srv, [{"op": "chat", "params": chat("x", max_tokens=1)}], api_key="wrong")
+            self.assertEqual(res[0]["error"]["name"], "AuthenticationError")
+            res = openai_client(srv, [{"op": "chat", "params": chat("x", max_tokens=1)}], api_key="s3cret")
+            self.assertIn("response", res[0])
+            self.assertEqual(srv.stop(), 0)
+
+    def test_file_images_need_the_flag(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "a.png")
+            with open(path, "wb") as f:
+                f.write(png_bytes(5))
+            body = {"model": "tiny-f32", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "file://" + path}}, {"type": "text", "text": "x"}]}]}
+            with Server("tiny-f32", ["--allow-file-images"]) as srv:
+                code, _, r = srv.post("/v1/chat/completions", body)
+                self.assertEqual(code, 200, r)
+                self.assertEqual(r["usage"]["prompt_tokens_details"]["image_tokens"], 16)
+                self.assertEqual(srv.stop(), 0)
+
+    def test_full_queue_answers_429_with_retry_after(self):
+        with Server("tiny-f32", ["--max-seqs", "1", "--max-queue", "1"]) as srv:
+            body = chat("Count", max_tokens=400, ignore_eos=True)  # vLLM's extension: no early stop
+            results = []
+
+            def one():
+                results.append(srv.post("/v1/chat/completions", body))
+
+            threads = [threading.Thread(target=one) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            codes = sorted(r[0] for r in results)
+            self.assertIn(429, codes)
+            self.assertIn(200, codes)
+            for code, h, r in results:
+                if code == 429:
+                    self.assertEqual(h.get("retry-after"), "1")
+                    self.assertEqual(r["error"]["type"], "rate_limit_error")
+            self.assertEqual(srv.stop(), 0)
+
+    def test_sigterm_finishes_running_requests_then_exits_0(self):
+        srv = Server("tiny-f32", ["--shutdown-timeout", "60"])
+        try:
+            body = chat("Story", max_tokens=300, stream=True)
+            got = {}
+
+            def stream():
+                got["r"] = srv.events("/v1/chat/completions", body)
+
+            t = threading.Thread(target=stream)
+            t.start()
+            time.sleep(0.3)
+            srv.proc.send_signal(15)
+            time.sleep(0.1)
+            try:
+                code, _, r = srv.post("/v1/chat/completions", chat("late", max_tokens=2))
+                self.assertEqual(code, 503)
+            except OSError:
+                pass  # already closed: also a refusal
+            t.join(120)
+            status, events = got["r"]
+            self.assertEqual(status, 200)
+            self.assertEqual(events[-1], "[DONE]")
+            self.assertIn(json.loads(events[-2])["choices"][0]["finish_reason"], ("stop", "length"))
+            self.assertEqual(srv.stop(), 0)
+        finally:
+            srv.__exit__()
+
+
+if __name__ == "__main__":
+    unittest.main()
