@@ -2,9 +2,14 @@
 // VLM_THREADS says otherwise): GEMV (decode) as a fraction of read bandwidth, GEMM
 // (prefill, vision encoder) as a fraction of the f32 FMA peak, and the scalar path
 // for comparison. Usage: bench_kernels [--quick]
+//        bench_kernels --decode-profile MODEL_DIR [CONTEXT] [STEPS]
+// The second form replays one decode step of a checkpoint op by op on the kernels (every
+// layer's norms, q/k/v/o, gate/up/down, attention over CONTEXT cached positions, the
+// head) and prints each op's bytes, time and share, next to the bandwidth probe.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <fstream>
 #include <string>
@@ -14,6 +19,8 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
+#include "io/checkpoint.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -71,7 +78,118 @@ std::string load_average() {
 
 }  // namespace
 
+// One decode step replayed on the kernels, op by op (see the usage note at the top).
+int decode_profile(const char* dir, int context, int steps) {
+  const int threads = default_threads() > 2 ? 2 : default_threads();
+  ThreadPool pool(threads);
+  const Exec ex(pool);
+  Checkpoint ck = Checkpoint::open(dir, Parts{.text = true, .vision = false});
+  const TextConfig& c = ck.config().text;
+  const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size), d = size_t(c.head_dim);
+  const size_t nH = size_t(c.num_heads), nKV = size_t(c.num_kv_heads), L = size_t(context);
+  struct Layer {
+    Weight q, k, v, o, gate, up, down;
+  };
+  std::vector<Layer> layers;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "text.layers." + std::to_string(l) + ".";
+    auto w = [&](const char* n) { return as_weight(ck.get(p + n)); };
+    layers.push_back({w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight"),
+                      w("self_attn.o_proj.weight"), w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"),
+                      w("mlp.down_proj.weight")});
+  }
+  const Weight head = as_weight(ck.lm_head());
+  std::vector<float> x(H, 0.01f), a(H), q(nH * d), kk(nKV * d), vv(nKV * d), att(nH * d), g(I), u(I),
+      logits(head.rows), norm_w(std::max(H, d), 0.1f), sc(L);
+  // A KV cache of L positions per layer (f32, as the decoder keeps it), random-ish values.
+  std::vector<float> kc(L * nKV * d), vc(L * nKV * d);
+  for (size_t i = 0; i < kc.size(); ++i) kc[i] = vc[i] = float(i % 97) * 1e-3f;
+  enum Op { Norms, QKV, Attn, O, GateUp, Down, Head, kOps };
+  const char* names[kOps] = {"norms", "q/k/v", "attention", "o", "gate/up", "down", "head"};
+  double bytes[kOps] = {}, best[kOps];
+  for (double& b : best) b = 1e30;
+  for (const Layer& ly : layers) {
+    auto wb = [](const Weight& w) { return double(w.stride_bytes() * w.rows); };
+    bytes[QKV] += wb(ly.q) + wb(ly.k) + wb(ly.v);
+    bytes[O] += wb(ly.o);
+    bytes[GateUp] += wb(ly.gate) + wb(ly.up);
+    bytes[Down] += wb(ly.down);
+    bytes[Attn] += 2.0 * double(L * nKV * d) * 4;
+  }
+  bytes[Head] = double(head.stride_bytes() * head.rows);
+  const double bw = measure_read_bandwidth(threads);
+  double best_total = 1e30;
+  for (int s = 0; s < steps + 1; ++s) {  // step 0 pages the weights in
+    double t[kOps] = {};
+    auto timed = [&](Op op, auto&& f) {
+      const auto t0 = std::chrono::steady_clock::now();
+      f();
+      t[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    for (const Layer& ly : layers) {
+      timed(Norms, [&] { rms_norm(x.data(), norm_w.data(), a.data(), 1, H, 1e-6f, ex.isa); });
+      timed(QKV, [&] {
+        matmul(a.data(), 1, ly.q, q.data(), ex);
+        matmul(a.data(), 1, ly.k, kk.data(), ex);
+        matmul(a.data(), 1, ly.v, vv.data(), ex);
+      });
+      timed(Norms, [&] {
+        rms_norm(q.data(), norm_w.data(), q.data(), nH, d, 1e-6f, ex.isa);
+        rms_norm(kk.data(), norm_w.data(), kk.data(), nKV, d, 1e-6f, ex.isa);
+      });
+      timed(Attn, [&] {
+        for (size_t h = 0; h < nH; ++h) {
+          const size_t gq = h / (nH / nKV);
+          matmul_strided(q.data() + h * d, d, 1, f32_weight(kc.data() + gq * d, L, d, nKV * d), Layout::NK,
+                         nullptr, sc.data(), L, ex);
+          softmax(sc.data(), L, ex.isa);
+          matmul_strided(sc.data(), L, 1, f32_weight(vc.data() + gq * d, L, d, nKV * d), Layout::KN, nullptr,
+                         att.data() + h * d, d, ex);
+        }
+      });
+      timed(O, [&] { matmul(att.data(), 1, ly.o, a.data(), ex); });
+      timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), 1, H, 1e-6f, ex.isa); });
+      timed(GateUp, [&] {
+        matmul(a.data(), 1, ly.gate, g.data(), ex);
+        matmul(a.data(), 1, ly.up, u.data(), ex);
+        gelu_tanh_mul(g.data(), u.data(), I, ex.isa);
+      });
+      timed(Down, [&] { matmul(g.data(), 1, ly.down, a.data(), ex); });
+      timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), 1, H, 1e-6f, ex.isa); });
+    }
+    timed(Head, [&] { matmul(x.data(), 1, head, logits.data(), ex); });
+    if (s == 0) continue;
+    double total = 0;
+    for (int op = 0; op < kOps; ++op) {
+      best[op] = std::min(best[op], t[op]);
+      total += t[op];
+    }
+    best_total = std::min(best_total, total);
+  }
+  double all_bytes = 0;
+  for (double b : bytes) all_bytes += b;
+  fmt::print("decode step replayed on the kernels: {} ({} layers, context {}), {} threads, {}, load average {}",
+             dir, c.num_layers, L, threads, isa_name(ex.isa), load_average());
+  fmt::print("read bandwidth probe {:.1f} GB/s; best of {} steps per op:\n", bw / 1e9, steps);
+  for (int op = 0; op < kOps; ++op)
+    fmt::print("  {:<10} {:9.1f} MB {:9.2f} ms {:7.1f} GB/s {:6.1f}% of probe\n", names[op], bytes[op] / 1e6,
+               best[op] * 1e3, bytes[op] / best[op] / 1e9, 100 * bytes[op] / best[op] / bw);
+  fmt::print("  best whole step {:.2f} ms = {:.2f} tokens/s for {:.3f} GB: {:.1f} GB/s, {:.1f}% of probe "
+             "(limit {:.2f} tokens/s)\n",
+             best_total * 1e3, 1 / best_total, all_bytes / 1e9, all_bytes / best_total / 1e9,
+             100 * all_bytes / best_total / bw, bw / all_bytes);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 2 && std::string_view(argv[1]) == "--decode-profile") {
+    try {
+      return decode_profile(argv[2], argc > 3 ? std::atoi(argv[3]) : 512, argc > 4 ? std::atoi(argv[4]) : 5);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "bench_kernels: error: {}\n", e.what());
+      return 1;
+    }
+  }
   const bool quick = argc > 1 && std::string_view(argv[1]) == "--quick";
   const int threads = default_threads() > 2 ? 2 : default_threads();
   ThreadPool pool(threads);

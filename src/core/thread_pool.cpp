@@ -2,69 +2,116 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <system_error>
+#include <utility>
+
+#include "core/error.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace vlm {
 
 namespace {
-std::pair<size_t, size_t> chunk(size_t n, int parts, int i) {
-  size_t per = n / size_t(parts), extra = n % size_t(parts);
-  size_t begin = size_t(i) * per + std::min<size_t>(size_t(i), extra);
-  return {begin, begin + per + (size_t(i) < extra ? 1 : 0)};
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
 }
+// Pause iterations a worker spins for a new loop before it sleeps (~0.1–1 ms): longer
+// than the gap between two matrix products of a decode step, short enough that an idle
+// pool gives its cores back.
+constexpr int kSpin = 20000;
 }  // namespace
 
+int ThreadPool::max_threads() {
+  return std::max(256, 4 * int(std::thread::hardware_concurrency()));
+}
+
 ThreadPool::ThreadPool(int n_threads) {
-  for (int i = 1; i < std::max(1, n_threads); ++i) workers_.emplace_back([this, i] { worker(i); });
-}
-
-ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
+  if (n_threads > max_threads())
+    fail("thread count {} is above the limit of {} (4x the {} hardware threads, at least 256)", n_threads,
+         max_threads(), std::thread::hardware_concurrency());
+  const int n = std::max(1, n_threads);
+  workers_.reserve(size_t(n - 1));
+  for (int i = 1; i < n; ++i) {
+    try {
+      workers_.emplace_back([this] { worker(); });
+    } catch (const std::system_error& e) {
+      shutdown();  // the workers already running would otherwise wait forever
+      fail("cannot start thread {} of {}: {}", i + 1, n, e.what());
+    }
   }
-  start_cv_.notify_all();
-  for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn) {
-  if (workers_.empty() || n < 2) {
-    if (n) fn(0, n);
+ThreadPool::~ThreadPool() { shutdown(); }
+
+void ThreadPool::shutdown() {
+  stop_.store(true);
+  generation_.fetch_add(1);
+  generation_.notify_all();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
+}
+
+void ThreadPool::run_chunks() {
+  const size_t n = job_n_, g = job_grain_;
+  try {
+    for (;;) {
+      const size_t b = next_.fetch_add(g, std::memory_order_relaxed);
+      if (b >= n) return;
+      (*job_)(b, std::min(n, b + g));
+    }
+  } catch (...) {
+    // Keep the first error for the caller; the other threads finish the loop's ranges.
+    std::lock_guard lock(error_mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain) {
+  if (n == 0) return;
+  if (grain == 0) grain = std::max<size_t>(1, (n + 4 * size_t(size()) - 1) / (4 * size_t(size())));
+  if (workers_.empty() || grain >= n) {
+    fn(0, n);
     return;
   }
-  {
-    std::lock_guard lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    pending_ = int(workers_.size());
-    ++generation_;
-  }
-  start_cv_.notify_all();
-  auto [b, e] = chunk(n, size(), 0);
-  if (b < e) fn(b, e);
-  std::unique_lock lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
+  job_ = &fn;
+  job_n_ = n;
+  job_grain_ = grain;
+  next_.store(0, std::memory_order_relaxed);
+  pending_.store(int(workers_.size()), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();
+  run_chunks();
+  // Spin while the workers finish their last ranges; if one has lost its core (more
+  // runnable threads than cores), sleep until it is done instead of burning our slice.
+  for (int i = 0; i < kSpin && pending_.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
+  for (int p; (p = pending_.load(std::memory_order_acquire)) != 0;) pending_.wait(p, std::memory_order_acquire);
   job_ = nullptr;
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
-void ThreadPool::worker(int index) {
-  uint64_t seen = 0;
+void ThreadPool::worker() {
+  // Not the current value: a worker that starts late must still take the loop that the
+  // caller may already have announced (the constructor runs before any loop).
+  uint32_t seen = 0;
   for (;;) {
-    const std::function<void(size_t, size_t)>* job;
-    size_t n;
-    {
-      std::unique_lock lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
+    uint32_t g = generation_.load(std::memory_order_acquire);
+    for (int i = 0; g == seen && i < kSpin; ++i) {
+      cpu_relax();
+      g = generation_.load(std::memory_order_acquire);
     }
-    auto [b, e] = chunk(n, size(), index);
-    if (b < e) (*job)(b, e);
-    {
-      std::lock_guard lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+    if (g == seen) {
+      generation_.wait(seen, std::memory_order_acquire);
+      continue;
     }
+    seen = g;
+    if (stop_.load()) return;
+    run_chunks();
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
   }
 }
 

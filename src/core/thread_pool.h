@@ -1,7 +1,13 @@
 // A small fixed pool for data-parallel loops (kernels split rows across it).
+// Work is handed out in chunks that threads take from a shared counter, so a thread
+// that is slowed (another process, a busier memory channel) takes fewer chunks and all
+// threads finish a loop together. Idle workers spin briefly between loops (decode issues
+// hundreds of short loops per token) and then sleep.
 #pragma once
-#include <condition_variable>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -11,7 +17,9 @@ namespace vlm {
 
 class ThreadPool {
  public:
-  // n_threads counts the calling thread: ThreadPool(1) runs everything inline.
+  // n_threads counts the calling thread: ThreadPool(1) runs everything inline. Throws
+  // vlm::Error when n_threads is above max_threads() or a thread cannot be started
+  // (the threads already started are joined first).
   explicit ThreadPool(int n_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -19,20 +27,30 @@ class ThreadPool {
 
   int size() const { return int(workers_.size()) + 1; }
 
-  // Calls fn(begin, end) over [0, n) split into size() contiguous chunks, and waits.
-  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn);
+  // The most threads a pool accepts: 4× the hardware concurrency, at least 256.
+  static int max_threads();
+
+  // Calls fn(begin, end) over disjoint ranges covering [0, n) and waits. Ranges are
+  // `grain` long (the last may be shorter); grain 0 picks about 4 ranges per thread.
+  // fn may be called several times on one thread, and from any thread of the pool; the
+  // first exception it throws is rethrown here once every thread has left the loop.
+  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 0);
 
  private:
-  void worker(int index);
+  void worker();
+  void run_chunks();
+  void shutdown();  // stops and joins the workers
 
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable start_cv_, done_cv_;
+  // The current loop; written by the caller before generation_ is bumped.
   const std::function<void(size_t, size_t)>* job_ = nullptr;
-  size_t job_n_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
+  size_t job_n_ = 0, job_grain_ = 1;
+  std::atomic<size_t> next_{0};         // start of the next unclaimed range
+  std::atomic<uint32_t> generation_{0};  // bumped per loop; workers wait on it
+  std::atomic<int> pending_{0};          // workers not yet done with the current loop
+  std::atomic<bool> stop_{false};
+  std::mutex error_mu_;
+  std::exception_ptr error_;  // first exception thrown by fn in the current loop
 };
 
 // Default thread count: VLM_THREADS if set, else the hardware concurrency.

@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -20,34 +21,56 @@ Weight as_weight(const TensorView& t) {
 }
 
 Weight f32_weight(const float* data, size_t rows, size_t cols, size_t ld) {
-  return Weight{reinterpret_cast<const std::byte*>(data), DType::F32, rows, cols, ld};
+  return Weight{reinterpret_cast<const std::byte*>(data), DType::F32, rows, cols, ld * 4};
 }
 
 namespace {
-float load(const std::byte* p, DType t, size_t i) {
-  uint16_t h;
-  switch (t) {
-    case DType::F32: {
-      float v;
-      std::memcpy(&v, p + 4 * i, 4);
-      return v;
+template <DType D>
+void to_f32(const std::byte* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (D == DType::F32) {
+      std::memcpy(dst + i, src + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      dst[i] = D == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
     }
-    case DType::F16: std::memcpy(&h, p + 2 * i, 2); return f16_to_f32(h);
-    case DType::BF16: std::memcpy(&h, p + 2 * i, 2); return bf16_to_f32(h);
   }
-  return 0.f;
+}
+
+template <DType D>
+Format plain_format(const char* name, FormatKernels detail::IsaKernels::*member) {
+  using detail::kernels_for;
+  return Format{D, name, 1, dtype_size(D), &to_f32<D>, DType::F32, nullptr, true,
+                {kernels_for(Isa::Scalar).*member, kernels_for(Isa::Avx2).*member,
+                 kernels_for(Isa::Avx512).*member}};
 }
 }  // namespace
 
+const Format& format_of(DType type) {
+  using K = detail::IsaKernels;
+  static const Format f32 = plain_format<DType::F32>("f32", &K::f32);
+  static const Format f16 = plain_format<DType::F16>("f16", &K::f16);
+  static const Format bf16 = plain_format<DType::BF16>("bf16", &K::bf16);
+  switch (type) {
+    case DType::F32: return f32;
+    case DType::F16: return f16;
+    case DType::BF16: return bf16;
+  }
+  fail("matmul: no kernels for weight format {}", int(type));
+}
+
 void matmul_ref(const float* x, size_t M, const Weight& w, float* y, Precision precision) {
   const bool bf16 = precision == Precision::Bf16;
-  const size_t K = w.cols, N = w.rows, es = dtype_size(w.dtype);
+  const Format& f = format_of(w.dtype);
+  const size_t K = w.cols, N = w.rows;
+  std::vector<float> row(K);
   for (size_t n = 0; n < N; ++n) {
-    const std::byte* row = w.data + n * w.stride() * es;
+    f.to_f32(w.data + n * w.stride_bytes(), row.data(), K);
     for (size_t m = 0; m < M; ++m) {
       const float* xm = x + m * K;
       float acc = 0.f;
-      for (size_t k = 0; k < K; ++k) acc += (bf16 ? round_bf16(xm[k]) : xm[k]) * load(row, w.dtype, k);
+      for (size_t k = 0; k < K; ++k) acc += (bf16 ? round_bf16(xm[k]) : xm[k]) * row[k];
       y[m * N + n] = acc;
     }
   }
@@ -97,6 +120,16 @@ const float* rounded_x(const GemmArgs& a) {
   return buf.data();
 }
 
+// x rows in the activation format `act`, in a per-thread buffer.
+void convert_x(GemmArgs& a, const Format& act) {
+  if (!act.from_f32) fail("matmul: format {} cannot hold activations", act.name);
+  thread_local std::vector<std::byte> buf;
+  a.ldxq = act.row_bytes(a.K);
+  buf.resize(a.M * a.ldxq);
+  for (size_t m = 0; m < a.M; ++m) act.from_f32(a.x + m * a.ldx, buf.data() + m * a.ldxq, a.K);
+  a.xq = buf.data();
+}
+
 void run(GemmArgs a, const Exec& ex) {
   ThreadPool& pool = ex.threads();
   if (a.M == 0 || a.N == 0) return;
@@ -105,21 +138,26 @@ void run(GemmArgs a, const Exec& ex) {
       for (size_t n = 0; n < a.N; ++n) a.y[m * a.ldy + n] = a.bias ? a.bias[n] : 0.f;
     return;
   }
+  const Format& f = format_of(a.dtype);
+  const FormatKernels& fk = f.isa[int(ex.isa)];
+  if (!fk.dot) fail("matmul: no {} kernels for {} weights", isa_name(ex.isa), f.name);
   const IsaKernels& k = detail::kernels_for(ex.isa);
-  const bool bf16 = ex.precision == Precision::Bf16;
+  const bool bf16 = ex.precision == Precision::Bf16 && f.act == DType::F32;
   // The AVX512-BF16 GEMM rounds x itself; every other path gets x rounded here and then
   // computes the same exact products in f32.
-  const bool native = bf16 && a.M > kDotMaxM && a.dtype == DType::BF16 && !a.kn && k.gemm_bf16dot &&
-                      bf16_dot_supported();
+  const bool native = bf16 && a.M > kDotMaxM && !a.kn && fk.gemm_bf16 && bf16_dot_supported();
   if (bf16 && !native) {
     a.x = rounded_x(a);
     a.ldx = a.K;
   }
-  if (a.M <= kDotMaxM && !a.kn) {
-    pool.parallel_for(a.N, [&](size_t n0, size_t n1) { k.dot(a, n0, n1); });
+  if (f.act != DType::F32) convert_x(a, format_of(f.act));
+  if ((a.M <= kDotMaxM || !fk.gemm) && !a.kn) {
+    // Chunks of at least 64 rows keep a thread's reads one long sequential stream.
+    const size_t grain = std::max<size_t>(64, a.N / (4 * size_t(pool.size())));
+    pool.parallel_for(a.N, [&](size_t n0, size_t n1) { fk.dot(a, n0, n1); }, grain);
     return;
   }
-  auto* gemm = native ? k.gemm_bf16dot : k.gemm;
+  auto* gemm = native ? fk.gemm_bf16 : fk.gemm;
   const size_t threads = size_t(pool.size());
   const size_t panels = (a.N + k.panel - 1) / k.panel;
   const size_t tiles = (a.M + k.row_tile - 1) / k.row_tile;
@@ -143,11 +181,15 @@ void run(GemmArgs a, const Exec& ex) {
 void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout,
                     const float* bias, float* y, size_t ldy, const Exec& ex) {
   const bool kn = layout == Layout::KN;
+  const Format& f = format_of(w.dtype);
   const size_t K = kn ? w.rows : w.cols, N = kn ? w.cols : w.rows;
-  if (w.stride() < w.cols || (M > 1 && ldx < K) || (M > 1 && ldy < N))
-    fail("matmul: row stride below row length (w {} < {}, x {} < {} or y {} < {})", w.stride(),
-         w.cols, ldx, K, ldy, N);
-  run(GemmArgs{x, ldx, M, w.data, w.dtype, w.stride(), kn, K, N, bias, y, ldy}, ex);
+  if (w.cols % f.block) fail("matmul: {} columns of a {} weight are not whole blocks of {}", w.cols, f.name, f.block);
+  if (kn && !f.kn) fail("matmul: {} weights have no [K, N] layout kernels", f.name);
+  const size_t dense = f.row_bytes(w.cols);
+  if (w.stride_bytes() < dense || (M > 1 && ldx < K) || (M > 1 && ldy < N))
+    fail("matmul: row stride below row length (w {} < {} bytes, x {} < {} or y {} < {})", w.stride_bytes(),
+         dense, ldx, K, ldy, N);
+  run(GemmArgs{x, ldx, M, w.data, w.dtype, w.stride_bytes(), kn, K, N, bias, y, ldy}, ex);
 }
 
 void matmul(const float* x, size_t M, const Weight& w, float* y, const Exec& ex) {

@@ -11,22 +11,24 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/exec.h"
+#include "kernels/format.h"
 
 namespace vlm::kernels {
 
-// A row-major weight matrix [rows, cols]; for matmul() rows = N outputs and cols =
-// K inputs (nn.Linear layout). ld is the stored row stride in elements (0: cols), so a
-// view of some columns of a wider matrix (one attention head) is a Weight too.
+// A row-major weight matrix [rows, cols] viewed in place: for matmul() rows = N outputs
+// and cols = K inputs (nn.Linear layout). dtype is its storage format (a row of the
+// table in format.h); row_bytes is the stored row stride in bytes (0: rows are dense),
+// so a view of some columns of a wider matrix (one attention head) is a Weight too.
 struct Weight {
   const std::byte* data = nullptr;
   DType dtype = DType::F32;
   size_t rows = 0, cols = 0;
-  size_t ld = 0;
-  size_t stride() const { return ld ? ld : cols; }
+  size_t row_bytes = 0;
+  size_t stride_bytes() const { return row_bytes ? row_bytes : format_of(dtype).row_bytes(cols); }
 };
 // A 2-D tensor view as a Weight; throws if it is not 2-D.
 Weight as_weight(const TensorView& t);
-// An f32 buffer [rows, cols] with row stride ld (0: cols) as a Weight.
+// An f32 buffer [rows, cols] with row stride ld floats (0: cols) as a Weight.
 Weight f32_weight(const float* data, size_t rows, size_t cols, size_t ld = 0);
 
 // y[M, N] = x[M, K] · Wᵀ, with K = w.cols and N = w.rows. y is overwritten.

@@ -23,7 +23,7 @@ void pack_b_pairs(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t k
           blk[i] = _mm512_setzero_ps();
           continue;
         }
-        const std::byte* src = a.w + ((n0 + g + i) * a.ldw + k0 + 2 * p) * 2;
+        const std::byte* src = a.w + (n0 + g + i) * a.ldw_bytes + (k0 + 2 * p) * 2;
         if (halves == 32) {
           blk[i] = _mm512_loadu_ps(reinterpret_cast<const float*>(src));
         } else {

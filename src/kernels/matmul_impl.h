@@ -64,7 +64,7 @@ void dot_tile(const GemmArgs& a, size_t m0, size_t n0) {
   }
   const std::byte* wr[RN];
   VLM_UNROLL
-  for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r) * a.ldw * es;
+  for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r) * a.ldw_bytes;
   const float* xr[RM];
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) xr[m] = a.x + (m0 + m) * a.ldx;
@@ -119,9 +119,35 @@ void dot_rest(const GemmArgs& a, size_t m, size_t rm, size_t n0, size_t n1) {
   }
 }
 
+// M = 1 (decode): one weight row after the other, so the rows a thread reads form a
+// single sequential stream that the hardware prefetcher follows (16 rows interleaved
+// 5 KiB apart streamed ~40% slower on Zen 4); four sums hide the FMA latency.
+template <class S, DType D>
+void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
+  using V = typename S::V;
+  constexpr size_t W = S::W, es = kElemSize<D>;
+  const float* x = a.x;
+  for (size_t n = n0; n < n1; ++n) {
+    const std::byte* wr = a.w + n * a.ldw_bytes;
+    V c0 = S::zero(), c1 = c0, c2 = c0, c3 = c0;
+    size_t k = 0;
+    for (; k + 4 * W <= a.K; k += 4 * W) {
+      c0 = S::fma(S::load(x + k), load_w<S, D>(wr + k * es), c0);
+      c1 = S::fma(S::load(x + k + W), load_w<S, D>(wr + (k + W) * es), c1);
+      c2 = S::fma(S::load(x + k + 2 * W), load_w<S, D>(wr + (k + 2 * W) * es), c2);
+      c3 = S::fma(S::load(x + k + 3 * W), load_w<S, D>(wr + (k + 3 * W) * es), c3);
+    }
+    for (; k + W <= a.K; k += W) c0 = S::fma(S::load(x + k), load_w<S, D>(wr + k * es), c0);
+    if (k < a.K) c1 = S::fma(load_part<S>(x + k, a.K - k), load_w_part<S, D>(wr + k * es, a.K - k), c1);
+    float v = S::hsum(S::add(S::add(c0, c1), S::add(c2, c3)));
+    if (a.bias) v += a.bias[n];
+    a.y[n] = v;
+  }
+}
+
 template <class S, DType D>
 void dot_typed(const GemmArgs& a, size_t n0, size_t n1) {
-  if (a.M == 1) return dot_rows<S, D, 1, S::DOT_RN>(a, 0, n0, n1);
+  if (a.M == 1) return dot_row1<S, D>(a, n0, n1);
   // Every row group reads the same weights: take them in slices that stay in L2 (about
   // 128 KiB), so the weights come from memory once.
   const size_t bytes_per_row = a.K * kElemSize<D>;
@@ -134,15 +160,6 @@ void dot_typed(const GemmArgs& a, size_t n0, size_t n1) {
   }
 }
 
-template <class S>
-void dot(const GemmArgs& a, size_t n0, size_t n1) {
-  switch (a.dtype) {
-    case DType::F32: return dot_typed<S, DType::F32>(a, n0, n1);
-    case DType::F16: return dot_typed<S, DType::F16>(a, n0, n1);
-    case DType::BF16: return dot_typed<S, DType::BF16>(a, n0, n1);
-  }
-}
-
 // ---- packed path ----
 // Packs W(n0 .. n0+cols, k0 .. k0+kc) as f32 [kc][NR] (columns beyond cols are zero).
 template <class S, DType D>
@@ -151,7 +168,7 @@ void pack_panel(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t kc,
   constexpr size_t W = S::W, NR = S::W * S::NV, es = kElemSize<D>;
   if (a.kn) {
     for (size_t k = 0; k < kc; ++k) {
-      const std::byte* src = a.w + ((k0 + k) * a.ldw + n0) * es;
+      const std::byte* src = a.w + (k0 + k) * a.ldw_bytes + n0 * es;
       for (size_t j = 0; j < NR; j += W) {
         V v = j + W <= cols ? load_w<S, D>(src + j * es)
                             : (j < cols ? load_w_part<S, D>(src + j * es, cols - j) : S::zero());
@@ -170,7 +187,7 @@ void pack_panel(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t kc,
           blk[i] = S::zero();
           continue;
         }
-        const std::byte* src = a.w + ((n0 + g + i) * a.ldw + k0 + k) * es;
+        const std::byte* src = a.w + (n0 + g + i) * a.ldw_bytes + (k0 + k) * es;
         // Rows are read in short runs that the hardware prefetcher misses: fetch the
         // same run of the next K block now.
         __builtin_prefetch(src + kKC * es);
@@ -292,15 +309,6 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
   }
 }
 
-template <class S>
-void gemm(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) {
-  switch (a.dtype) {
-    case DType::F32: return gemm_typed<S, DType::F32>(a, n0, n1, m0, m1, pack);
-    case DType::F16: return gemm_typed<S, DType::F16>(a, n0, n1, m0, m1, pack);
-    case DType::BF16: return gemm_typed<S, DType::BF16>(a, n0, n1, m0, m1, pack);
-  }
-}
-
 // As many independent FMA chains as the GEMM tile keeps in registers; the result is
 // bounded (a fixed point near 1000) and written to a volatile so nothing is elided.
 template <class S>
@@ -328,8 +336,36 @@ double fma_loop(size_t iters) {
 }
 
 template <class S>
-constexpr IsaKernels make_kernels(const char* name, decltype(IsaKernels::gemm_bf16dot) bf16dot = nullptr) {
-  return IsaKernels{name, &dot<S>, &gemm<S>, bf16dot, S::W * S::NV, S::MR, 2 * kNC * kKC, &fma_loop<S>};
+float read_loop(const float* p, size_t n) {
+  using V = typename S::V;
+  constexpr size_t W = S::W;
+  V s0 = S::zero(), s1 = s0, s2 = s0, s3 = s0;
+  size_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    s0 = S::add(s0, S::load(p + i));
+    s1 = S::add(s1, S::load(p + i + W));
+    s2 = S::add(s2, S::load(p + i + 2 * W));
+    s3 = S::add(s3, S::load(p + i + 3 * W));
+  }
+  return S::hsum(S::add(S::add(s0, s1), S::add(s2, s3)));
+}
+
+template <class S, DType D>
+constexpr FormatKernels format_kernels(decltype(FormatKernels::gemm_bf16) gemm_bf16 = nullptr) {
+  return FormatKernels{&dot_typed<S, D>, &gemm_typed<S, D>, gemm_bf16};
+}
+
+template <class S>
+constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm_bf16) bf16dot = nullptr) {
+  return IsaKernels{name,
+                    format_kernels<S, DType::F32>(),
+                    format_kernels<S, DType::F16>(),
+                    format_kernels<S, DType::BF16>(bf16dot),
+                    S::W * S::NV,
+                    S::MR,
+                    2 * kNC * kKC,
+                    &fma_loop<S>,
+                    &read_loop<S>};
 }
 
 }  // namespace vlm::kernels::detail

@@ -5,40 +5,45 @@
 #include <cstddef>
 
 #include "core/dtype.h"
+#include "kernels/format.h"
 #include "kernels/matmul.h"
 
 namespace vlm::kernels::detail {
 
 // y[m, n] (+)= sum_k x[m, k] · W(n, k) over m in [0, M), n in [0, N).
-// W(n, k) is w[n·ldw + k] (nk layout, nn.Linear) or w[k·ldw + n] (kn layout).
+// Row n of W starts at w + n·ldw_bytes (nk layout, nn.Linear); in kn layout row k does
+// and holds W(·, k).
 struct GemmArgs {
   const float* x;
   size_t ldx, M;
   const std::byte* w;
   DType dtype;
-  size_t ldw;
+  size_t ldw_bytes;
   bool kn;
   size_t K, N;
   const float* bias;  // N entries or nullptr
   float* y;
   size_t ldy;
+  // x converted to the format's activation type (Format::act), rows ldxq bytes apart;
+  // nullptr when the format takes f32 x.
+  const std::byte* xq = nullptr;
+  size_t ldxq = 0;
 };
 
+// The f32/f16/bf16 kernels of one ISA and its packed-path geometry. dot: any M (nk only),
+// y[:, n0:n1] with weights streamed once. gemm: y[m0:m1, n0:n1] register-tiled from
+// packed panels (pack holds pack_floats floats, 64-byte aligned; n0 a multiple of panel).
+// gemm_bf16 (AVX512-BF16, bf16 nk only): the same with x rounded to bf16 and vdpbf16ps.
 struct IsaKernels {
   const char* name;
-  // Small M (nk layout only): y[:, n0:n1] by dot products, weights streamed once.
-  void (*dot)(const GemmArgs&, size_t n0, size_t n1);
-  // Packed, register-tiled product for y[m0:m1, n0:n1]; pack holds pack_floats floats
-  // (64-byte aligned). n0 is a multiple of panel.
-  void (*gemm)(const GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
-  // Optional (AVX512-BF16): the same for bf16 nk weights with x rounded to bf16 and
-  // vdpbf16ps products; nullptr where the ISA has none.
-  void (*gemm_bf16dot)(const GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
+  FormatKernels f32, f16, bf16;
   size_t panel;        // output columns per packed panel
   size_t row_tile;     // rows per register tile
   size_t pack_floats;  // scratch size for gemm
   // A register-resident FMA loop (the roofline's compute peak); returns FLOPs done.
   double (*fma_loop)(size_t iters);
+  // Reads n floats with the widest loads, four independent sums (the bandwidth probe).
+  float (*read_loop)(const float* p, size_t n);
 };
 
 extern const IsaKernels kScalarKernels;

@@ -1,7 +1,5 @@
 #include "kernels/roofline.h"
 
-#include <emmintrin.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -22,44 +20,31 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Sums 16-byte words (SSE2 is baseline x86-64) with four independent chains, so the
-// loop is limited by memory, not by the adds.
-uint64_t stream_sum(const __m128i* p, size_t n) {
-  __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 = _mm_add_epi64(s0, _mm_load_si128(p + i));
-    s1 = _mm_add_epi64(s1, _mm_load_si128(p + i + 1));
-    s2 = _mm_add_epi64(s2, _mm_load_si128(p + i + 2));
-    s3 = _mm_add_epi64(s3, _mm_load_si128(p + i + 3));
-  }
-  for (; i < n; ++i) s0 = _mm_add_epi64(s0, _mm_load_si128(p + i));
-  const __m128i s = _mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3));
-  uint64_t out[2];
-  std::memcpy(out, &s, 16);
-  return out[0] + out[1];
-}
 }  // namespace
 
-double measure_read_bandwidth(int threads, size_t bytes) {
+double measure_read_bandwidth(int threads, size_t bytes, Isa isa) {
   struct Free {
     void operator()(void* p) const { std::free(p); }
   };
-  const size_t words = std::max<size_t>(bytes / 16 / 64 * 64, 64);
-  std::unique_ptr<void, Free> buf(std::aligned_alloc(64, words * 16));
-  if (!buf) fail("measure_read_bandwidth: cannot allocate {} MiB", words * 16 >> 20);
-  auto* p = static_cast<__m128i*>(buf.get());
+  constexpr size_t kWindow = size_t(64) << 20;
+  const size_t windows = std::max<size_t>(bytes / kWindow, 2), floats = kWindow / 4;
+  std::unique_ptr<void, Free> buf(std::aligned_alloc(64, windows * kWindow));
+  if (!buf) fail("measure_read_bandwidth: cannot allocate {} MiB", windows * kWindow >> 20);
+  auto* p = static_cast<float*>(buf.get());
+  const detail::IsaKernels& k = detail::kernels_for(isa);
   ThreadPool pool(threads);
-  // Each thread touches the part it will read, so its pages are local to it.
-  pool.parallel_for(words, [&](size_t b, size_t e) {
-    std::memset(static_cast<void*>(p + b), 1, (e - b) * 16);
+  // Small positive floats: the sums stay normal numbers.
+  pool.parallel_for(windows * floats, [&](size_t b, size_t e) {
+    std::memset(static_cast<void*>(p + b), 1, (e - b) * 4);
   });
+  const size_t grain = floats / (4 * size_t(threads));
   double best = 0;
-  volatile uint64_t sink = 0;
-  for (int pass = 0; pass < 4; ++pass) {
+  std::atomic<float> sink{0};
+  for (size_t pass = 0; pass < 4 * windows; ++pass) {
+    const float* w = p + (pass % windows) * floats;
     const auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(words, [&](size_t b, size_t e) { sink = sink + stream_sum(p + b, e - b); });
-    best = std::max(best, double(words * 16) / seconds_since(t0));
+    pool.parallel_for(floats, [&](size_t b, size_t e) { sink = sink + k.read_loop(w + b, e - b); }, grain);
+    best = std::max(best, double(kWindow) / seconds_since(t0));
   }
   return best;
 }

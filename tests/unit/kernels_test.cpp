@@ -2,13 +2,21 @@
 // product, and the row/element ops against plain double-precision loops.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 
@@ -43,7 +51,7 @@ StoredWeight make_weight(DType dt, size_t rows, size_t cols, std::mt19937& rng, 
       }
       if (c < cols) s.values[r * cols + c] = v;
     }
-  s.w = Weight{s.bytes.data(), dt, rows, cols, ld};
+  s.w = Weight{s.bytes.data(), dt, rows, cols, ld * es};
   return s;
 }
 
@@ -202,6 +210,60 @@ TEST(Matmul, Bf16DotPathRoundsXOnly) {
       }
     if (s.K > 1) EXPECT_GT(differ, 0u) << what << ": the bf16-dot path was not taken";
   }
+}
+
+// Precision::Bf16 on every ISA path and weight dtype: the exact products of x rounded to
+// bf16 (nearest even) with the stored weights, summed in f32 — so within the usual
+// (K + 2)·u·Σ|x̂·w| of the double product of the rounded x, and equal to matmul_ref's
+// Bf16 mode within twice that; the f32 mode of the same call must differ somewhere.
+TEST(Matmul, Bf16PrecisionOnEveryPathRoundsX) {
+  ThreadPool pool(2);
+  std::mt19937 rng(21);
+  struct Shape {
+    size_t M, N, K;
+  };
+  const Shape shapes[] = {{1, 37, 45}, {1, 300, 1000}, {3, 19, 129}, {16, 70, 33}, {33, 70, 45},
+                          {40, 130, 300}, {64, 17, 31}};
+  for (Isa isa : isas()) {
+    const Exec bf(pool, isa, Precision::Bf16), exact(pool, isa);
+    for (DType dt : kDTypes)
+      for (const Shape& s : shapes) {
+        const StoredWeight w = make_weight(dt, s.N, s.K, rng);
+        const auto x = random_vec(s.M * s.K, rng);
+        std::vector<float> xr(x.size());
+        for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
+        std::vector<float> y(s.M * s.N, NAN), ref(s.M * s.N, NAN), y32(s.M * s.N, NAN);
+        matmul(x.data(), s.M, w.w, y.data(), bf);
+        matmul(x.data(), s.M, w.w, y32.data(), exact);
+        matmul_ref(x.data(), s.M, w.w, ref.data(), Precision::Bf16);
+        const std::string what = std::string(isa_name(isa)) + " bf16-precision " +
+                                 std::string(dtype_name(dt)) + " M=" + std::to_string(s.M) +
+                                 " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
+        expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
+        expect_close(ref.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr,
+                     what + " (ref)");
+        size_t differ = 0;
+        for (size_t i = 0; i < y.size(); ++i) differ += y[i] != y32[i];
+        EXPECT_GT(differ, 0u) << what << ": x was not rounded";
+      }
+  }
+}
+
+TEST(Matmul, FormatTableRows) {
+  for (DType dt : kDTypes) {
+    const Format& f = format_of(dt);
+    EXPECT_EQ(f.type, dt);
+    EXPECT_EQ(f.block, 1u);
+    EXPECT_EQ(f.row_bytes(10), 10 * dtype_size(dt));
+    EXPECT_EQ(f.act, DType::F32);
+    for (Isa isa : isas()) EXPECT_NE(f.isa[int(isa)].dot, nullptr) << f.name << " " << isa_name(isa);
+    std::mt19937 rng(2);
+    const StoredWeight w = make_weight(dt, 1, 33, rng);
+    std::vector<float> row(33);
+    f.to_f32(w.w.data, row.data(), 33);
+    EXPECT_EQ(row, w.values) << f.name;
+  }
+  EXPECT_THROW(format_of(DType(200)), Error);
 }
 
 TEST(Matmul, EmptyKGivesBias) {
@@ -412,6 +474,73 @@ TEST(Ops, RopeRotateHalfMatchesDouble) {
       EXPECT_NEAR(y[h * d + i], a * c[i] - b * s[i], 4 * kU);
       EXPECT_NEAR(y[h * d + i + half], b * c[i] + a * s[i], 4 * kU);
     }
+}
+
+// ---- thread pool ----
+
+TEST(ThreadPool, ChunksCoverTheRangeOnceAtAnyGrain) {
+  ThreadPool pool(3);
+  for (size_t grain : {0, 1, 7, 64, 5000})
+    for (size_t n : {1, 2, 3, 1001}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.parallel_for(n, [&](size_t b, size_t e) {
+        ASSERT_LT(b, e);
+        ASSERT_LE(e, n);
+        if (grain) ASSERT_LE(e - b, grain);
+        for (size_t i = b; i < e; ++i) hits[i]++;
+      }, grain);
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " grain=" << grain;
+    }
+}
+
+TEST(ThreadPool, RethrowsTheFirstErrorAfterTheLoop) {
+  ThreadPool pool(2);
+  std::atomic<size_t> done{0};
+  EXPECT_THROW(pool.parallel_for(100, [&](size_t b, size_t e) {
+    if (b == 0) throw std::runtime_error("boom");
+    done += e - b;
+  }, 1), std::runtime_error);
+  EXPECT_EQ(done.load(), 99u);  // every other range still ran, and the pool still works:
+  pool.parallel_for(10, [&](size_t b, size_t e) { done += e - b; });
+  EXPECT_EQ(done.load(), 109u);
+}
+
+TEST(ThreadPool, RefusesThreadCountsAboveTheBound) {
+  try {
+    ThreadPool pool(ThreadPool::max_threads() + 1);
+    ADD_FAILURE() << "accepted " << ThreadPool::max_threads() + 1 << " threads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("above the limit"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(ThreadPool::max_threads(), 256);
+}
+
+// Regression: a thread that cannot be started inside the constructor (here: address space
+// too small for its stack) used to leave the started workers waiting and hang. Run in a
+// child process so the limit stays there; an alarm turns a hang into a failure.
+TEST(ThreadPool, FailedThreadStartThrowsInsteadOfHanging) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    alarm(60);
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    const rlim_t room = rlim_t(pages) * rlim_t(sysconf(_SC_PAGESIZE)) + (rlim_t(96) << 20);
+    const rlimit lim{room, room};
+    if (setrlimit(RLIMIT_AS, &lim) != 0) _exit(3);
+    try {
+      ThreadPool pool(200);  // 8 MiB stacks: far more than 96 MiB holds
+      _exit(4);
+    } catch (const Error& e) {
+      _exit(std::string(e.what()).find("cannot start thread") != std::string::npos ? 0 : 5);
+    } catch (...) {
+      _exit(6);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal " << WTERMSIG(status) << " (14: hung)";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: setrlimit failed, 4: all threads started, 5/6: wrong error";
 }
 
 }  // namespace

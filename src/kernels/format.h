@@ -1,0 +1,51 @@
+// Weight storage formats, one row of a table each (the way ggml's type_traits and
+// gemma.cpp's Type describe theirs): block shape, row conversion to f32, and per ISA the
+// kernels that multiply activations with rows of that format. A new format (a
+// block-quantized one) plugs into matmul() by adding its DType and a row here; nothing in
+// the dispatcher changes.
+#pragma once
+#include <cstddef>
+
+#include "core/dtype.h"
+#include "kernels/exec.h"
+
+namespace vlm::kernels {
+
+namespace detail {
+struct GemmArgs;
+}
+
+// One ISA's kernels for one format (see matmul_isa.h for GemmArgs and the contracts).
+struct FormatKernels {
+  // y[:, n0:n1] for any M by dot products that stream each weight row once (nk layout).
+  void (*dot)(const detail::GemmArgs&, size_t n0, size_t n1) = nullptr;
+  // Packed register-tiled product of y[m0:m1, n0:n1]; nullptr: dot serves every M.
+  void (*gemm)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
+  // The same with x rounded to bf16 by the hardware dot (Precision::Bf16); nullptr: none.
+  void (*gemm_bf16)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
+};
+
+struct Format {
+  DType type;
+  const char* name;
+  size_t block;        // elements per block (1 for f32/f16/bf16)
+  size_t block_bytes;  // bytes per block
+  // dst[0, n) = the stored values src[0, n) as f32 (n a multiple of block; exact for
+  // f32/f16/bf16, the dequantized values for a block format).
+  void (*to_f32)(const std::byte* src, float* dst, size_t n);
+  // The activation format the dot kernels want x in: F32 means plain f32 rows (a.x).
+  // Otherwise matmul() converts each x row once with format_of(act).from_f32 and passes
+  // the rows as a.xq / a.ldxq (bytes), the way ggml quantizes src1 to vec_dot_type.
+  DType act;
+  // x row → this format (n a multiple of block); needed only by a format used as `act`.
+  void (*from_f32)(const float* src, std::byte* dst, size_t n);
+  bool kn;                   // also usable in [K, N] (in → out) layout
+  FormatKernels isa[3];      // indexed by Isa; a null dot: no kernels on that ISA
+
+  size_t row_bytes(size_t n) const { return n / block * block_bytes; }
+};
+
+// The row for a storage type; throws a one-line vlm::Error for a type without one.
+const Format& format_of(DType type);
+
+}  // namespace vlm::kernels
