@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import time
 import unittest
 
 BIN = os.environ.get("VLM_BIN")
@@ -52,9 +51,12 @@ class TestRun(unittest.TestCase):
         p = subprocess.Popen([BIN, "run", "--model", self.model("tiny-text-f32"), "--prompt", "Hi",
                               "--max-tokens", "1000", "--ids", "--threads", "1"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)
+        # Signal only once the first id is out: the handler is installed by then, however
+        # slow the machine is (a fixed sleep raced the model load under load).
+        first = p.stdout.read(1)
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
+        out = first + out
         self.assertEqual(p.returncode, 130, err)
         self.assertIn("finish: cancelled", err)
         produced = out.split()
