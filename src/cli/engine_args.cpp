@@ -2,7 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "multimodal/mask.h"
+#include "models/mask.h"
 
 namespace vlm::cli {
 
