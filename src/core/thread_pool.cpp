@@ -49,69 +49,75 @@ ThreadPool::~ThreadPool() { shutdown(); }
 
 void ThreadPool::shutdown() {
   stop_.store(true);
-  generation_.fetch_add(1);
-  generation_.notify_all();
+  wake_.fetch_add(1);
+  wake_.notify_all();
   for (auto& t : workers_)
     if (t.joinable()) t.join();
   workers_.clear();
 }
 
-void ThreadPool::run_chunks() {
-  const size_t n = job_n_, g = job_grain_;
-  try {
-    for (;;) {
-      const size_t b = next_.fetch_add(g, std::memory_order_relaxed);
-      if (b >= n) return;
-      (*job_)(b, std::min(n, b + g));
+void ThreadPool::run_chunks(uint32_t generation) {
+  for (;;) {
+    uint64_t v = state_.load(std::memory_order_acquire);
+    if (uint32_t(v >> 32) != generation) return;
+    const size_t i = size_t(v & 0xffffffffu), chunks = job_chunks_.load(std::memory_order_relaxed);
+    if (i >= chunks) return;
+    if (!state_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) continue;
+    // The claim succeeded while this loop was current, so its fields (published before
+    // state_) are the ones read here, and the caller waits for this range.
+    const size_t n = job_n_.load(std::memory_order_relaxed), g = job_grain_.load(std::memory_order_relaxed);
+    try {
+      (*job_.load(std::memory_order_relaxed))(i * g, std::min(n, i * g + g));
+    } catch (...) {
+      // Keep the first error for the caller; the other ranges still run.
+      std::lock_guard lock(error_mu_);
+      if (!error_) error_ = std::current_exception();
     }
-  } catch (...) {
-    // Keep the first error for the caller; the other threads finish the loop's ranges.
-    std::lock_guard lock(error_mu_);
-    if (!error_) error_ = std::current_exception();
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) done_.notify_one();
   }
 }
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain) {
   if (n == 0) return;
   if (grain == 0) grain = std::max<size_t>(1, (n + 4 * size_t(size()) - 1) / (4 * size_t(size())));
+  grain = std::max(grain, (n >> 31) + 1);  // chunk indices fit the low half of state_
   if (workers_.empty() || grain >= n) {
     fn(0, n);
     return;
   }
-  job_ = &fn;
-  job_n_ = n;
-  job_grain_ = grain;
-  next_.store(0, std::memory_order_relaxed);
-  pending_.store(int(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
-  run_chunks();
-  // Spin while the workers finish their last ranges; if one has lost its core (more
-  // runnable threads than cores), sleep until it is done instead of burning our slice.
-  for (int i = 0; i < kSpin && pending_.load(std::memory_order_acquire) != 0; ++i) cpu_relax();
-  for (int p; (p = pending_.load(std::memory_order_acquire)) != 0;) pending_.wait(p, std::memory_order_acquire);
-  job_ = nullptr;
+  const size_t chunks = (n + grain - 1) / grain;
+  job_.store(&fn, std::memory_order_relaxed);
+  job_n_.store(n, std::memory_order_relaxed);
+  job_grain_.store(grain, std::memory_order_relaxed);
+  job_chunks_.store(chunks, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  const uint32_t g = ++generation_;
+  state_.store(uint64_t(g) << 32, std::memory_order_release);
+  wake_.fetch_add(1, std::memory_order_release);
+  wake_.notify_all();
+  run_chunks(g);
+  // Spin while the workers finish the ranges they took; if one has lost its core, sleep
+  // until it is done instead of burning our slice.
+  for (int i = 0; i < kSpin && done_.load(std::memory_order_acquire) != chunks; ++i) cpu_relax();
+  for (size_t d; (d = done_.load(std::memory_order_acquire)) != chunks;) done_.wait(d, std::memory_order_acquire);
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 void ThreadPool::worker() {
-  // Not the current value: a worker that starts late must still take the loop that the
-  // caller may already have announced (the constructor runs before any loop).
   uint32_t seen = 0;
   for (;;) {
-    uint32_t g = generation_.load(std::memory_order_acquire);
-    for (int i = 0; g == seen && i < kSpin; ++i) {
+    uint32_t w = wake_.load(std::memory_order_acquire);
+    for (int i = 0; w == seen && i < kSpin; ++i) {
       cpu_relax();
-      g = generation_.load(std::memory_order_acquire);
+      w = wake_.load(std::memory_order_acquire);
     }
-    if (g == seen) {
-      generation_.wait(seen, std::memory_order_acquire);
+    if (w == seen) {
+      wake_.wait(seen, std::memory_order_acquire);
       continue;
     }
-    seen = g;
+    seen = w;
     if (stop_.load()) return;
-    run_chunks();
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    run_chunks(uint32_t(state_.load(std::memory_order_acquire) >> 32));
   }
 }
 

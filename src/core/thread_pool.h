@@ -38,16 +38,21 @@ class ThreadPool {
 
  private:
   void worker();
-  void run_chunks();
+  void run_chunks(uint32_t generation);
   void shutdown();  // stops and joins the workers
 
   std::vector<std::thread> workers_;
-  // The current loop; written by the caller before generation_ is bumped.
-  const std::function<void(size_t, size_t)>* job_ = nullptr;
-  size_t job_n_ = 0, job_grain_ = 1;
-  std::atomic<size_t> next_{0};         // start of the next unclaimed range
-  std::atomic<uint32_t> generation_{0};  // bumped per loop; workers wait on it
-  std::atomic<int> pending_{0};          // workers not yet done with the current loop
+  // The current loop. A range is claimed by a compare-exchange on state_ (generation in
+  // the high half, next chunk index in the low half), so a worker that wakes after the
+  // others have finished a loop claims nothing, and the caller never waits for a thread
+  // that has not started a range (on a machine with more runnable threads than cores, a
+  // descheduled worker would otherwise stall every loop).
+  std::atomic<const std::function<void(size_t, size_t)>*> job_{nullptr};
+  std::atomic<size_t> job_n_{0}, job_grain_{1}, job_chunks_{0};
+  std::atomic<uint64_t> state_{0};
+  std::atomic<size_t> done_{0};     // ranges finished in the current loop
+  std::atomic<uint32_t> wake_{0};   // bumped per loop; idle workers wait on it
+  uint32_t generation_ = 0;         // the caller's loop counter
   std::atomic<bool> stop_{false};
   std::mutex error_mu_;
   std::exception_ptr error_;  // first exception thrown by fn in the current loop
