@@ -61,6 +61,7 @@ int cmd_dump(int argc, char** argv) {
   engine::ModelOptions mo = ia.model_options();
   mo.embed_scaling = scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference;
   mo.threads = threads;
+  const std::vector<vision::RgbImage> images = ia.load(model_dir);
   const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
   if (!identity_file.empty()) {
     std::ifstream f(identity_file);
@@ -69,7 +70,6 @@ int cmd_dump(int argc, char** argv) {
     if (j.is_discarded()) fail("--check-identity: {} is not JSON", identity_file);
     require_same_identity(identity_from_json(j, identity_file), model->identity(), identity_file);
   }
-  const std::vector<vision::RgbImage> images = ia.load(*model);
   const std::vector<int32_t> ids = pa.ids(*model, images);
   const int n = int(ids.size());
   if (int64_t(n) + steps > model->context())

@@ -63,11 +63,11 @@ engine::ModelOptions ImageArgs::model_options() const {
   return o;
 }
 
-std::vector<vision::RgbImage> ImageArgs::load(const engine::Model& model) const {
+std::vector<vision::RgbImage> ImageArgs::load(const std::filesystem::path& model_dir) const {
   std::vector<vision::RgbImage> images;
   if (files.empty()) return images;
-  const ModelConfig& mc = model.config();
-  if (!mc.is_vlm()) fail("--image: {} is a text-only checkpoint ({})", model.dir().string(), mc.architecture);
+  const ModelConfig mc = load_config(model_dir);
+  if (!mc.is_vlm()) fail("--image: {} is a text-only checkpoint ({})", model_dir.string(), mc.architecture);
   for (const std::string& f : files) images.push_back(vision::load_image(f));
   return images;
 }

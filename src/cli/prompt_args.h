@@ -7,6 +7,7 @@
 // engine::Model; this file maps options to it.
 #pragma once
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,9 @@ struct ImageArgs {
   // The model options these flags (and the environment's VLM_ISA and VLM_FAULT) ask for;
   // checks every value before anything is loaded.
   engine::ModelOptions model_options() const;
-  // Decodes the images (a text-only checkpoint refuses them first).
-  std::vector<vision::RgbImage> load(const engine::Model& model) const;
+  // Decodes the images (a text-only checkpoint refuses them first). Runs before the model
+  // loads, so a bad image fails fast.
+  std::vector<vision::RgbImage> load(const std::filesystem::path& model_dir) const;
 };
 
 // Parses a JSON list of token ids; `what` names the option in errors.

@@ -59,8 +59,8 @@ int cmd_run(int argc, char** argv) {
   engine::ModelOptions mo = ia.model_options();
   mo.threads = threads;
   mo.context = context;
+  req.images = ia.load(model_dir);
   const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
-  req.images = ia.load(*model);
   req.prompt = pa.ids(*model, req.images);
   req.prompt_cache = cache_file;
   if (!model->tokenizer() && !print_ids) fail("{} has no tokenizer.json; use --ids to print token ids", model_dir);
