@@ -20,7 +20,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "io/checkpoint.h"
+#include "models/gemma3/registry.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -83,7 +83,7 @@ int decode_profile(const char* dir, int context, int steps) {
   const int threads = default_threads() > 2 ? 2 : default_threads();
   ThreadPool pool(threads);
   const Exec ex(pool);
-  Checkpoint ck = Checkpoint::open(dir, Parts{.text = true, .vision = false});
+  Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false});
   const TextConfig& c = ck.config().text;
   const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size), d = size_t(c.head_dim);
   const size_t nH = size_t(c.num_heads), nKV = size_t(c.num_kv_heads), L = size_t(context);
