@@ -11,7 +11,6 @@
 // on VLM checkpoints, never picks ids ≥ image_token_id (vocabulary padding, spec §10.2).
 #include <CLI/CLI.hpp>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -19,7 +18,9 @@
 #include "core/error.h"
 #include "engine/sampler.h"
 #include "io/checkpoint.h"
+#include "io/file.h"
 #include "io/identity.h"
+#include "io/json.h"
 #include "io/npy.h"
 #include "models/gemma3.h"
 #include "multimodal/mask.h"
@@ -31,11 +32,7 @@
 namespace vlm::cli {
 
 namespace {
-void write_json(const std::filesystem::path& p, const nlohmann::json& j) {
-  std::ofstream f(p);
-  f << j.dump() << "\n";
-  if (!f) fail("cannot write {}", p.string());
-}
+void write_json(const std::filesystem::path& p, const nlohmann::json& j) { write_file(p, j.dump() + "\n"); }
 }  // namespace
 
 int cmd_dump(int argc, char** argv) {
@@ -48,7 +45,7 @@ int cmd_dump(int argc, char** argv) {
   app.add_option("--model", model_dir, "checkpoint folder")->required();
   pa.add(app);
   app.add_option("--out", out_dir, "output folder")->required();
-  app.add_option("--pad-to", pad_to, "right-pad the prefill to this many positions");
+  app.add_option("--pad-to", pad_to, "right-pad the prefill to this many positions")->check(CLI::Range(0, 1 << 30));
   app.add_option("--steps", steps, "greedy tokens to generate")->check(CLI::Range(0, 1 << 20));
   app.add_option("--embed-scaling", scaling, "reference (HF, weight dtype) or f32");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
@@ -69,10 +66,7 @@ int cmd_dump(int argc, char** argv) {
   const EmbedScaling es = scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference;
   const Identity identity = request_identity(ck, ho, es);
   if (!identity_file.empty()) {
-    std::ifstream f(identity_file);
-    if (!f) fail("--check-identity: cannot read {}", identity_file);
-    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-    if (j.is_discarded()) fail("--check-identity: {} is not JSON", identity_file);
+    const nlohmann::json j = parse_json(read_text_file(identity_file, 1 << 20, "--check-identity: "), identity_file);
     require_same_identity(identity_from_json(j, identity_file), identity, identity_file);
   }
 

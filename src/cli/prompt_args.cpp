@@ -1,12 +1,13 @@
 #include "cli/prompt_args.h"
 
 #include <CLI/CLI.hpp>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "io/identity.h"
+#include "io/json.h"
 #include "multimodal/host.h"
 #include "text/chat.h"
 
@@ -19,7 +20,7 @@ std::vector<int32_t> parse_token_list(const std::string& text, const char* what)
   for (const auto& v : j) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
         v.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      fail("{}: '{}' is not a token id", what, v.dump());
+      fail("{}: '{}' is not a token id", what, shorten(v.dump()));
     ids.push_back(int32_t(v.get<int64_t>()));
   }
   if (ids.empty()) fail("{}: the list is empty", what);
@@ -58,7 +59,7 @@ ImageInputs load_image_inputs(const ImageArgs& a, const Checkpoint& ck) {
   in.tokens = image_tokens_of(mc, a.layout == "google" ? text::ImageLayout::Google : text::ImageLayout::HF);
   if (a.files.empty()) return in;
   if (!mc.is_vlm()) fail("--image: {} is a text-only checkpoint ({})", ck.dir().string(), mc.architecture);
-  for (const std::string& f : a.files) in.images.push_back(vision::load_image(f));
+  in.images = vision::load_images(a.files);
   in.encoder.emplace(ck);
   in.crops = crops_per_image(*in.encoder, in.images, a.pan_and_scan ? std::optional<bool>(true) : std::nullopt);
   return in;
@@ -97,11 +98,9 @@ Prompt make_prompt(const PromptArgs& a, const std::filesystem::path& model_dir, 
       fail("{}: the chat template is not the Gemma 3 one; use --raw", model_dir.string());
     std::vector<text::ChatMessage> msgs;
     if (!a.messages.empty()) {
-      std::ifstream f(a.messages);
-      if (!f) fail("--messages: cannot read {}", a.messages);
-      nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-      if (j.is_discarded()) fail("--messages: {} is not valid JSON", a.messages);
-      msgs = text::parse_messages(j, a.messages);
+      const std::string where = "--messages: " + a.messages;
+      msgs = text::parse_messages(parse_json(read_text_file(a.messages, text::kMaxPromptBytes, "--messages: "), where),
+                                  where);
     } else {
       msgs.push_back(user_turn(a.prompt, crops.size()));
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "multimodal/merge.h"
 
 namespace vlm {
@@ -60,6 +61,7 @@ void check_options(const GenerateOptions& opt, const GenerateIO& io) {
 int64_t checked_context(const TextConfig& c, const GenerateOptions& opt, const GenerateIO& io,
                         int64_t prompt_len) {
   check_options(opt, io);
+  if (opt.context < 0) fail("context {} must be > 0 (0 = max_position_embeddings)", opt.context);
   if (opt.context > c.max_position_embeddings)
     fail("context {} exceeds max_position_embeddings {}", opt.context, c.max_position_embeddings);
   const int64_t context = opt.context > 0 ? opt.context : c.max_position_embeddings;
@@ -82,7 +84,23 @@ GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const i
                         const std::function<void(KvCache&, std::span<const float>)>& on_prefill) {
   const int64_t context = checked_context(model.config(), opt, io, in.valid_len);
   KvCache cache = model.new_cache(context);
-  std::vector<float> logits = model.prefill_from_embeddings(in, cache);
+  // NaN/Inf anywhere (weights, config values, inputs) would otherwise give garbage tokens
+  // silently; the layer outputs are checked as they pass, so the error names the first.
+  const size_t valid = size_t(in.valid_len) * size_t(model.config().hidden_size);
+  if (size_t i = first_non_finite({in.embeds.data(), valid}); i < valid)
+    fail("non-finite value (NaN/Inf) in the input embeddings at row {}", i / size_t(model.config().hidden_size));
+  int bad_layer = -1;
+  PrefillOptions po;
+  po.on_layer = [&](int layer, const float* h) {
+    if (bad_layer < 0 && first_non_finite({h, valid}) < valid) bad_layer = layer;
+  };
+  std::vector<float> logits = model.prefill_from_embeddings(in, cache, po);
+  if (bad_layer >= 0)
+    fail("non-finite values (NaN/Inf) after the prefill: decoder layer {} was the first to output them "
+         "(check the weights and config.json)", bad_layer);
+  if (first_non_finite(logits) < logits.size())
+    fail("non-finite logits (NaN/Inf) after the prefill, though every decoder layer's output was finite "
+         "(check the final norm and the output head)");
   if (on_prefill) on_prefill(cache, logits);
   return generate_from(model, cache, std::move(logits), prompt, opt, io);
 }
@@ -90,8 +108,9 @@ GenerateResult generate(Gemma3& model, const PrefillInput& in, std::span<const i
 GenerateResult generate_from(Gemma3& model, KvCache& cache, std::vector<float> logits,
                              std::span<const int32_t> prompt, const GenerateOptions& opt,
                              const GenerateIO& io) {
+  // A resumed (saved) prefill meets the limits a fresh prompt does.
+  checked_context(model.config(), opt, io, cache.length());
   const int64_t context = cache.context();
-  check_options(opt, io);
 
   Sampler sampler(opt.sampling);
   sampler.add_prompt(prompt);
@@ -138,6 +157,8 @@ GenerateResult generate_from(Gemma3& model, KvCache& cache, std::vector<float> l
     }
     const DecodeItem item{&cache, id};
     logits = model.decode_step({&item, 1});
+    if (first_non_finite(logits) < logits.size())
+      fail("non-finite logits (NaN/Inf) at decode step {} (position {})", res.tokens.size(), cache.length() - 1);
   }
   emit(stops.flush());
   return res;

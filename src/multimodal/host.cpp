@@ -80,6 +80,8 @@ MultimodalPrefill build_prefill(const Gemma3& model, const ModelConfig& mc, cons
          r.image_positions.size(), context);
   const int Lp = opt.pad_to > 0 ? opt.pad_to : n;
   if (Lp < n) fail("--pad-to {} is shorter than the prompt ({} tokens)", Lp, n);
+  // Padded rows cost like real ones (an [Lp, V] logits buffer in a dump): same limit.
+  if (Lp > context) fail("--pad-to {} exceeds the context limit of {}", Lp, context);
 
   PrefillInput& in = r.input;
   in.Lp = Lp;
