@@ -27,7 +27,7 @@ const char* kind_of(mode_t m) {
 InputFile::InputFile(const std::filesystem::path& path) : where_(path.string()) {
   // O_NONBLOCK: open() on a FIFO with no writer returns at once instead of waiting.
   fd_ = ::open(where_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd_ < 0) fail("{}: cannot open: {}", where_, std::strerror(errno));
+  if (fd_ < 0) fail("{}: cannot read: {}", where_, std::strerror(errno));
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     const int e = errno;
