@@ -13,7 +13,6 @@
 // resuming from it.
 #include <CLI/CLI.hpp>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -21,17 +20,15 @@
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "io/file.h"
 #include "io/identity.h"
+#include "io/json.h"
 #include "io/npy.h"
 
 namespace vlm::cli {
 
 namespace {
-void write_json(const std::filesystem::path& p, const nlohmann::json& j) {
-  std::ofstream f(p);
-  f << j.dump() << "\n";
-  if (!f) fail("cannot write {}", p.string());
-}
+void write_json(const std::filesystem::path& p, const nlohmann::json& j) { write_file(p, j.dump() + "\n"); }
 }  // namespace
 
 int cmd_dump(int argc, char** argv) {
@@ -44,7 +41,7 @@ int cmd_dump(int argc, char** argv) {
   app.add_option("--model", model_dir, "checkpoint folder")->required();
   pa.add(app);
   app.add_option("--out", out_dir, "output folder")->required();
-  app.add_option("--pad-to", pad_to, "right-pad the prefill to this many positions");
+  app.add_option("--pad-to", pad_to, "right-pad the prefill to this many positions")->check(CLI::Range(0, 1 << 30));
   app.add_option("--steps", steps, "greedy tokens to generate")->check(CLI::Range(0, 1 << 20));
   app.add_option("--embed-scaling", scaling, "reference (HF, weight dtype) or f32");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
@@ -64,10 +61,7 @@ int cmd_dump(int argc, char** argv) {
   const std::vector<vision::RgbImage> images = ia.load(model_dir);
   const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
   if (!identity_file.empty()) {
-    std::ifstream f(identity_file);
-    if (!f) fail("--check-identity: cannot read {}", identity_file);
-    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-    if (j.is_discarded()) fail("--check-identity: {} is not JSON", identity_file);
+    const nlohmann::json j = parse_json(read_text_file(identity_file, 1 << 20, "--check-identity: "), identity_file);
     require_same_identity(identity_from_json(j, identity_file), model->identity(), identity_file);
   }
   const std::vector<int32_t> ids = pa.ids(*model, images);

@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "cli/commands.h"
@@ -46,6 +47,12 @@ int main(int argc, char** argv) {
     argv[1] = name.data();
     try {
       return c.run(argc - 1, argv + 1);
+    } catch (const std::bad_alloc&) {
+      // Last resort: inputs are checked against stated limits before allocating, so this
+      // means the machine has less memory than a valid request needs.
+      std::fprintf(stderr, "vlm %s: error: out of memory (the request needs more memory than is available)\n",
+                   c.name);
+      return 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "vlm %s: error: %s\n", c.name, e.what());
       return 1;

@@ -2,11 +2,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/file.h"
+#include "io/json.h"
 #include "multimodal/host.h"
 #include "text/chat.h"
 
@@ -19,7 +20,7 @@ std::vector<int32_t> parse_token_list(const std::string& text, const char* what)
   for (const auto& v : j) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
         v.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      fail("{}: '{}' is not a token id", what, v.dump());
+      fail("{}: '{}' is not a token id", what, shorten(v.dump()));
     ids.push_back(int32_t(v.get<int64_t>()));
   }
   if (ids.empty()) fail("{}: the list is empty", what);
@@ -64,12 +65,10 @@ engine::ModelOptions ImageArgs::model_options() const {
 }
 
 std::vector<vision::RgbImage> ImageArgs::load(const std::filesystem::path& model_dir) const {
-  std::vector<vision::RgbImage> images;
-  if (files.empty()) return images;
+  if (files.empty()) return {};
   const ModelConfig mc = load_config(model_dir);
   if (!mc.is_vlm()) fail("--image: {} is a text-only checkpoint ({})", model_dir.string(), mc.architecture);
-  for (const std::string& f : files) images.push_back(vision::load_image(f));
-  return images;
+  return vision::load_images(files);
 }
 
 std::vector<int32_t> PromptArgs::ids(const engine::Model& model, const std::vector<vision::RgbImage>& images) const {
@@ -84,11 +83,9 @@ std::vector<int32_t> PromptArgs::ids(const engine::Model& model, const std::vect
     fail("{}: the chat template is not the Gemma 3 one; use --raw", model.dir().string());
   std::vector<text::ChatMessage> msgs;
   if (!messages.empty()) {
-    std::ifstream f(messages);
-    if (!f) fail("--messages: cannot read {}", messages);
-    nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
-    if (j.is_discarded()) fail("--messages: {} is not valid JSON", messages);
-    msgs = text::parse_messages(j, messages);
+    const std::string where = "--messages: " + messages;
+    msgs = text::parse_messages(parse_json(read_text_file(messages, text::kMaxPromptBytes, "--messages: "), where),
+                                where);
   } else {
     msgs.push_back(user_turn(prompt, images.size()));
   }

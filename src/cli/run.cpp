@@ -5,9 +5,11 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <limits>
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -44,9 +46,10 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--repetition-penalty", sp.repetition_penalty, "1 = off");
   app.add_option("--presence-penalty", sp.presence_penalty, "0 = off");
   app.add_option("--frequency-penalty", sp.frequency_penalty, "0 = off");
-  app.add_option("--seed", sp.seed, "sampling seed");
+  app.add_option("--seed", sp.seed, "sampling seed")->check(unsigned64());
   app.add_option("--stop", req.stop_strings, "stop string (repeatable)");
-  app.add_option("--context", context, "context limit (default: max_position_embeddings)");
+  app.add_option("--context", context, "context limit (default: max_position_embeddings)")
+      ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
   ia.add(app);
   app.add_option("--prompt-cache", cache_file,

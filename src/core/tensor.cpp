@@ -29,4 +29,14 @@ std::vector<float> TensorView::to_f32() const {
   return out;
 }
 
+size_t first_non_finite(std::span<const float> v) {
+  // Bit test (exponent all ones), so it also holds under -ffast-math.
+  for (size_t i = 0; i < v.size(); ++i) {
+    uint32_t b;
+    std::memcpy(&b, &v[i], 4);
+    if ((b & 0x7f800000u) == 0x7f800000u) return i;
+  }
+  return v.size();
+}
+
 }  // namespace vlm

@@ -28,4 +28,8 @@ struct TensorView {
   std::vector<float> to_f32() const;
 };
 
+// Index of the first NaN or ±Inf in v, or v.size() when every value is finite. The
+// run-time guard against silent garbage: a decoder or engine calls it on its outputs.
+size_t first_non_finite(std::span<const float> v);
+
 }  // namespace vlm

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/tensor.h"
 #include "engine/prompt_cache.h"
 
 namespace vlm::engine {
@@ -310,7 +311,22 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
   }
   logits_.resize(wanted * V);
   const models::Batch b{embeds_.data(), n, pos_.data(), seq_.data(), want_.data(), -1};
-  dec.forward(b, slots_, *act_, logits_.data());
+  // NaN/Inf from bad weights, config values or inputs would otherwise be sampled silently;
+  // the residual stream is checked as it leaves each layer, so the error names the first.
+  bad_layer_.assign(slots_.size(), kFinite);
+  for (size_t r = 0; r < n; ++r)
+    if (first_non_finite({embeds_.data() + r * H, H}) < H) bad_layer_[size_t(seq_[r])] = kBadInput;
+  const models::Observer watch = [this](std::string_view name, int layer, const float* x, size_t rows,
+                                        size_t cols) {
+    if (name != "l_out") return;
+    for (size_t r = 0; r < rows; ++r)
+      if (bad_layer_[size_t(seq_[r])] == kFinite && first_non_finite({x + r * cols, cols}) < cols)
+        bad_layer_[size_t(seq_[r])] = layer;
+  };
+  dec.forward(b, slots_, *act_, logits_.data(), &watch);
+  if (first_non_finite(logits_) < logits_.size() ||
+      std::any_of(bad_layer_.begin(), bad_layer_.end(), [](int l) { return l != kFinite; }))
+    non_finite(decode, chunks);
 
   size_t at = 0;
   for (Sequence* s : decode) {
@@ -324,6 +340,27 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
     c.seq->logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + 1) * V));
     ++at;
   }
+}
+
+// Ends every sequence of the pass whose rows or logits went non-finite, naming the layer.
+void Engine::non_finite(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks) {
+  const size_t V = size_t(model_.vocab());
+  size_t slot = 0, at = 0;
+  auto check = [&](Sequence& s, bool has_logits) {
+    const int layer = bad_layer_[slot++];
+    const bool bad_logits = has_logits && first_non_finite({logits_.data() + at * V, V}) < V;
+    at += has_logits;
+    if (layer == kBadInput)
+      fail_request(s, "non-finite values (NaN/Inf) in the input rows (check the image features and the embedding table)");
+    else if (layer != kFinite)
+      fail_request(s, fmt::format("non-finite values (NaN/Inf) in the residual stream: decoder layer {} was the "
+                                   "first to output them (check the weights and config.json)", layer));
+    else if (bad_logits)
+      fail_request(s, "non-finite logits (NaN/Inf) though every decoder layer's output was finite (check the "
+                       "final norm and the output head)");
+  };
+  for (Sequence* s : decode) check(*s, true);
+  for (const Chunk& c : chunks) check(*c.seq, c.end == c.seq->req_.prompt.size());
 }
 
 void Engine::sample(Sequence& s) {

@@ -67,6 +67,7 @@ class Engine {
   void encode_images(StepStats& st);
   void build_rows(Sequence& s);
   void forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
+  void non_finite(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
   void sample(Sequence& s);                 // from s.logits_: emit a token or finish
   void finish(Sequence& s, FinishReason r);
   void fail_request(Sequence& s, const std::string& message);
@@ -86,6 +87,8 @@ class Engine {
   std::vector<int32_t> seq_, ids_;
   std::vector<uint8_t> want_;
   std::vector<models::SeqSlot> slots_;
+  static constexpr int kFinite = -1, kBadInput = -2;
+  std::vector<int> bad_layer_;  // per slot: the first layer whose output held NaN/Inf, or the above
 };
 
 }  // namespace vlm::engine

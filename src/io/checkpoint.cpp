@@ -1,10 +1,13 @@
 #include "io/checkpoint.h"
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <set>
 
 #include "core/error.h"
+#include "io/file.h"
+#include "io/identity.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 
@@ -114,6 +117,38 @@ struct File {
   SafetensorsHeader header;
 };
 
+struct Found {
+  size_t file;
+  const SafetensorsEntry* entry;
+};
+
+// See Checkpoint::weights_fingerprint(). Read with pread, so unloaded parts count too.
+std::string fingerprint(const fs::path& dir, const std::vector<File>& files,
+                        const std::map<std::string, Found, std::less<>>& tensors) {
+  constexpr uint64_t kWhole = 64 << 10, kWindow = 4 << 10, kWindows = 8;
+  std::vector<std::unique_ptr<InputFile>> inputs(files.size());
+  std::vector<char> buf(kWhole);
+  uint64_t h = checksum64(nullptr, 0);
+  for (const auto& [name, f] : tensors) {
+    const SafetensorsEntry& t = *f.entry;
+    const std::string table = fmt::format("{}:{}:{}\n", name, dtype_name(t.dtype), shape_str(t.shape));
+    h = checksum64(table.data(), table.size(), h);
+    std::unique_ptr<InputFile>& in = inputs[f.file];
+    if (!in) in = std::make_unique<InputFile>(dir / files[f.file].name);
+    const uint64_t base = files[f.file].header.data_offset + t.begin, bytes = t.end - t.begin;
+    auto sample = [&](uint64_t off, uint64_t n) {
+      in->read_at(buf.data(), size_t(n), base + off);
+      h = checksum64(buf.data(), size_t(n), h);
+    };
+    if (bytes <= kWhole) {
+      sample(0, bytes);
+      continue;
+    }
+    for (uint64_t w = 0; w < kWindows; ++w) sample((bytes - kWindow) / (kWindows - 1) * w, kWindow);
+  }
+  return fmt::format("{:016x}", h);
+}
+
 std::vector<File> read_headers(const fs::path& dir) {
   std::vector<File> files;
   const fs::path index = dir / "model.safetensors.index.json";
@@ -177,10 +212,6 @@ Checkpoint Checkpoint::open(const fs::path& dir, Parts parts, const TensorRegist
     for (const auto& t : f.header.tensors) names.push_back(t.name);
   ck.naming_ = detect_naming(cfg, names, dir);
 
-  struct Found {
-    size_t file;
-    const SafetensorsEntry* entry;
-  };
   std::map<std::string, Found, std::less<>> found;
   for (size_t i = 0; i < files.size(); ++i) {
     for (const auto& t : files[i].header.tensors) {
@@ -205,6 +236,7 @@ Checkpoint Checkpoint::open(const fs::path& dir, Parts parts, const TensorRegist
     ++it;
   }
   std::sort(ck.unknown_.begin(), ck.unknown_.end());
+  ck.weights_fingerprint_ = fingerprint(dir, files, found);
 
   // Validate and map only the parts this run needs.
   auto wanted = [&](std::string_view canonical) { return part_of(canonical) == "text" ? parts.text : parts.vision; };
@@ -238,6 +270,13 @@ Checkpoint Checkpoint::open(const fs::path& dir, Parts parts, const TensorRegist
     v.shape = t.shape;
     v.data = map->data() + file.header.data_offset + t.begin;
     v.nbytes = size_t(t.end - t.begin);
+    // The decoder's norm weights are small and scale whole rows: one NaN or Inf there turns
+    // every logit into NaN, so they are checked here (large matrices are not read at load;
+    // the vision tower's output is checked where it joins the prompt, engine/generate.cpp).
+    if (v.shape.size() == 1 && part_of(name) == "text")
+      if (const std::vector<float> f = v.to_f32(); first_non_finite(f) < f.size())
+        fail("{}: tensor '{}' holds a non-finite value (NaN or Inf) at index {}", (dir / file.name).string(),
+             t.name, first_non_finite(f));
     ck.tensors_.emplace(name, std::move(v));
     ck.origins_.emplace(name, Origin{t.name, file.name});
   }

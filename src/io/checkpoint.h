@@ -72,6 +72,11 @@ class Checkpoint {
   // Stored dtypes of all known tensors (loaded parts or not), from the headers:
   // "BF16" when uniform, else per part, e.g. "text=BF16,vision=F32,projector=F32".
   const std::string& weight_dtypes() const { return weight_dtypes_; }
+  // 16 hex digits telling these weights from others of the same shapes, cheap on a
+  // multi-GB folder: a checksum over every known tensor's canonical name, dtype and
+  // shape, its whole bytes when small (norms, biases) and 8 spread 4 KiB windows of
+  // it otherwise. Independent of naming scheme and sharding; all parts, loaded or not.
+  const std::string& weights_fingerprint() const { return weights_fingerprint_; }
 
  private:
   struct Origin {
@@ -86,6 +91,7 @@ class Checkpoint {
   std::map<std::string, Origin, std::less<>> origins_;
   std::vector<std::string> unknown_;
   std::string weight_dtypes_;
+  std::string weights_fingerprint_;
 };
 
 // Canonical name -> part: "text" (decoder and lm_head), "vision" or "projector".

@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "io/json.h"
 
 namespace vlm {
@@ -32,6 +33,10 @@ namespace {
 constexpr int64_t kMaxDim = 1 << 24;
 constexpr int64_t kMaxLayers = 1 << 12;
 constexpr int64_t kMaxPositions = 1 << 26;
+// Upper bound for scalars without a narrower one (scales, RoPE bases, ratios).
+constexpr double kMaxScalar = 1e12;
+// Epsilons are added to a variance: anything near 1 or above drowns the signal.
+constexpr double kMaxEps = 0.1;
 
 // Typed access to one JSON object; errors read `<file>: <prefix><key>: <what>`.
 class Fields {
@@ -76,8 +81,9 @@ class Fields {
   int dim(const char* key, std::optional<int64_t> def, int64_t hi = kMaxDim) const {
     return int(integer(key, def, 1, hi));
   }
-  // A finite number > 0.
-  double positive(const char* key, std::optional<double> def) const {
+  // A finite number in (lo, hi]: bounds far outside any real model, so that absurd
+  // values (1e300, 1e-45) are refused instead of turning every logit into NaN or 0.
+  double positive(const char* key, std::optional<double> def, double hi = kMaxScalar, double lo = 0) const {
     if (!has(key)) {
       if (!def) bad(key, "missing required field");
       return *def;
@@ -85,7 +91,8 @@ class Fields {
     const json& v = at(key);
     if (!v.is_number()) bad(key, fmt::format("must be a number, got {}", v.dump()));
     const double x = v.get<double>();
-    if (!std::isfinite(x) || x <= 0) bad(key, "must be > 0");
+    if (!(x > 0)) bad(key, fmt::format("must be > 0, got {}", v.dump()));
+    if (!std::isfinite(x) || x <= lo || x > hi) bad(key, fmt::format("must be in ({}, {}], got {}", lo, hi, v.dump()));
     return x;
   }
   bool boolean(const char* key, bool def) const {
@@ -110,7 +117,7 @@ class Fields {
 std::pair<std::string, double> parse_rope_kind(const Fields& f) {
   std::string type = f.has("rope_type") ? f.string("rope_type", "") : f.string("type", "default");
   if (type == "default") return {type, 1.0};
-  if (type == "linear") return {type, f.positive("factor", std::nullopt)};
+  if (type == "linear") return {type, f.positive("factor", std::nullopt, 1e6, 1e-6)};
   f.bad(f.has("rope_type") ? "rope_type" : "type",
         fmt::format("unsupported RoPE type '{}' (supported: default, linear)", printable(type)));
 }
@@ -122,19 +129,20 @@ void parse_rope(const Fields& f, TextConfig& t) {
     // Newer HF folds rope_theta / rope_local_base_freq / rope_scaling into this dict,
     // keyed by layer type (spec §1.5); a flat dict describes the global layers.
     const Fields full = per_type ? rp.sub("full_attention") : rp;
-    t.rope_theta = full.positive("rope_theta", f.positive("rope_theta", 1e6));
+    t.rope_theta = full.positive("rope_theta", f.positive("rope_theta", 1e6, kMaxScalar, 1), kMaxScalar, 1);
     std::tie(t.rope_scaling_type, t.rope_scaling_factor) = parse_rope_kind(full);
-    t.rope_local_base_freq = f.positive("rope_local_base_freq", 1e4);
+    t.rope_local_base_freq = f.positive("rope_local_base_freq", 1e4, kMaxScalar, 1);
     if (per_type) {
       const Fields sliding = rp.sub("sliding_attention");
-      t.rope_local_base_freq = sliding.positive("rope_theta", t.rope_local_base_freq);
+      t.rope_local_base_freq = sliding.positive("rope_theta", t.rope_local_base_freq, kMaxScalar, 1);
       if (parse_rope_kind(sliding).first != "default")
         sliding.bad("rope_type", "sliding layers must use unscaled RoPE (spec §1.5)");
     }
     return;
   }
-  t.rope_theta = f.positive("rope_theta", 1e6);
-  t.rope_local_base_freq = f.positive("rope_local_base_freq", 1e4);
+  // RoPE bases below 1 make inverse frequencies past f32's range.
+  t.rope_theta = f.positive("rope_theta", 1e6, kMaxScalar, 1);
+  t.rope_local_base_freq = f.positive("rope_local_base_freq", 1e4, kMaxScalar, 1);
   if (f.has("rope_scaling")) std::tie(t.rope_scaling_type, t.rope_scaling_factor) = parse_rope_kind(f.sub("rope_scaling"));
 }
 
@@ -172,8 +180,8 @@ TextConfig parse_text(const Fields& f) {
   t.num_heads = f.dim("num_attention_heads", 8, 1 << 12);
   t.num_kv_heads = f.dim("num_key_value_heads", 4, 1 << 12);
   t.head_dim = f.dim("head_dim", 256, 1 << 16);
-  t.query_pre_attn_scalar = f.positive("query_pre_attn_scalar", 256);
-  t.rms_norm_eps = f.positive("rms_norm_eps", 1e-6);
+  t.query_pre_attn_scalar = f.positive("query_pre_attn_scalar", 256, 1e9, 1e-9);
+  t.rms_norm_eps = f.positive("rms_norm_eps", 1e-6, kMaxEps);
   t.max_position_embeddings = f.dim("max_position_embeddings", 131072, kMaxPositions);
   t.sliding_window = f.dim("sliding_window", 4096, kMaxPositions);
   t.tie_word_embeddings = f.boolean("tie_word_embeddings", true);
@@ -205,7 +213,7 @@ VisionConfig parse_vision(const Fields& f, int tokens_per_side) {
   v.image_size = f.dim("image_size", std::nullopt, 1 << 16);
   v.patch_size = f.dim("patch_size", std::nullopt, 1 << 16);
   v.num_channels = f.dim("num_channels", 3);
-  v.layer_norm_eps = f.positive("layer_norm_eps", 1e-6);
+  v.layer_norm_eps = f.positive("layer_norm_eps", 1e-6, kMaxEps);
   v.hidden_act = f.string("hidden_act", "gelu_pytorch_tanh");
 
   if (v.num_channels != 3) f.bad("num_channels", "must be 3 (RGB)");
@@ -253,6 +261,14 @@ std::optional<DType> parse_torch_dtype(const Fields& f) {
 }  // namespace
 
 int ModelConfig::tokens_per_side() const { return int(std::lround(std::sqrt(double(mm_tokens_per_image)))); }
+
+PreprocessorConfig effective_preprocessor(const ModelConfig& c) {
+  if (!c.vision) fail("config.json has no vision_config (not a Gemma 3 VLM)");
+  if (c.preprocessor) return *c.preprocessor;
+  PreprocessorConfig pp;
+  pp.height = pp.width = c.vision->image_size;
+  return pp;
+}
 
 std::string_view layer_kind_name(LayerKind k) { return k == LayerKind::Sliding ? "sliding" : "global"; }
 
@@ -349,7 +365,7 @@ PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const
   p.do_rescale = f.boolean("do_rescale", true);
   p.do_normalize = f.boolean("do_normalize", true);
   p.do_convert_rgb = f.boolean("do_convert_rgb", true);
-  p.rescale_factor = f.positive("rescale_factor", 1.0 / 255);
+  p.rescale_factor = f.positive("rescale_factor", 1.0 / 255, 1.0, 1e-9);
   for (const char* key : {"image_mean", "image_std"}) {
     float* dst = key[6] == 'm' ? p.image_mean : p.image_std;
     if (!f.has(key)) continue;
@@ -362,8 +378,13 @@ PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const
     } else {
       f.bad(key, "must be a number or a list of 3 numbers");
     }
-    for (int i = 0; i < 3; ++i)
-      if (!std::isfinite(dst[i]) || (dst == p.image_std && dst[i] <= 0)) f.bad(key, "values must be finite (std > 0)");
+    // Pixels reach the tower as (x·rescale − mean) / std: bounded so they stay finite f32.
+    for (int i = 0; i < 3; ++i) {
+      if (dst == p.image_std && !(dst[i] >= 1e-6f && dst[i] <= 1e6f))
+        f.bad(key, fmt::format("values must be in [1e-06, 1e+06], got {}", v.dump()));
+      if (dst == p.image_mean && !(std::fabs(dst[i]) <= 1e6f))
+        f.bad(key, fmt::format("values must be in [-1e+06, 1e+06], got {}", v.dump()));
+    }
   }
   p.do_pan_and_scan = f.boolean("do_pan_and_scan", false);
   p.pan_and_scan_min_crop_size = f.dim("pan_and_scan_min_crop_size", 256, 1 << 16);

@@ -92,6 +92,9 @@ ModelConfig parse_config(const std::string& json_text, const std::string& where)
 // its image size and token count); nulls take the processor defaults (spec §5.1).
 PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const std::string& where,
                                              const ModelConfig& model);
+// The processor settings a VLM runs with: preprocessor_config.json's, or without one
+// HF's defaults at the tower's image size.
+PreprocessorConfig effective_preprocessor(const ModelConfig& c);
 std::string_view layer_kind_name(LayerKind k);  // "sliding" / "global"
 
 }  // namespace vlm

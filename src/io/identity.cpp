@@ -1,12 +1,15 @@
 #include "io/identity.h"
 
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/json.h"
 
 namespace vlm {
 
@@ -16,6 +19,19 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
     h ^= p[i];
     h *= 0x100000001b3ull;
   }
+  return h;
+}
+
+uint64_t checksum64(const void* data, size_t n, uint64_t h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0x9e3779b97f4a7c15ull;  // multiply, then fold the high bits back down
+    h ^= h >> 29;
+  }
+  for (; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -37,7 +53,7 @@ std::string default_scaling_policy(DType embedding_dtype) {
 }
 
 Identity make_identity(const ModelConfig& c, const std::string& weight_dtypes, std::string_view mask_mode,
-                       std::string_view scaling_policy) {
+                       std::string_view scaling_policy, std::string_view weights) {
   Identity id;
   auto add = [&](std::string k, std::string v) { id.fields.emplace_back(std::move(k), std::move(v)); };
   // Doubles print in shortest round-trip form, so equal values hash equally.
@@ -49,6 +65,7 @@ Identity make_identity(const ModelConfig& c, const std::string& weight_dtypes, s
   add("mask_mode", std::string(mask_mode));
   add("scaling_policy", std::string(scaling_policy));
   add("weight_dtypes", weight_dtypes);
+  add("weights", std::string(weights));
 
   add("text.vocab_size", std::to_string(t.vocab_size));
   add("text.hidden_size", std::to_string(t.hidden_size));
@@ -88,11 +105,31 @@ Identity make_identity(const ModelConfig& c, const std::string& weight_dtypes, s
   add("vision.hidden_act", opt([&] { return c.vision->hidden_act; }));
   add("projector.pool_kernel", opt([&] { return std::to_string(c.pool_kernel()); }));
   add("projector.shape", opt([&] { return fmt::format("{}x{}", c.vision->hidden_size, t.hidden_size); }));
+  // The processor turns pixels into the tower's input: each of its values changes the numbers.
+  const std::optional<PreprocessorConfig> pp = vlm ? std::optional(effective_preprocessor(c)) : std::nullopt;
+  auto pre = [&](auto f) { return pp ? f(*pp) : std::string("none"); };
+  auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+  auto three = [](const float* v) { return fmt::format("{},{},{}", v[0], v[1], v[2]); };
+  using P = const PreprocessorConfig&;
+  add("preprocessor.size", pre([](P p) { return fmt::format("{}x{}", p.height, p.width); }));
+  add("preprocessor.resample", pre([](P p) { return std::to_string(p.resample); }));
+  add("preprocessor.do_resize", pre([&](P p) { return flag(p.do_resize); }));
+  add("preprocessor.do_rescale", pre([&](P p) { return flag(p.do_rescale); }));
+  add("preprocessor.rescale_factor", pre([&](P p) { return num(p.rescale_factor); }));
+  add("preprocessor.do_normalize", pre([&](P p) { return flag(p.do_normalize); }));
+  add("preprocessor.image_mean", pre([&](P p) { return three(p.image_mean); }));
+  add("preprocessor.image_std", pre([&](P p) { return three(p.image_std); }));
+  add("preprocessor.do_convert_rgb", pre([&](P p) { return flag(p.do_convert_rgb); }));
+  add("preprocessor.do_pan_and_scan", pre([&](P p) { return flag(p.do_pan_and_scan); }));
+  add("preprocessor.pan_and_scan_min_crop_size", pre([](P p) { return std::to_string(p.pan_and_scan_min_crop_size); }));
+  add("preprocessor.pan_and_scan_max_num_crops", pre([](P p) { return std::to_string(p.pan_and_scan_max_num_crops); }));
+  add("preprocessor.pan_and_scan_min_ratio_to_activate",
+      pre([&](P p) { return num(p.pan_and_scan_min_ratio_to_activate); }));
   return id;
 }
 
 Identity make_identity(const Checkpoint& ck, std::string_view mask_mode, std::string_view scaling_policy) {
-  return make_identity(ck.config(), ck.weight_dtypes(), mask_mode, scaling_policy);
+  return make_identity(ck.config(), ck.weight_dtypes(), mask_mode, scaling_policy, ck.weights_fingerprint());
 }
 
 std::vector<std::string> identity_diff(const Identity& a, const Identity& b) {
@@ -119,7 +156,7 @@ Identity identity_from_json(const nlohmann::json& j, const std::string& where) {
     fail("{}: no identity \"fields\" object", where);
   Identity id;
   for (const auto& [k, v] : j["fields"].items()) {
-    if (!v.is_string()) fail("{}: identity field {} is not a string", where, k);
+    if (!v.is_string()) fail("{}: identity field {} is not a string", where, shorten(k));
     id.fields.emplace_back(k, v.get<std::string>());
   }
   return id;
@@ -135,7 +172,8 @@ void require_same_identity(const Identity& saved, const Identity& ours, const st
   };
   std::string list;
   for (const std::string& k : diff)
-    list += fmt::format("{}{} ({} vs {})", list.empty() ? "" : ", ", k, value(saved, k), value(ours, k));
+    list += fmt::format("{}{} ({} vs {})", list.empty() ? "" : ", ", shorten(k), shorten(value(saved, k)),
+                        shorten(value(ours, k)));
   fail("{} was made for another model identity; differing fields (saved vs now): {}", where, list);
 }
 

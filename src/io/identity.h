@@ -1,5 +1,6 @@
 // The compatibility identity: every setting that changes the numbers a run
-// produces (architecture, run options, shapes, RoPE, layer kinds, weight dtypes),
+// produces (architecture, run options, shapes, RoPE, layer kinds, weight dtypes,
+// a fingerprint of the weights themselves, every image preprocessing value),
 // as ordered "field=value" pairs plus a stable 64-bit hash of them. Two runs
 // (or a cache and a run) may share results only when their identities match.
 #pragma once
@@ -16,7 +17,7 @@
 namespace vlm {
 
 // Bump when canonical names or the meaning of a field change.
-constexpr int kIdentityLayoutVersion = 1;
+constexpr int kIdentityLayoutVersion = 2;
 
 struct Identity {
   std::vector<std::pair<std::string, std::string>> fields;  // in a fixed order
@@ -32,8 +33,9 @@ struct Identity {
 std::string default_mask_mode(const ModelConfig& c);
 std::string default_scaling_policy(DType embedding_dtype);
 
+// `weights` is Checkpoint::weights_fingerprint(); "none" when only a config is at hand.
 Identity make_identity(const ModelConfig& c, const std::string& weight_dtypes, std::string_view mask_mode,
-                       std::string_view scaling_policy);
+                       std::string_view scaling_policy, std::string_view weights = "none");
 Identity make_identity(const Checkpoint& ck, std::string_view mask_mode, std::string_view scaling_policy);
 
 // Names of the fields whose values differ (or that only one side has), in a's
@@ -47,5 +49,8 @@ Identity identity_from_json(const nlohmann::json& j, const std::string& where);
 void require_same_identity(const Identity& saved, const Identity& ours, const std::string& where);
 
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+// A fast 64-bit checksum of bytes (8 at a time; not cryptographic), chainable through
+// `h`: checksum64(b, nb, checksum64(a, na)) covers a then b. Detects corruption, not forgery.
+uint64_t checksum64(const void* data, size_t n, uint64_t h = 0x6a09e667f3bcc909ull);
 
 }  // namespace vlm

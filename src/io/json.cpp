@@ -1,6 +1,5 @@
 #include "io/json.h"
 
-#include <fstream>
 #include <set>
 #include <vector>
 
@@ -54,19 +53,9 @@ std::string printable(std::string_view s) {
   return out;
 }
 
-std::string read_text_file(const std::filesystem::path& path, size_t max_bytes) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) fail("{}: not a regular file", path.string());
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open", path.string());
-  f.seekg(0, std::ios::end);
-  const std::streamoff size = f.tellg();
-  if (size < 0) fail("{}: cannot read", path.string());
-  if (uint64_t(size) > max_bytes) fail("{}: file too large ({} bytes, limit {})", path.string(), size, max_bytes);
-  std::string text(size_t(size), '\0');
-  f.seekg(0);
-  if (!f.read(text.data(), size)) fail("{}: cannot read", path.string());
-  return text;
+std::string shorten(std::string_view s, size_t max) {
+  if (s.size() <= max) return printable(s);
+  return fmt::format("{}…({} bytes)", printable(s.substr(0, max)), s.size());
 }
 
 }  // namespace vlm

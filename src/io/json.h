@@ -2,7 +2,6 @@
 // nesting, duplicate keys refused (nlohmann would silently keep the last one).
 #pragma once
 #include <cstddef>
-#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -15,8 +14,8 @@ nlohmann::json parse_json(std::string_view text, const std::string& where, int m
 
 // `s` with control characters written as \xNN, so error messages stay on one line.
 std::string printable(std::string_view s);
-
-// Reads a whole (small) file; refuses files larger than max_bytes.
-std::string read_text_file(const std::filesystem::path& path, size_t max_bytes = 64u << 20);
+// printable(s), cut to about `max` characters ("…(N bytes)" appended when cut), for echoing
+// input of any length in an error.
+std::string shorten(std::string_view s, size_t max = 64);
 
 }  // namespace vlm

@@ -1,8 +1,6 @@
 #include "io/npy.h"
 
-#include <fstream>
-
-#include "core/error.h"
+#include "io/file.h"
 
 namespace vlm {
 
@@ -19,15 +17,13 @@ void write_npy(const std::filesystem::path& path, const float* data, const std::
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';
-  std::ofstream f(path, std::ios::binary);
-  if (!f) fail("cannot write {}", path.string());
   const uint16_t len = uint16_t(header.size());
-  f.write("\x93NUMPY\x01\x00", 8);
-  f.put(char(len & 0xff));
-  f.put(char(len >> 8));
-  f << header;
-  f.write(reinterpret_cast<const char*>(data), std::streamsize(n * 4));
-  if (!f) fail("short write to {}", path.string());
+  const char lead[10] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0, char(len & 0xff), char(len >> 8)};
+  AtomicWriter f(path);
+  f.write(lead, sizeof lead);
+  f.write(header);
+  f.write(data, size_t(n) * 4);
+  f.commit();
 }
 
 }  // namespace vlm

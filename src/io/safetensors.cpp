@@ -1,16 +1,19 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
 #include <limits>
+#include <mutex>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "io/json.h"
 
 namespace vlm {
@@ -18,21 +21,6 @@ namespace vlm {
 using nlohmann::json;
 
 namespace {
-
-// Closes a descriptor on every exit path.
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-uint64_t file_size_of(int fd, const std::string& where) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) fail("{}: cannot stat: {}", where, std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", where);
-  return uint64_t(st.st_size);
-}
 
 DType parse_dtype(const json& v, const std::string& where, const std::string& name) {
   if (!v.is_string()) fail("{}: tensor '{}': dtype must be a string", where, name);
@@ -99,19 +87,72 @@ SafetensorsEntry parse_entry(const std::string& name, const json& e, uint64_t da
 
 }  // namespace
 
+namespace {
+
+// A file truncated while mapped makes reads past its new end raise SIGBUS. The handler
+// names the file from this table (fixed slots, read without locks: it runs in a signal)
+// and exits with status 1, one line like every other error.
+struct MapSlot {
+  std::atomic<const std::byte*> begin{nullptr};
+  std::atomic<size_t> size{0};
+  char path[512] = {};
+};
+MapSlot g_maps[64];
+
+extern "C" void on_sigbus(int, siginfo_t* info, void*) {
+  const auto* addr = static_cast<const std::byte*>(info->si_addr);
+  const char* path = "a mapped file";
+  for (MapSlot& m : g_maps) {
+    const std::byte* b = m.begin.load();
+    if (b && addr >= b && addr < b + m.size.load()) path = m.path;
+  }
+  const char* parts[] = {"vlm: error: ", path,
+                         ": the file changed (truncated?) while its weights were in use (SIGBUS)\n"};
+  for (const char* p : parts) (void)!::write(2, p, std::strlen(p));
+  ::_exit(1);
+}
+
+void register_map(const std::byte* data, size_t size, const std::string& path) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, nullptr);
+  });
+  static std::mutex mu;  // writers only; the handler reads the atomics
+  std::lock_guard<std::mutex> lock(mu);
+  for (MapSlot& m : g_maps) {
+    if (m.begin.load()) continue;
+    std::snprintf(m.path, sizeof m.path, "%s", printable(path).c_str());
+    m.size.store(size);
+    m.begin.store(data);
+    return;
+  }  // more maps than slots: the handler still reports, without the file name
+}
+
+void unregister_map(const std::byte* data) {
+  for (MapSlot& m : g_maps)
+    if (m.begin.load() == data) m.begin.store(nullptr);
+}
+
+}  // namespace
+
 MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
-  const std::string where = path.string();
-  Fd f{::open(where.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) fail("{}: cannot open: {}", where, std::strerror(errno));
-  size_ = size_t(file_size_of(f.fd, where));
+  const InputFile f(path);
+  size_ = size_t(f.size());
   if (size_ == 0) return;  // mmap refuses empty files; callers see size() == 0
-  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
-  if (p == MAP_FAILED) fail("{}: cannot mmap: {}", where, std::strerror(errno));
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd(), 0);
+  if (p == MAP_FAILED) fail("{}: cannot mmap: {}", f.where(), std::strerror(errno));
   data_ = static_cast<const std::byte*>(p);
+  register_map(data_, size_, f.where());
 }
 
 MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  if (!data_) return;
+  unregister_map(data_);
+  ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
 SafetensorsHeader parse_safetensors_header(std::string_view text, uint64_t file_size, const std::string& where) {
@@ -175,26 +216,15 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, const std::
 }
 
 SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
-  const std::string where = path.string();
-  Fd f{::open(where.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) fail("{}: cannot open: {}", where, std::strerror(errno));
-  const uint64_t size = file_size_of(f.fd, where);
+  const InputFile f(path);
+  const std::string& where = f.where();
+  const uint64_t size = f.size();
   if (size < 8) fail("{}: truncated: {} bytes, too short for a safetensors header", where, size);
-
-  auto read_at = [&](void* dst, size_t len, uint64_t off) {
-    size_t got = 0;
-    while (got < len) {
-      const ssize_t r = ::pread(f.fd, static_cast<char*>(dst) + got, len - got, off_t(off + got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) fail("{}: read failed at offset {}", where, off + got);
-      got += size_t(r);
-    }
-  };
   unsigned char len8[8];
-  read_at(len8, 8, 0);
+  f.read_at(len8, 8, 0);
   const uint64_t n = header_length(len8, size, where);
   std::string text(size_t(n), '\0');
-  read_at(text.data(), text.size(), 8);
+  f.read_at(text.data(), text.size(), 8);
   return parse_safetensors_header(text, size, where);
 }
 

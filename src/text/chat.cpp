@@ -1,5 +1,8 @@
 #include "text/chat.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -250,6 +253,16 @@ PromptTokens tokenize_prompt(std::span<const Segment> segments, const Tokenizer&
   if (n_slots != crops_per_image.size())
     fail("the prompt has {} image slots (<start_of_image>) but {} images were given", n_slots, crops_per_image.size());
   if (n_slots > 0) check_image_tokens(it, tok);
+  size_t text_bytes = 0;
+  for (const Segment& s : slots) text_bytes += s.text.size();
+  if (text_bytes > kMaxPromptBytes)
+    fail("the prompt's text of {} bytes exceeds the limit of {} bytes", text_bytes, kMaxPromptBytes);
+  uint64_t image_tokens = 0;  // 64-bit: counts from options multiply
+  for (int c : crops_per_image) image_tokens += uint64_t(c + 1) * uint64_t(std::max(it.tokens_per_image, 0));
+  if (image_tokens > kMaxPromptTokens)
+    fail("{} images ({} crops, {} tokens each) expand to {} image tokens, more than the limit of {}",
+         crops_per_image.size(), std::accumulate(crops_per_image.begin(), crops_per_image.end(), int64_t(0)),
+         it.tokens_per_image, image_tokens, kMaxPromptTokens);
 
   PromptTokens out;
   std::string text;  // adjacent Text segments, tokenized together as HF does

@@ -92,6 +92,11 @@ struct ImageBlock {
   size_t first = 0, count = 0;
 };
 
+// Limits on one prompt, checked before tokenizing: far beyond any Gemma 3 context
+// (128K tokens), low enough that the work and memory a hostile input asks for stay small.
+inline constexpr size_t kMaxPromptBytes = size_t(4) << 20;    // text, over all segments
+inline constexpr size_t kMaxPromptTokens = size_t(1) << 22;   // image tokens after expansion
+
 struct PromptTokens {
   std::vector<int32_t> ids;
   std::vector<ImageBlock> blocks;
@@ -100,6 +105,7 @@ struct PromptTokens {
 // Expands every Image segment (image k gets crops_per_image[k] crops; the
 // span's size is the number of images given) and tokenizes. Throws when the
 // number of image slots differs from the number of images, or when the soft
+// prompt's text or image tokens exceed the limits above before any work, and when the
 // tokens in the result are not exactly the expected blocks (a literal
 // <image_soft_token> in text with parse_special), giving both numbers.
 PromptTokens tokenize_prompt(std::span<const Segment> segments, const Tokenizer& tok, const ImageTokens& it,

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <queue>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "io/file.h"
 
 namespace vlm::text {
 
@@ -552,11 +552,8 @@ void parse_tokenizer_config(Tokenizer::Impl& t, std::string_view text, const std
 
 std::string read_file(const std::filesystem::path& p) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(p, ec)) fail("{}: file not found", p.string());
-  std::ifstream f(p, std::ios::binary);
-  std::string s(std::filesystem::file_size(p, ec), '\0');
-  if (ec || !f.read(s.data(), std::streamsize(s.size()))) fail("{}: cannot read file", p.string());
-  return s;
+  if (!std::filesystem::exists(p, ec)) fail("{}: file not found", p.string());
+  return read_text_file(p);
 }
 
 }  // namespace

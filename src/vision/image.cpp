@@ -9,13 +9,13 @@
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 // jpeglib.h needs FILE and size_t declared first.
 #include <jerror.h>
 #include <jpeglib.h>
 
 #include "core/error.h"
+#include "io/file.h"
 
 namespace vlm::vision {
 
@@ -26,8 +26,7 @@ using Bytes = std::span<const uint8_t>;
 void check_size(uint64_t w, uint64_t h, const DecodeLimits& lim, std::string_view what) {
   if (w == 0 || h == 0) fail("{}: image has zero size ({}x{})", what, w, h);
   if (w > lim.max_pixels / h)  // division: w·h may not fit 64 bits
-    fail("{}: image of {}x{} pixels exceeds the limit of {} pixels (decompression bomb guard)", what,
-         w, h, lim.max_pixels);
+    fail("{}: image of {}x{} pixels exceeds the limit of {} pixels ({})", what, w, h, lim.max_pixels, lim.reason);
 }
 
 RgbImage new_image(uint64_t w, uint64_t h) {
@@ -143,6 +142,17 @@ bool png_decode_inner(PngCtx* c) {
 }
 
 RgbImage decode_png(Bytes in, std::string_view what, const DecodeLimits& lim) {
+  // libpng allocates and zeroes a chunk's claimed length before reading it (png_read_buffer),
+  // and for readers its per-chunk limit is only a warning: a 71-byte file whose tEXt claims
+  // 2 GiB would cost 2 GiB. Chunks before the image data are all read by png_read_info, so
+  // one claiming more bytes than the file holds ends in "file is truncated" anyway; say so
+  // before the allocation. (Chunks after the first IDAT are never read here.)
+  for (size_t pos = 8; pos + 8 <= in.size();) {
+    const uint32_t len = uint32_t(in[pos]) << 24 | uint32_t(in[pos + 1]) << 16 | uint32_t(in[pos + 2]) << 8 | in[pos + 3];
+    if (std::memcmp(in.data() + pos + 4, "IDAT", 4) == 0) break;
+    if (len > in.size() - pos - 8) fail("{}: corrupt PNG: file is truncated", what);
+    pos += 8 + size_t(len) + 4;
+  }
   PngCtx c;
   c.in = in;
   c.lim = &lim;
@@ -694,18 +704,30 @@ RgbImage decode_image(Bytes bytes, std::string_view what, const DecodeLimits& li
 }
 
 RgbImage load_image(const std::filesystem::path& path, const DecodeLimits& limits) {
-  const std::string what = path.string();
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) fail("{}: cannot read image: {}", what, ec.message());
-  if (size > limits.max_bytes)
-    fail("{}: {} bytes exceeds the input limit of {} bytes", what, size, limits.max_bytes);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail("{}: cannot open image", what);
-  std::vector<uint8_t> buf(size_t(size), 0);
-  if (size && !f.read(reinterpret_cast<char*>(buf.data()), std::streamsize(size)))
-    fail("{}: cannot read image", what);
-  return decode_image(buf, what, limits);
+  const InputFile f(path);
+  if (f.size() > limits.max_bytes)
+    fail("{}: {} bytes exceeds the input limit of {} bytes", f.where(), f.size(), limits.max_bytes);
+  std::vector<uint8_t> buf(size_t(f.size()), 0);
+  f.read_at(buf.data(), buf.size(), 0);
+  return decode_image(buf, f.where(), limits);
+}
+
+std::vector<RgbImage> load_images(std::span<const std::string> paths, uint64_t max_total_pixels) {
+  std::vector<RgbImage> out;
+  uint64_t used = 0;
+  for (const std::string& p : paths) {
+    DecodeLimits lim;
+    std::string reason;
+    if (max_total_pixels - used < lim.max_pixels) {
+      reason = fmt::format("what is left of the limit of {} pixels over all {} images of the request",
+                           max_total_pixels, paths.size());
+      lim.max_pixels = max_total_pixels - used;
+      lim.reason = reason;
+    }
+    out.push_back(load_image(p, lim));
+    used += uint64_t(out.back().width) * uint64_t(out.back().height);
+  }
+  return out;
 }
 
 }  // namespace vlm::vision

@@ -36,7 +36,12 @@ inline constexpr uint64_t kDefaultMaxBytes = uint64_t(256) << 20;
 struct DecodeLimits {
   uint64_t max_pixels = kDefaultMaxPixels;  // width × height of the decoded canvas
   uint64_t max_bytes = kDefaultMaxBytes;    // size of the encoded input
+  std::string_view reason = "decompression bomb guard";  // why max_pixels, in errors
 };
+
+// Decoded pixels all images of one request may hold together (3 bytes each: 768 MiB),
+// three of PIL's largest images; checked before each image's buffer is allocated.
+inline constexpr uint64_t kMaxRequestPixels = 3 * kDefaultMaxPixels;
 
 enum class ImageFormat { Png, Jpeg, WebP, Gif, Bmp };
 std::string_view format_name(ImageFormat f);
@@ -48,5 +53,8 @@ ImageFormat sniff_format(std::span<const uint8_t> bytes, std::string_view what);
 RgbImage decode_image(std::span<const uint8_t> bytes, std::string_view what,
                       const DecodeLimits& limits = {});
 RgbImage load_image(const std::filesystem::path& path, const DecodeLimits& limits = {});
+// The images of one request, decoded one at a time in order; each gets what is left of
+// max_total_pixels, so the request fails on the image that would pass it, unallocated.
+std::vector<RgbImage> load_images(std::span<const std::string> paths, uint64_t max_total_pixels = kMaxRequestPixels);
 
 }  // namespace vlm::vision

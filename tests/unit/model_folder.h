@@ -56,8 +56,10 @@ struct Spec {
 // Element i of tensor number k: distinct, exactly representable in every dtype.
 inline float pattern_value(size_t k, int64_t i) { return float(int((k * 7 + size_t(i)) % 61) - 30) / 16.0f; }
 
-// A well-formed file: header padded to 8 bytes, tensors back to back in order.
-inline std::string make_safetensors(const std::vector<Spec>& specs) {
+// A well-formed file: header padded to 8 bytes, tensors back to back in order. Tensor k's
+// values are pattern_value(ids[k], ·) (ids empty: k), so a model's values do not depend on
+// how it is sharded.
+inline std::string make_safetensors(const std::vector<Spec>& specs, const std::vector<size_t>& ids = {}) {
   json h = json::object();
   std::string data;
   for (size_t k = 0; k < specs.size(); ++k) {
@@ -66,7 +68,7 @@ inline std::string make_safetensors(const std::vector<Spec>& specs) {
     for (int64_t d : s.shape) n *= d;
     const size_t begin = data.size();
     for (int64_t i = 0; i < n; ++i) {
-      const float v = pattern_value(k, i);
+      const float v = pattern_value(ids.empty() ? k : ids[k], i);
       if (s.dtype == DType::F32) {
         data.append(reinterpret_cast<const char*>(&v), 4);
       } else {
@@ -179,10 +181,12 @@ inline void write_model(const fs::path& dir, const json& cfg, const std::vector<
     return;
   }
   std::vector<std::vector<Spec>> parts(static_cast<size_t>(shards));
+  std::vector<std::vector<size_t>> ids(static_cast<size_t>(shards));
   json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
   for (size_t i = 0; i < tensors.size(); ++i) {
     const size_t k = i % size_t(shards);
     parts[k].push_back(tensors[i]);
+    ids[k].push_back(i);
     char name[64];
     std::snprintf(name, sizeof name, "model-%05zu-of-%05d.safetensors", k + 1, shards);
     index["weight_map"][tensors[i].name] = name;
@@ -190,7 +194,7 @@ inline void write_model(const fs::path& dir, const json& cfg, const std::vector<
   for (size_t k = 0; k < parts.size(); ++k) {
     char name[64];
     std::snprintf(name, sizeof name, "model-%05zu-of-%05d.safetensors", k + 1, shards);
-    write_file(dir / name, make_safetensors(parts[k]));
+    write_file(dir / name, make_safetensors(parts[k], ids[k]));
   }
   write_file(dir / "model.safetensors.index.json", index.dump(2));
 }

@@ -6,12 +6,8 @@ namespace vlm::vision {
 
 namespace {
 PreprocessorConfig processor_of(const Checkpoint& ck) {
-  const ModelConfig& mc = ck.config();
-  if (!mc.vision) fail("{}: config.json has no vision_config (not a Gemma 3 VLM)", ck.dir().string());
-  if (mc.preprocessor) return *mc.preprocessor;
-  PreprocessorConfig pp;
-  pp.height = pp.width = mc.vision->image_size;
-  return pp;
+  if (!ck.config().vision) fail("{}: config.json has no vision_config (not a Gemma 3 VLM)", ck.dir().string());
+  return effective_preprocessor(ck.config());
 }
 }  // namespace
 
