@@ -1,0 +1,265 @@
+#include "io/gguf.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/error.h"
+#include "model_folder.h"
+
+namespace vlm {
+namespace {
+
+// Writes GGUF images byte by byte, so tests control every field (hostile ones included).
+struct Bytes {
+  std::string s;
+  template <typename T>
+  Bytes& put(T v) {
+    s.append(reinterpret_cast<const char*>(&v), sizeof v);
+    return *this;
+  }
+  Bytes& str(std::string_view v) {
+    put<uint64_t>(v.size());
+    s.append(v);
+    return *this;
+  }
+};
+
+struct Tensor {
+  std::string name;
+  uint32_t type;
+  std::vector<uint64_t> ne;
+  std::string data;
+  int64_t offset = -1;  // -1: packed at the next aligned offset
+};
+
+// A well-formed file from already-encoded key/values and tensors.
+std::string make_gguf(const std::string& kvs, uint64_t n_kv, const std::vector<Tensor>& ts, uint32_t version = 3,
+                      uint64_t align = 32) {
+  Bytes b;
+  b.s = "GGUF";
+  b.put<uint32_t>(version).put<uint64_t>(ts.size()).put<uint64_t>(n_kv);
+  b.s += kvs;
+  std::string data;
+  for (const Tensor& t : ts) {
+    data.append((align - data.size() % align) % align, '\0');
+    b.str(t.name).put<uint32_t>(uint32_t(t.ne.size()));
+    for (uint64_t n : t.ne) b.put<uint64_t>(n);
+    b.put<uint32_t>(t.type).put<uint64_t>(t.offset >= 0 ? uint64_t(t.offset) : data.size());
+    data += t.data;
+  }
+  b.s.append((align - b.s.size() % align) % align, '\0');
+  return b.s + data;
+}
+
+std::string kv_u32(std::string_view k, uint32_t v) { return Bytes().str(k).put<uint32_t>(4).put(v).s; }
+std::string kv_str(std::string_view k, std::string_view v) { return Bytes().str(k).put<uint32_t>(8).str(v).s; }
+
+std::span<const std::byte> bytes_of(const std::string& s) { return {reinterpret_cast<const std::byte*>(s.data()), s.size()}; }
+
+std::string parse_error(const std::string& file) {
+  try {
+    parse_gguf(bytes_of(file), "bad.gguf");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_refused(const std::string& file, std::initializer_list<const char*> fragments) {
+  const std::string msg = parse_error(file);
+  ASSERT_FALSE(msg.empty()) << "accepted a hostile file";
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bad.gguf"), std::string::npos) << msg;
+  for (const char* f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;
+}
+
+std::string f32_data(int n) {
+  std::string d;
+  for (int i = 0; i < n; ++i) {
+    const float v = float(i) - 1.5f;
+    d.append(reinterpret_cast<const char*>(&v), 4);
+  }
+  return d;
+}
+
+// A small valid file: three metadata kinds, an f32 matrix and a Q8_0 row.
+std::string valid_file(uint32_t version = 3) {
+  std::string kvs = kv_str("general.architecture", "gemma3") + kv_u32("gemma3.block_count", 2);
+  Bytes arr;
+  arr.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(3).str("a").str("").str("▁b");
+  Bytes fa;
+  fa.str("tokenizer.ggml.scores").put<uint32_t>(9).put<uint32_t>(6).put<uint64_t>(3).put(0.5f).put(-1.f).put(2.f);
+  Bytes bo;
+  bo.str("tokenizer.ggml.add_bos_token").put<uint32_t>(7).put<uint8_t>(1);
+  kvs += arr.s + fa.s + bo.s;
+  return make_gguf(kvs, 5, {{"w", 0, {3, 2}, f32_data(6)}, {"q", 8, {64}, std::string(68, '\x01')}}, version);
+}
+
+TEST(Gguf, ParsesValidFileV2AndV3) {
+  for (uint32_t v : {2u, 3u}) {
+    const std::string file = valid_file(v);
+    const GgufHeader h = parse_gguf(bytes_of(file), "x.gguf");
+    EXPECT_EQ(h.version, v);
+    EXPECT_EQ(h.get_string("general.architecture"), "gemma3");
+    EXPECT_EQ(h.get_uint("gemma3.block_count"), 2u);
+    EXPECT_TRUE(h.get_bool("tokenizer.ggml.add_bos_token"));
+    const auto toks = h.get_strings("tokenizer.ggml.tokens");
+    ASSERT_EQ(toks.size(), 3u);
+    EXPECT_EQ(toks[0], "a");
+    EXPECT_EQ(toks[1], "");
+    EXPECT_EQ(toks[2], "▁b");
+    EXPECT_EQ(h.get_f32_array("tokenizer.ggml.scores"), (std::vector<float>{0.5f, -1.f, 2.f}));
+    ASSERT_EQ(h.tensors.size(), 2u);
+    const GgufTensor* w = h.tensor("w");
+    ASSERT_NE(w, nullptr);
+    EXPECT_EQ(w->type, GgmlType::F32);
+    EXPECT_EQ(w->shape(), (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(w->bytes, 24u);
+    const GgufTensor* q = h.tensor("q");
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->type, GgmlType::Q8_0);
+    EXPECT_EQ(q->bytes, 68u);
+    EXPECT_EQ(q->offset, 32u);
+    EXPECT_EQ(h.data_offset % 32, 0u);
+    EXPECT_EQ(h.data_offset + h.data_size, file.size());
+    float got[6];
+    std::memcpy(got, file.data() + h.data_offset + w->offset, 24);
+    EXPECT_EQ(got[5], 3.5f);
+  }
+}
+
+TEST(Gguf, MappedFileSeesTheSameBytes) {
+  test::TempDir tmp;
+  test::write_file(tmp / "m.gguf", valid_file());
+  GgufFile f(tmp / "m.gguf");
+  const GgufTensor* w = f.header().tensor("w");
+  ASSERT_NE(w, nullptr);
+  auto d = f.data(*w);
+  ASSERT_EQ(d.size(), 24u);
+  float v;
+  std::memcpy(&v, d.data() + 4, 4);
+  EXPECT_EQ(v, -0.5f);
+}
+
+TEST(Gguf, TypedGettersNameKeyAndTypes) {
+  const std::string file = valid_file();
+  const GgufHeader h = parse_gguf(bytes_of(file), "x.gguf");
+  auto err = [&](auto f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(err([&] { h.get_uint("nope"); }), "x.gguf: missing key 'nope'");
+  EXPECT_EQ(err([&] { h.get_string("gemma3.block_count"); }), "x.gguf: key 'gemma3.block_count' is u32, expected string");
+  EXPECT_EQ(err([&] { h.get_f32_array("tokenizer.ggml.tokens"); }),
+            "x.gguf: key 'tokenizer.ggml.tokens' is array of string, expected an array of f32");
+  EXPECT_EQ(h.get_uint_or("missing", 7), 7u);
+}
+
+TEST(Gguf, RefusesBadHeaders) {
+  expect_refused("GGU", {"truncated", "magic"});
+  expect_refused("GGML" + std::string(20, '\0'), {"not a GGUF file"});
+  std::string f = valid_file();
+  f[4] = 1;
+  expect_refused(f, {"version 1"});
+  f[4] = 7;
+  expect_refused(f, {"unsupported GGUF version 7"});
+  f[4] = 0;
+  f[7] = 3;
+  expect_refused(f, {"big-endian"});
+  expect_refused(valid_file().substr(0, 20), {"truncated", "key/value count"});
+}
+
+TEST(Gguf, RefusesHugeCounts) {
+  Bytes b;
+  b.s = "GGUF";
+  b.put<uint32_t>(3).put<uint64_t>(0).put<uint64_t>(uint64_t(1) << 60);
+  expect_refused(b.s, {"key/value count 1152921504606846976"});
+  Bytes t;
+  t.s = "GGUF";
+  t.put<uint32_t>(3).put<uint64_t>(~uint64_t(0)).put<uint64_t>(0);
+  expect_refused(t.s, {"tensor count 18446744073709551615"});
+  // An array count far beyond the bytes: refused before anything is reserved.
+  Bytes a;
+  a.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(uint64_t(1) << 62);
+  expect_refused(make_gguf(a.s, 1, {}), {"tokenizer.ggml.tokens", "4611686018427387904 strings"});
+  Bytes n;
+  n.str("s").put<uint32_t>(9).put<uint32_t>(6).put<uint64_t>(uint64_t(1) << 62);
+  expect_refused(make_gguf(n.s, 1, {}), {"key 's'", "array of 4611686018427387904 f32"});
+}
+
+TEST(Gguf, RefusesStringsPastTheEnd) {
+  Bytes k;
+  k.put<uint64_t>(1000).s += "abc";
+  expect_refused(make_gguf(k.s, 1, {}), {"key 0", "string length 1000"});
+  Bytes v;
+  v.str("general.name").put<uint32_t>(8).put<uint64_t>(~uint64_t(0));
+  expect_refused(make_gguf(v.s, 1, {}), {"general.name", "string length 18446744073709551615"});
+  Bytes e;
+  e.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(2).str("a").put<uint64_t>(99);
+  expect_refused(make_gguf(e.s, 1, {}), {"tokenizer.ggml.tokens", "element 1"});
+  expect_refused(make_gguf(kv_u32("a\nb", 1), 1, {}), {"control characters", "a\\x0ab"});
+  expect_refused(make_gguf(kv_u32("", 1), 1, {}), {"empty key"});
+  expect_refused(make_gguf(kv_u32("k", 1) + kv_u32("k", 2), 2, {}), {"duplicate key 'k'"});
+}
+
+TEST(Gguf, RefusesBadValueTypes) {
+  expect_refused(make_gguf(Bytes().str("k").put<uint32_t>(13).put<uint32_t>(0).s, 1, {}), {"key 'k'", "unknown value type 13"});
+  expect_refused(make_gguf(Bytes().str("k").put<uint32_t>(9).put<uint32_t>(9).put<uint64_t>(1).s, 1, {}),
+                 {"key 'k'", "nested arrays"});
+  expect_refused(make_gguf(Bytes().str("k").put<uint32_t>(7).put<uint8_t>(2).s, 1, {}), {"key 'k'", "bool value 2"});
+  expect_refused(make_gguf(Bytes().str("general.alignment").put<uint32_t>(4).put<uint32_t>(24).s, 1, {}),
+                 {"general.alignment", "24", "power of two"});
+  expect_refused(make_gguf(Bytes().str("general.alignment").put<uint32_t>(10).put<uint64_t>(32).s, 1, {}),
+                 {"general.alignment", "u64, expected u32"});
+}
+
+TEST(Gguf, RefusesBadTensors) {
+  const std::string d = f32_data(6);
+  expect_refused(make_gguf("", 0, {{"w", 3, {32}, std::string(20, '\0')}}), {"tensor 'w'", "Q4_1", "not supported"});
+  expect_refused(make_gguf("", 0, {{"w", 99, {4}, d}}), {"tensor 'w'", "unknown ggml type 99"});
+  expect_refused(make_gguf("", 0, {{"w", 0, {}, d}}), {"tensor 'w'", "n_dims 0"});
+  expect_refused(make_gguf("", 0, {{"w", 0, {1, 1, 1, 1, 1}, d}}), {"tensor 'w'", "n_dims 5"});
+  expect_refused(make_gguf("", 0, {{"w", 8, {48}, std::string(68, '\0')}}), {"tensor 'w'", "ne[0] = 48", "block size 32"});
+  expect_refused(make_gguf("", 0, {{"w", 0, {uint64_t(1) << 63}, d}}), {"tensor 'w'", "negative"});
+  expect_refused(make_gguf("", 0, {{"w", 0, {uint64_t(1) << 40, uint64_t(1) << 40}, d}}), {"tensor 'w'", "overflows"});
+  expect_refused(make_gguf("", 0, {{"w", 0, {7}, d}}), {"tensor 'w'", "run past the data section"});
+  expect_refused(make_gguf("", 0, {{"w", 0, {6}, d, 4}}), {"tensor 'w'", "offset 4", "alignment 32"});
+  expect_refused(make_gguf("", 0, {{"w", 0, {2}, d, 1 << 20}}), {"tensor 'w'", "run past"});
+  expect_refused(make_gguf("", 0, {{"a", 0, {6}, d}, {"b", 0, {6}, d, 0}}), {"'a' and 'b' overlap"});
+  expect_refused(make_gguf("", 0, {{"a", 0, {6}, d}, {"a", 0, {6}, d}}), {"duplicate tensor 'a'"});
+  expect_refused(make_gguf("", 0, {{std::string(64, 'n'), 0, {6}, d}}), {"tensor 0 name", "string length 64"});
+  // Truncated inside the tensor infos and before the data section.
+  const std::string ok = make_gguf("", 0, {{"w", 0, {6}, d}});
+  expect_refused(ok.substr(0, 40), {"tensor count 1 cannot fit"});
+  const std::string two = make_gguf("", 0, {{"w", 0, {6}, d}, {"v", 0, {6}, d}});
+  expect_refused(two.substr(0, 24 + 33 + 33 + 20), {"truncated", "tensor 'v'"});
+  expect_refused(ok.substr(0, 60), {"truncated", "data section"});
+}
+
+TEST(Gguf, CustomAlignmentIsHonoured) {
+  const std::string kv = Bytes().str("general.alignment").put<uint32_t>(4).put<uint32_t>(64).s;
+  const std::string f = make_gguf(kv, 1, {{"a", 0, {3}, f32_data(3)}, {"b", 0, {2}, f32_data(2)}}, 3, 64);
+  const GgufHeader h = parse_gguf(bytes_of(f), "x");
+  EXPECT_EQ(h.alignment, 64u);
+  EXPECT_EQ(h.data_offset % 64, 0u);
+  EXPECT_EQ(h.tensor("b")->offset, 64u);
+  // The same offsets under the default alignment of 32 are not where the data section starts.
+  expect_refused(make_gguf(kv, 1, {{"a", 0, {3}, f32_data(3), 32}}, 3, 64), {"offset 32", "alignment 64"});
+}
+
+TEST(Gguf, TypeNames) {
+  EXPECT_EQ(ggml_type_from_name("q4_k"), GgmlType::Q4_K);
+  EXPECT_EQ(ggml_type_from_name("BF16"), GgmlType::BF16);
+  EXPECT_EQ(ggml_type_from_name("q5_k"), std::nullopt);
+  EXPECT_EQ(ggml_type_id_name(13), "Q5_K");
+  EXPECT_EQ(ggml_traits(GgmlType::Q6_K).block_bytes, 210u);
+  EXPECT_EQ(ggml_traits(GgmlType::Q4_K).block_bytes, 144u);
+}
+
+}  // namespace
+}  // namespace vlm
