@@ -125,8 +125,8 @@ def add_tokenizer(w, d, n_vocab):
     added = {a["content"]: a for a in tok.get("added_tokens", [])}
     for a in added.values():
         pieces[a["content"]] = a["id"]
-    n = max(max(pieces.values()) + 1, n_vocab)
-    if n > n_vocab:
+    n = max(max(pieces.values()) + 1, n_vocab or 0)
+    if n_vocab is not None and n > n_vocab:
         # Ids beyond the embedding rows (Gemma 3's <image_soft_token>) cannot be looked up: dropped.
         n = n_vocab
     tokens = [f"[PAD{i}]" for i in range(n)]
@@ -304,7 +304,15 @@ def main(argv=None):
     ap.add_argument("--fallback-type", default="f16", choices=["f32", "f16", "bf16"])
     ap.add_argument("--mmproj-out")
     ap.add_argument("--mmproj-type", default="f16", choices=sorted(gguf_writer.GGML_TYPES))
+    ap.add_argument("--vocab-only", action="store_true",
+                    help="write only the tokenizer keys (DIR needs just tokenizer.json, tokenizer_config.json)")
     a = ap.parse_args(argv)
+    if a.vocab_only:
+        w = gguf_writer.GGUFWriter()
+        w.add("general.architecture", "gemma3")
+        add_tokenizer(w, a.dir, None)
+        w.write(a.out)
+        return
     with open(os.path.join(a.dir, "config.json")) as f:
         cfg = json.load(f)
     tensors = {}

