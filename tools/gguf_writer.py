@@ -282,7 +282,8 @@ class GGUFWriter:
 
 def read(path):
     """(metadata dict, {name: (ggml type name, shape, bytes)}) of a GGUF file; for tests."""
-    buf = memoryview(open(path, "rb").read())
+    with open(path, "rb") as f:
+        buf = memoryview(f.read())
     pos = 0
 
     def take(n):

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -9,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "model_folder.h"
 #include "text/gguf_vocab.h"
@@ -268,6 +270,95 @@ TEST(Gguf, TypeNames) {
   EXPECT_EQ(ggml_type_id_name(13), "Q5_K");
   EXPECT_EQ(ggml_traits(GgmlType::Q6_K).block_bytes, 210u);
   EXPECT_EQ(ggml_traits(GgmlType::Q4_K).block_bytes, 144u);
+}
+
+// ---- files written by tools/convert_hf_to_gguf.py, read back with the C++ reader ------
+
+// HF name (after the checkpoint's prefix) of a GGUF text or mmproj tensor; the converter's table
+// written the other way round.
+std::string hf_name(std::string_view g) {
+  static const std::vector<std::pair<std::string, std::string>> text = {
+      {"attn_norm.weight", "input_layernorm.weight"}, {"attn_q.weight", "self_attn.q_proj.weight"},
+      {"attn_k.weight", "self_attn.k_proj.weight"}, {"attn_v.weight", "self_attn.v_proj.weight"},
+      {"attn_output.weight", "self_attn.o_proj.weight"}, {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+      {"attn_k_norm.weight", "self_attn.k_norm.weight"}, {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+      {"ffn_norm.weight", "pre_feedforward_layernorm.weight"}, {"ffn_gate.weight", "mlp.gate_proj.weight"},
+      {"ffn_up.weight", "mlp.up_proj.weight"}, {"ffn_down.weight", "mlp.down_proj.weight"},
+      {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"}};
+  static const std::vector<std::pair<std::string, std::string>> vis = {
+      {"ln1", "layer_norm1"}, {"ln2", "layer_norm2"}, {"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"}, {"attn_out", "self_attn.out_proj"}, {"ffn_up", "mlp.fc1"}, {"ffn_down", "mlp.fc2"}};
+  const std::string s(g);
+  if (s == "token_embd.weight") return "model.language_model.embed_tokens.weight";
+  if (s == "output_norm.weight") return "model.language_model.norm.weight";
+  if (s == "v.patch_embd.weight") return "model.vision_tower.vision_model.embeddings.patch_embedding.weight";
+  if (s == "v.patch_embd.bias") return "model.vision_tower.vision_model.embeddings.patch_embedding.bias";
+  if (s == "v.position_embd.weight") return "model.vision_tower.vision_model.embeddings.position_embedding.weight";
+  if (s == "mm.input_projection.weight") return "model.multi_modal_projector.mm_input_projection_weight";
+  if (s == "mm.soft_emb_norm.weight") return "model.multi_modal_projector.mm_soft_emb_norm.weight";
+  if (s.rfind("v.post_ln.", 0) == 0) return "model.vision_tower.vision_model.post_layernorm." + s.substr(10);
+  if (s.rfind("blk.", 0) == 0) {
+    const size_t dot = s.find('.', 4);
+    for (const auto& [a, b] : text)
+      if (s.substr(dot + 1) == a) return "model.language_model.layers." + s.substr(4, dot - 4) + "." + b;
+  }
+  if (s.rfind("v.blk.", 0) == 0) {
+    const size_t dot = s.find('.', 6), last = s.rfind('.');
+    for (const auto& [a, b] : vis)
+      if (s.substr(dot + 1, last - dot - 1) == a)
+        return "model.vision_tower.vision_model.encoder.layers." + s.substr(6, dot - 6) + "." + b + s.substr(last);
+  }
+  return "?" + s;
+}
+
+TEST(GgufWriter, ConvertedCheckpointReadsBackByteForByte) {
+  const char* fix = std::getenv("VLM_FIXTURES");
+  ASSERT_NE(fix, nullptr) << "VLM_FIXTURES not set";
+  const std::filesystem::path src = std::filesystem::path(fix) / "tiny-bf16";
+  test::TempDir tmp;
+  const std::string cmd = "/usr/bin/python3 " + std::string(VLM_SOURCE_DIR) + "/tools/convert_hf_to_gguf.py '" +
+                          src.string() + "' --type bf16 --out '" + (tmp / "m.gguf").string() + "' --mmproj-out '" +
+                          (tmp / "p.gguf").string() + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  MappedFile st_map(src / "model.safetensors");
+  const SafetensorsHeader st = parse_safetensors({st_map.data(), st_map.size()}, "st");
+  size_t seen = 0;
+  for (const char* file : {"m.gguf", "p.gguf"}) {
+    GgufFile g(tmp / file);
+    for (const GgufTensor& t : g.header().tensors) {
+      const std::string hf = hf_name(t.name);
+      auto it = std::find_if(st.tensors.begin(), st.tensors.end(), [&](const auto& e) { return e.name == hf; });
+      ASSERT_NE(it, st.tensors.end()) << t.name << " -> " << hf;
+      ++seen;
+      EXPECT_EQ(t.shape(), it->shape) << t.name;
+      const std::byte* raw = st_map.data() + st.data_offset + it->begin;
+      const auto data = g.data(t);
+      const size_t n = size_t(t.elements());
+      const bool shifted = hf.ends_with("norm.weight") && hf.find("vision_tower") == std::string::npos;
+      if (t.type == GgmlType::BF16) {
+        ASSERT_FALSE(shifted) << t.name;
+        EXPECT_EQ(std::memcmp(data.data(), raw, data.size()), 0) << t.name << ": bytes differ from the checkpoint";
+        EXPECT_EQ(data.size(), it->end - it->begin);
+        continue;
+      }
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, raw + 2 * i, 2);
+        const float w = bf16_to_f32(b);
+        if (t.type == GgmlType::F16) {  // the projection, forced to f16
+          uint16_t h;
+          std::memcpy(&h, data.data() + 2 * i, 2);
+          ASSERT_EQ(h, f32_to_f16(w)) << t.name << " " << i;
+        } else {
+          ASSERT_EQ(t.type, GgmlType::F32) << t.name;
+          float v;
+          std::memcpy(&v, data.data() + 4 * i, 4);
+          ASSERT_EQ(v, shifted ? w + 1.0f : w) << t.name << " " << i;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(seen, st.tensors.size());
 }
 
 // ---- tokenizer from tokenizer.ggml.* -------------------------------------------------

@@ -1,8 +1,9 @@
 // llama.cpp (through the npm package node-llama-cpp, its prebuilt CPU binary) on a GGUF file:
 // loads it, tokenizes texts with its own tokenizer, and greedily continues prompts.
 // Usage: node llama_cpp.mjs MODEL.gguf < input.json
-//   input  {"tokenize": [text, ...], "generate": [{"ids": [...], "n": N}, ...]}
-//   output {"n_vocab", "tokenize": [[ids], ...], "generate": [[ids], ...]}
+//   input  {"tokenize": [text, ...], "generate": [{"ids": [...], "n": N}, ...], "logits": [[ids], ...]}
+//   output {"tokenize": [[ids], ...], "generate": [[ids], ...], "logits": [[[logit per vocab id] per position], ...]}
+// "logits": the raw next-token logits at every prompt position (llama.cpp's output, unsampled).
 // Tokenization: no BOS added, special-token text left literal (llama.cpp's parse_special false).
 import fs from "node:fs";
 import path from "node:path";
@@ -16,11 +17,13 @@ const [modelPath] = process.argv.slice(2);
 const input = JSON.parse(fs.readFileSync(0, "utf8"));
 const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 const model = await llama.loadModel({ modelPath, gpuLayers: 0 });
-const out = { n_vocab: model.tokens.trainContextSize !== undefined ? undefined : undefined, tokenize: [], generate: [] };
+const out = { tokenize: [], generate: [], logits: [] };
 for (const t of input.tokenize ?? []) out.tokenize.push(Array.from(model.tokenize(t, false)));
-if ((input.generate ?? []).length) {
-  const context = await model.createContext({ contextSize: 512, batchSize: 512, threads: 2 });
-  for (const g of input.generate) {
+if ((input.generate ?? []).length || (input.logits ?? []).length) {
+  // f32 KV cache and no flash attention: llama.cpp's defaults (f16 cache) would round K and V.
+  const context = await model.createContext({ contextSize: 512, batchSize: 512, threads: 2, flashAttention: false,
+    experimentalKvCacheKeyType: "F32", experimentalKvCacheValueType: "F32" });
+  for (const g of input.generate ?? []) {
     const seq = context.getSequence();
     const got = [];
     for await (const tok of seq.evaluate(g.ids, { temperature: 0 })) {
@@ -30,6 +33,17 @@ if ((input.generate ?? []).length) {
     out.generate.push(got);
     seq.dispose();
   }
+  for (const ids of input.logits ?? []) {
+    const seq = context.getSequence();
+    const res = await seq.controlledEvaluate(ids.map((t) => [t, { generateNext: { logits: true } }]));
+    out.logits.push(res.map((r) => {
+      const row = new Array(r.next.logits.size);
+      for (const [tok, v] of r.next.logits) row[tok] = v;
+      return row;
+    }));
+    seq.dispose();
+  }
 }
-console.log(JSON.stringify(out));
+// Written synchronously: process.exit() would cut an asynchronous write to a pipe short.
+fs.writeSync(1, JSON.stringify(out) + "\n");
 process.exit(0);
