@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
       if (name.starts_with("text.layers.") && t.shape.size() == 2) weight_bytes += t.nbytes;
     fmt::print("model {} ({} layers, H {}, V {}, {}), {} threads, matmul {}\n", dir.string(),
                c.num_layers, c.hidden_size, model.vocab(), dtype_name(ck.lm_head().dtype), threads,
-               kernels::matmul_isa());
+               kernels::isa_name(kernels::best_isa()));
     fmt::print("weight bytes per decode token: {:.3f} GB\n", double(weight_bytes) * 1e-9);
 
     std::vector<int32_t> ids(static_cast<size_t>(n_prompt));

@@ -75,12 +75,13 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string_view(argv[1]) == "--quick";
   const int threads = default_threads() > 2 ? 2 : default_threads();
   ThreadPool pool(threads);
-  const Isa best = matmul_isa_id();
+  const Isa best = best_isa();
+  const Exec scalar(pool, Isa::Scalar);
 
   const double bw = measure_read_bandwidth(threads);
   const double peak = measure_peak_flops(threads);
   const double peak1 = measure_peak_flops(1);
-  fmt::print("machine: {} threads, matmul path {}, load average {}", threads, matmul_isa(),
+  fmt::print("machine: {} threads, matmul path {}, load average {}", threads, isa_name(best),
              load_average());
   fmt::print("  read bandwidth      {:8.1f} GB/s  (1 GiB streamed)\n", bw / 1e9);
   fmt::print("  f32 FMA peak        {:8.1f} GFLOP/s ({:.1f} on 1 thread)\n", peak / 1e9, peak1 / 1e9);
@@ -118,9 +119,7 @@ int main(int argc, char** argv) {
   {
     const Buffer b = make_weight(DType::BF16, 10240, 2560);
     std::vector<float> x(2560, 0.5f), y(10240);
-    set_matmul_isa(Isa::Scalar);
-    const double t = best_time(2, [&] { matmul(x.data(), 1, b.w, y.data(), pool); });
-    set_matmul_isa(best);
+    const double t = best_time(2, [&] { matmul(x.data(), 1, b.w, y.data(), scalar); });
     const double gbs = double(b.bytes.size()) / t;
     fmt::print("  scalar path, BF16 [10240, 2560]: {:8.3f} ms {:7.1f} GB/s  {:5.1f}% of bandwidth\n",
                t * 1e3, gbs / 1e9, 100 * gbs / bw);
@@ -138,30 +137,27 @@ int main(int argc, char** argv) {
     gemm.push_back({4096, 1152, 4304, "vision fc2"});
     gemm.push_back({4096, 10240, 2560, "text gate"});
   }
-  // "bf16dot" rows: the opt-in AVX512-BF16 path (x rounded to bf16), against the same
-  // f32 peak, so it can exceed 100%.
+  // "bf16dot" rows: Precision::Bf16 on the AVX512-BF16 path (x rounded to bf16), against
+  // the same f32 peak, so it can exceed 100%.
   const bool dot_ok = bf16_dot_supported();
   for (int variant = 0; variant < (dot_ok ? 3 : 2); ++variant) {
     const DType dt = variant == 1 ? DType::F32 : DType::BF16;
-    set_bf16_dot(variant == 2);
+    const Exec ex(pool, best, variant == 2 ? Precision::Bf16 : Precision::F32);
     for (const auto& c : gemm) {
       if (dt == DType::F32 && c.M == 4096 && c.N == 10240) continue;
       const Buffer b = make_weight(dt, c.N, c.K);
       std::vector<float> x(c.M * c.K, 0.25f), y(c.M * c.N);
       const double flop = 2.0 * double(c.M) * double(c.N) * double(c.K);
-      const double t = best_time(c.M == 4096 ? 1 : 3, [&] { matmul(x.data(), c.M, b.w, y.data(), pool); });
+      const double t = best_time(c.M == 4096 ? 1 : 3, [&] { matmul(x.data(), c.M, b.w, y.data(), ex); });
       fmt::print("  {:<7} M={:4} [{:5}, {:5}] {:<11} {:9.2f} ms {:7.1f} GFLOP/s  {:5.1f}% of peak\n",
                  variant == 2 ? "bf16dot" : dtype_name(dt), c.M, c.N, c.K, c.what, t * 1e3,
                  flop / t / 1e9, 100 * flop / t / peak);
     }
   }
-  set_bf16_dot(false);
   {
     const Buffer b = make_weight(DType::BF16, 1152, 1152);
     std::vector<float> x(256 * 1152, 0.25f), y(256 * 1152);
-    set_matmul_isa(Isa::Scalar);
-    const double t = best_time(1, [&] { matmul(x.data(), 256, b.w, y.data(), pool); });
-    set_matmul_isa(best);
+    const double t = best_time(1, [&] { matmul(x.data(), 256, b.w, y.data(), scalar); });
     const double flop = 2.0 * 256 * 1152 * 1152;
     fmt::print("  scalar path, BF16 M=256 [1152, 1152]: {:9.2f} ms {:7.1f} GFLOP/s  {:5.1f}% of peak\n",
                t * 1e3, flop / t / 1e9, 100 * flop / t / peak);
@@ -185,15 +181,13 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < g.size(); ++i) g[i] = float(int(i % 2001) - 1000) / 250.f;
     for (size_t i = 0; i < sm.size(); ++i) sm[i] = float(int(i % 997)) / 50.f;
     for (Isa isa : {best, Isa::Scalar}) {
-      set_matmul_isa(isa);
-      const double tg = best_time(1, [&] { gelu_tanh(g.data(), g.size()); });
+      const double tg = best_time(1, [&] { gelu_tanh(g.data(), g.size(), isa); });
       const double ts = best_time(1, [&] {
-        for (size_t r = 0; r < 4096; ++r) softmax(sm.data() + r * 4096, 4096);
+        for (size_t r = 0; r < 4096; ++r) softmax(sm.data() + r * 4096, 4096, isa);
       });
       fmt::print("  {:<7} gelu_tanh {:6.2f} ns/elem   softmax rows of 4096 {:6.2f} ns/elem\n",
                  isa_name(isa), tg / double(g.size()) * 1e9, ts / double(sm.size()) * 1e9);
     }
-    set_matmul_isa(best);
   }
   return 0;
 }

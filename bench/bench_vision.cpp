@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     fmt::print("model {} ({}), image {}x{}, {} patches x {} -> {} tokens x {}, {} threads, matmul {}\n",
                dir.string(), dtype_name(enc.tower().weight_dtype()), S, S, enc.tower().num_patches(),
                enc.tower().hidden(), enc.projector().tokens(), enc.projector().out_dim(), threads,
-               kernels::matmul_isa());
+               kernels::isa_name(kernels::best_isa()));
     const double flops = enc.tower().flops(1) + enc.projector().flops(1);
     double best = 1e30;
     for (int rep = 0; rep < 2; ++rep) {

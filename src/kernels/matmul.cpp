@@ -2,11 +2,11 @@
 
 #include <cpuid.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/matmul_impl.h"
@@ -39,14 +39,15 @@ float load(const std::byte* p, DType t, size_t i) {
 }
 }  // namespace
 
-void matmul_ref(const float* x, size_t M, const Weight& w, float* y) {
+void matmul_ref(const float* x, size_t M, const Weight& w, float* y, Precision precision) {
+  const bool bf16 = precision == Precision::Bf16;
   const size_t K = w.cols, N = w.rows, es = dtype_size(w.dtype);
   for (size_t n = 0; n < N; ++n) {
     const std::byte* row = w.data + n * w.stride() * es;
     for (size_t m = 0; m < M; ++m) {
       const float* xm = x + m * K;
       float acc = 0.f;
-      for (size_t k = 0; k < K; ++k) acc += xm[k] * load(row, w.dtype, k);
+      for (size_t k = 0; k < K; ++k) acc += (bf16 ? round_bf16(xm[k]) : xm[k]) * load(row, w.dtype, k);
       y[m * N + n] = acc;
     }
   }
@@ -73,39 +74,6 @@ using detail::IsaKernels;
 // Up to this many rows, dot products that stream each weight row once beat packing.
 constexpr size_t kDotMaxM = 32;
 
-Isa best_isa() {
-  if (isa_supported(Isa::Avx512)) return Isa::Avx512;
-  if (isa_supported(Isa::Avx2)) return Isa::Avx2;
-  return Isa::Scalar;
-}
-
-Isa initial_isa() {
-  const char* env = std::getenv("VLM_ISA");
-  if (!env || !*env) return best_isa();
-  const std::string_view v = env;
-  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
-    if (v == isa_name(isa)) {
-      if (!isa_supported(isa)) fail("VLM_ISA={}: this CPU does not support it", v);
-      return isa;
-    }
-  fail("VLM_ISA={}: expected scalar, avx2 or avx512", v);
-}
-
-std::atomic<int>& current_isa() {
-  static std::atomic<int> isa{int(initial_isa())};
-  return isa;
-}
-
-std::atomic<bool>& bf16_dot_flag() {
-  static std::atomic<bool> on{[] {
-    const char* env = std::getenv("VLM_BF16_DOT");
-    if (!env || !*env || std::string_view(env) == "0") return false;
-    if (!bf16_dot_supported()) fail("VLM_BF16_DOT={}: this CPU lacks AVX512-BF16", env);
-    return true;
-  }()};
-  return on;
-}
-
 float* pack_buffer(size_t floats) {
   struct Free {
     void operator()(float* p) const { std::free(p); }
@@ -120,20 +88,38 @@ float* pack_buffer(size_t floats) {
   return buf.get();
 }
 
-void run(const GemmArgs& a, ThreadPool& pool) {
+// x rounded to bf16 (nearest even), dense [M, K], in a per-thread buffer.
+const float* rounded_x(const GemmArgs& a) {
+  thread_local std::vector<float> buf;
+  buf.resize(a.M * a.K);
+  for (size_t m = 0; m < a.M; ++m)
+    for (size_t k = 0; k < a.K; ++k) buf[m * a.K + k] = round_bf16(a.x[m * a.ldx + k]);
+  return buf.data();
+}
+
+void run(GemmArgs a, const Exec& ex) {
+  ThreadPool& pool = ex.threads();
   if (a.M == 0 || a.N == 0) return;
   if (a.K == 0) {
     for (size_t m = 0; m < a.M; ++m)
       for (size_t n = 0; n < a.N; ++n) a.y[m * a.ldy + n] = a.bias ? a.bias[n] : 0.f;
     return;
   }
-  const IsaKernels& k = detail::kernels_for(matmul_isa_id());
+  const IsaKernels& k = detail::kernels_for(ex.isa);
+  const bool bf16 = ex.precision == Precision::Bf16;
+  // The AVX512-BF16 GEMM rounds x itself; every other path gets x rounded here and then
+  // computes the same exact products in f32.
+  const bool native = bf16 && a.M > kDotMaxM && a.dtype == DType::BF16 && !a.kn && k.gemm_bf16dot &&
+                      bf16_dot_supported();
+  if (bf16 && !native) {
+    a.x = rounded_x(a);
+    a.ldx = a.K;
+  }
   if (a.M <= kDotMaxM && !a.kn) {
     pool.parallel_for(a.N, [&](size_t n0, size_t n1) { k.dot(a, n0, n1); });
     return;
   }
-  auto* gemm = k.gemm;
-  if (a.dtype == DType::BF16 && !a.kn && k.gemm_bf16dot && bf16_dot_flag().load()) gemm = k.gemm_bf16dot;
+  auto* gemm = native ? k.gemm_bf16dot : k.gemm;
   const size_t threads = size_t(pool.size());
   const size_t panels = (a.N + k.panel - 1) / k.panel;
   const size_t tiles = (a.M + k.row_tile - 1) / k.row_tile;
@@ -155,26 +141,26 @@ void run(const GemmArgs& a, ThreadPool& pool) {
 }  // namespace
 
 void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout,
-                    const float* bias, float* y, size_t ldy, ThreadPool& pool) {
+                    const float* bias, float* y, size_t ldy, const Exec& ex) {
   const bool kn = layout == Layout::KN;
   const size_t K = kn ? w.rows : w.cols, N = kn ? w.cols : w.rows;
   if (w.stride() < w.cols || (M > 1 && ldx < K) || (M > 1 && ldy < N))
     fail("matmul: row stride below row length (w {} < {}, x {} < {} or y {} < {})", w.stride(),
          w.cols, ldx, K, ldy, N);
-  run(GemmArgs{x, ldx, M, w.data, w.dtype, w.stride(), kn, K, N, bias, y, ldy}, pool);
+  run(GemmArgs{x, ldx, M, w.data, w.dtype, w.stride(), kn, K, N, bias, y, ldy}, ex);
 }
 
-void matmul(const float* x, size_t M, const Weight& w, float* y, ThreadPool& pool) {
-  matmul_strided(x, w.cols, M, w, Layout::NK, nullptr, y, w.rows, pool);
+void matmul(const float* x, size_t M, const Weight& w, float* y, const Exec& ex) {
+  matmul_strided(x, w.cols, M, w, Layout::NK, nullptr, y, w.rows, ex);
 }
 
 void matmul_bias(const float* x, size_t M, const Weight& w, const float* bias, float* y,
-                 ThreadPool& pool) {
-  matmul_strided(x, w.cols, M, w, Layout::NK, bias, y, w.rows, pool);
+                 const Exec& ex) {
+  matmul_strided(x, w.cols, M, w, Layout::NK, bias, y, w.rows, ex);
 }
 
-void matmul_kn(const float* x, size_t M, const Weight& w, float* y, ThreadPool& pool) {
-  matmul_strided(x, w.rows, M, w, Layout::KN, nullptr, y, w.cols, pool);
+void matmul_kn(const float* x, size_t M, const Weight& w, float* y, const Exec& ex) {
+  matmul_strided(x, w.rows, M, w, Layout::KN, nullptr, y, w.cols, ex);
 }
 
 namespace {
@@ -209,24 +195,37 @@ const char* isa_name(Isa isa) {
   return "scalar";
 }
 
-void set_matmul_isa(Isa isa) {
-  if (!isa_supported(isa)) fail("matmul: this CPU does not support the {} path", isa_name(isa));
-  current_isa().store(int(isa));
+Isa best_isa() {
+  static const Isa best = isa_supported(Isa::Avx512) ? Isa::Avx512
+                          : isa_supported(Isa::Avx2) ? Isa::Avx2
+                                                     : Isa::Scalar;
+  return best;
 }
 
-Isa matmul_isa_id() { return Isa(current_isa().load()); }
+Isa parse_isa(std::string_view name, std::string_view what) {
+  for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
+    if (name == isa_name(isa)) {
+      if (!isa_supported(isa)) fail("{}={}: this CPU does not support it (best: {})", what, name, isa_name(best_isa()));
+      return isa;
+    }
+  fail("{}={}: expected scalar, avx2 or avx512", what, name);
+}
+
+const char* precision_name(Precision p) { return p == Precision::Bf16 ? "bf16" : "f32"; }
+
+Precision parse_precision(std::string_view name, std::string_view what) {
+  if (name == "f32") return Precision::F32;
+  if (name == "bf16") return Precision::Bf16;
+  fail("{} {}: expected f32 or bf16", what, name);
+}
 
 bool bf16_dot_supported() {
-  return isa_supported(Isa::Avx512) && has_avx512bf16();
+  static const bool ok = isa_supported(Isa::Avx512) && has_avx512bf16();
+  return ok;
 }
 
-void set_bf16_dot(bool on) {
-  if (on && !bf16_dot_supported()) fail("matmul: this CPU lacks AVX512-BF16 for the bf16-dot path");
-  bf16_dot_flag().store(on);
+Exec::Exec(ThreadPool& p, Isa i, Precision pr) : pool(&p), isa(i), precision(pr) {
+  if (!isa_supported(i)) fail("kernels: this CPU does not support the {} path", isa_name(i));
 }
-
-bool bf16_dot() { return bf16_dot_flag().load() && matmul_isa_id() == Isa::Avx512; }
-
-const char* matmul_isa() { return isa_name(matmul_isa_id()); }
 
 }  // namespace vlm::kernels

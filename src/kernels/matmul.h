@@ -1,14 +1,16 @@
 // Matrix products against stored weights. Activations are f32; weights stay in
 // their stored dtype (f32, f16, bf16) and are converted on the fly (exactly: the
 // products and sums are f32, only the summation order differs from matmul_ref).
-// matmul() dispatches at run time to the best ISA path; matmul_ref() is the
-// plain path that tests compare against.
+// Each call runs as its Exec says (threads, ISA path, precision; see exec.h); a plain
+// ThreadPool& means the best ISA at f32. matmul_ref() is the plain path that tests
+// compare against.
 #pragma once
 #include <cstddef>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/exec.h"
 
 namespace vlm::kernels {
 
@@ -28,40 +30,23 @@ Weight as_weight(const TensorView& t);
 Weight f32_weight(const float* data, size_t rows, size_t cols, size_t ld = 0);
 
 // y[M, N] = x[M, K] · Wᵀ, with K = w.cols and N = w.rows. y is overwritten.
-void matmul(const float* x, size_t M, const Weight& w, float* y, ThreadPool& pool);
-void matmul_ref(const float* x, size_t M, const Weight& w, float* y);
+void matmul(const float* x, size_t M, const Weight& w, float* y, const Exec& ex);
+// The plain loop the tests compare against; with Precision::Bf16 it rounds each x to bf16.
+void matmul_ref(const float* x, size_t M, const Weight& w, float* y,
+                Precision precision = Precision::F32);
 
 // y[M, N] = x[M, K] · Wᵀ + bias (bias has N entries).
 void matmul_bias(const float* x, size_t M, const Weight& w, const float* bias, float* y,
-                 ThreadPool& pool);
+                 const Exec& ex);
 
 // y[M, N] = x[M, K] · W with W stored [K, N] (in → out orientation, e.g. the Gemma 3
 // projector's mm_input_projection_weight): K = w.rows, N = w.cols.
-void matmul_kn(const float* x, size_t M, const Weight& w, float* y, ThreadPool& pool);
+void matmul_kn(const float* x, size_t M, const Weight& w, float* y, const Exec& ex);
 
 // The general form behind the ones above: x rows at stride ldx, y rows at stride ldy
 // (elements), w in NK ([N, K], nn.Linear) or KN ([K, N]) layout, bias optional.
 enum class Layout { NK, KN };
 void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout,
-                    const float* bias, float* y, size_t ldy, ThreadPool& pool);
-
-// ISA paths. The default is the best one this CPU supports; the environment variable
-// VLM_ISA=scalar|avx2|avx512 (read once) or set_matmul_isa() forces one (tests, benches).
-enum class Isa { Scalar, Avx2, Avx512 };
-bool isa_supported(Isa isa);
-const char* isa_name(Isa isa);
-void set_matmul_isa(Isa isa);  // throws vlm::Error if this CPU lacks it
-Isa matmul_isa_id();
-// Name of the ISA path matmul() uses ("avx512", "avx2", "scalar").
-const char* matmul_isa();
-
-// Opt-in, for throughput over exactness: with it on (set_bf16_dot(true) or
-// VLM_BF16_DOT=1), products with bf16 weights in NK layout and more than 32 rows use
-// AVX512-BF16 dot products, which round x to bf16 first. Error bound per output:
-// 2^-8·Σ|x·w| (x rounding) plus the f32 summation error, instead of exact products;
-// about twice the f32 FMA throughput. Off by default; only with the avx512 path.
-bool bf16_dot_supported();
-void set_bf16_dot(bool on);  // throws vlm::Error where unsupported
-bool bf16_dot();             // whether the path is in use
+                    const float* bias, float* y, size_t ldy, const Exec& ex);
 
 }  // namespace vlm::kernels

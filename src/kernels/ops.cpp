@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "kernels/matmul.h"
 #include "kernels/ops_impl.h"
 #include "kernels/simd_scalar.h"
 
@@ -13,9 +12,8 @@ const OpsKernels kScalarOps = make_ops<S1>();
 }  // namespace detail
 
 namespace {
-// The ops follow the matmul path (best ISA, or the one VLM_ISA / set_matmul_isa chose).
-const detail::OpsKernels& ops() {
-  switch (matmul_isa_id()) {
+const detail::OpsKernels& ops(Isa isa) {
+  switch (isa) {
     case Isa::Avx512: return detail::kAvx512Ops;
     case Isa::Avx2: return detail::kAvx2Ops;
     case Isa::Scalar: break;
@@ -24,20 +22,22 @@ const detail::OpsKernels& ops() {
 }
 }  // namespace
 
-void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps) {
-  ops().rms_norm(x, w, y, rows, dim, eps);
+void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps, Isa isa) {
+  ops(isa).rms_norm(x, w, y, rows, dim, eps);
 }
 
 void layer_norm(const float* x, const float* g, const float* b, float* y, size_t rows, size_t dim,
-                float eps) {
-  ops().layer_norm(x, g, b, y, rows, dim, eps);
+                float eps, Isa isa) {
+  ops(isa).layer_norm(x, g, b, y, rows, dim, eps);
 }
 
-void gelu_tanh(float* x, size_t n) { ops().gelu_tanh(x, n); }
+void gelu_tanh(float* x, size_t n, Isa isa) { ops(isa).gelu_tanh(x, n); }
 
-void gelu_tanh_mul(float* gate, const float* up, size_t n) { ops().gelu_tanh_mul(gate, up, n); }
+void gelu_tanh_mul(float* gate, const float* up, size_t n, Isa isa) {
+  ops(isa).gelu_tanh_mul(gate, up, n);
+}
 
-void softmax(float* x, size_t n) { ops().softmax(x, n); }
+void softmax(float* x, size_t n, Isa isa) { ops(isa).softmax(x, n); }
 
 void rope_rotate_half(float* x, size_t heads, size_t d, const float* cos, const float* sin) {
   const size_t half = d / 2;

@@ -1,34 +1,37 @@
 // Element-wise and row-wise kernels of the Gemma 3 / SigLIP graphs, all in f32.
 // Rows are contiguous ([rows, dim] row-major); x and y may be the same buffer.
-// The norms, gelu and softmax run on the ISA path matmul() uses (AVX-512, AVX2 or
-// scalar; VLM_ISA forces one). Sums are f32 in vector lanes; exp and tanh are our own
+// The norms, gelu and softmax run on the ISA path given as the last argument (default:
+// the best this CPU has; pass the call's Exec::isa to follow a forced path). Sums are f32 in vector lanes; exp and tanh are our own
 // vectorized versions, a few ulp from the exact functions (tests/unit/kernels_test.cpp
 // states the bounds). One call is single-threaded: split rows across a pool to scale.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/exec.h"
+
 namespace vlm::kernels {
 
 // Gemma RMSNorm (spec §10.1): y = x / sqrt(mean(x²) + eps) · (1 + w), per row.
 // w has `dim` entries (stored zero-centred, converted to f32 by the caller).
-void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps);
+void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps,
+              Isa isa = best_isa());
 
 // LayerNorm with bias (spec §6): y = (x − mean) / sqrt(var + eps) · g + b, biased variance
 // (two passes, with the mean corrected by the deviations' sum).
 void layer_norm(const float* x, const float* g, const float* b, float* y, size_t rows, size_t dim,
-                float eps);
+                float eps, Isa isa = best_isa());
 
 // gelu_pytorch_tanh in place: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
-void gelu_tanh(float* x, size_t n);
+void gelu_tanh(float* x, size_t n, Isa isa = best_isa());
 // gate[i] = gelu_tanh(gate[i]) · up[i] (the Gemma MLP's gated activation).
-void gelu_tanh_mul(float* gate, const float* up, size_t n);
+void gelu_tanh_mul(float* gate, const float* up, size_t n, Isa isa = best_isa());
 
 // In-place softmax over one row of n entries, with max subtraction. Finite for any
 // finite input (all entries equal to the lowest f32 give a uniform row; entries at the
 // lowest f32 next to normal ones get exactly 0); a row that is all −inf gives zeros
 // rather than NaN. Probabilities below FLT_MIN are flushed to 0.
-void softmax(float* x, size_t n);
+void softmax(float* x, size_t n, Isa isa = best_isa());
 
 // RoPE, rotate-half / NeoX convention (spec §10.3), in place on x[heads, d]:
 //   x'[i] = x[i]·cos[i] − x[i+d/2]·sin[i],  x'[i+d/2] = x[i+d/2]·cos[i] + x[i]·sin[i],

@@ -64,8 +64,8 @@ double measure_read_bandwidth(int threads, size_t bytes) {
   return best;
 }
 
-double measure_peak_flops(int threads) {
-  const detail::IsaKernels& k = detail::kernels_for(matmul_isa_id());
+double measure_peak_flops(int threads, Isa isa) {
+  const detail::IsaKernels& k = detail::kernels_for(isa);
   ThreadPool pool(threads);
   const size_t n = size_t(threads);
   // Calibrate to about 0.2 s per run.

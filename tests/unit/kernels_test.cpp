@@ -84,16 +84,9 @@ std::vector<Isa> isas() {
   return v;
 }
 
-// Restores the default ISA after a test that forces paths.
-struct IsaGuard {
-  Isa saved = matmul_isa_id();
-  ~IsaGuard() { set_matmul_isa(saved); }
-};
-
 const DType kDTypes[] = {DType::F32, DType::F16, DType::BF16};
 
 TEST(Matmul, EveryPathMatchesReferenceOnOddShapes) {
-  IsaGuard guard;
   ThreadPool pool(2);
   std::mt19937 rng(7);
   struct Shape {
@@ -112,13 +105,13 @@ TEST(Matmul, EveryPathMatchesReferenceOnOddShapes) {
   for (size_t K : {1, 17, 129, 300}) shapes.push_back({37, 70, K});
   for (size_t N : {1, 15, 65, 520}) shapes.push_back({50, N, 33});
   for (Isa isa : isas()) {
-    set_matmul_isa(isa);
+    const Exec ex(pool, isa);
     for (DType dt : kDTypes)
       for (const Shape& s : shapes) {
         const StoredWeight w = make_weight(dt, s.N, s.K, rng);
         const auto x = random_vec(s.M * s.K, rng);
         std::vector<float> y(s.M * s.N, NAN), ref(s.M * s.N, NAN);
-        matmul(x.data(), s.M, w.w, y.data(), pool);
+        matmul(x.data(), s.M, w.w, y.data(), ex);
         matmul_ref(x.data(), s.M, w.w, ref.data());
         const std::string what = std::string(isa_name(isa)) + " " + std::string(dtype_name(dt)) +
                                  " M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
@@ -134,11 +127,10 @@ TEST(Matmul, EveryPathMatchesReferenceOnOddShapes) {
 }
 
 TEST(Matmul, BiasStridesAndKnLayout) {
-  IsaGuard guard;
   ThreadPool pool(2);
   std::mt19937 rng(11);
   for (Isa isa : isas()) {
-    set_matmul_isa(isa);
+    const Exec ex(pool, isa);
     for (DType dt : kDTypes)
       for (size_t M : {1, 4, 5, 30, 47}) {
         const size_t N = 83, K = 150, ldx = K + 9, ldy = N + 5;
@@ -147,7 +139,7 @@ TEST(Matmul, BiasStridesAndKnLayout) {
         // nk with bias, strided x / y, and a weight row stride wider than K.
         const StoredWeight w = make_weight(dt, N, K, rng, K + 3);
         std::vector<float> y(M * ldy, NAN);
-        matmul_strided(x.data(), ldx, M, w.w, Layout::NK, bias.data(), y.data(), ldy, pool);
+        matmul_strided(x.data(), ldx, M, w.w, Layout::NK, bias.data(), y.data(), ldy, ex);
         const std::string what = std::string(isa_name(isa)) + " " + std::string(dtype_name(dt)) +
                                  " M=" + std::to_string(M);
         expect_close(y.data(), ldy, x.data(), ldx, M, w.values, N, K, false, bias.data(),
@@ -160,12 +152,12 @@ TEST(Matmul, BiasStridesAndKnLayout) {
         std::vector<float> xc(M * K);
         for (size_t m = 0; m < M; ++m)
           for (size_t k = 0; k < K; ++k) xc[m * K + k] = x[m * ldx + k];
-        matmul_kn(xc.data(), M, wkn.w, ykn.data(), pool);
+        matmul_kn(xc.data(), M, wkn.w, ykn.data(), ex);
         expect_close(ykn.data(), N, xc.data(), K, M, wkn.values, N, K, true, nullptr, what + " kn");
         // matmul_bias is matmul_strided with dense strides.
         std::vector<float> yb(M * N);
         const StoredWeight wd = make_weight(dt, N, K, rng);
-        matmul_bias(xc.data(), M, wd.w, bias.data(), yb.data(), pool);
+        matmul_bias(xc.data(), M, wd.w, bias.data(), yb.data(), ex);
         expect_close(yb.data(), N, xc.data(), K, M, wd.values, N, K, false, bias.data(),
                      what + " bias");
       }
@@ -174,9 +166,8 @@ TEST(Matmul, BiasStridesAndKnLayout) {
 
 TEST(Matmul, Bf16DotPathRoundsXOnly) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
-  IsaGuard guard;
-  set_matmul_isa(Isa::Avx512);
   ThreadPool pool(2);
+  const Exec dot(pool, Isa::Avx512, Precision::Bf16), exact(pool, Isa::Avx512);
   std::mt19937 rng(12);
   struct Shape {
     size_t M, N, K;
@@ -187,11 +178,8 @@ TEST(Matmul, Bf16DotPathRoundsXOnly) {
     const StoredWeight w = make_weight(DType::BF16, s.N, s.K, rng);
     const auto x = random_vec(s.M * s.K, rng);
     std::vector<float> y(s.M * s.N, NAN), y_exact(s.M * s.N);
-    set_bf16_dot(true);
-    ASSERT_TRUE(bf16_dot());
-    matmul(x.data(), s.M, w.w, y.data(), pool);
-    set_bf16_dot(false);
-    matmul(x.data(), s.M, w.w, y_exact.data(), pool);
+    matmul(x.data(), s.M, w.w, y.data(), dot);
+    matmul(x.data(), s.M, w.w, y_exact.data(), exact);
     // Against the exact product of x rounded to bf16 (nearest even): only the f32
     // summation differs, so the usual (K + 2)·u·Σ|x·w| bound applies.
     std::vector<float> xr(x.size());
@@ -238,29 +226,43 @@ TEST(Matmul, RejectsStridesShorterThanRows) {
 }
 
 TEST(Matmul, IsaSelection) {
-  IsaGuard guard;
+  ThreadPool pool(1);
   EXPECT_TRUE(isa_supported(Isa::Scalar));
+  EXPECT_TRUE(isa_supported(best_isa()));
+  const Exec dflt = pool;  // a plain pool: the best path, exact f32
+  EXPECT_EQ(dflt.isa, best_isa());
+  EXPECT_EQ(dflt.precision, Precision::F32);
   for (Isa isa : isas()) {
-    set_matmul_isa(isa);
-    EXPECT_STREQ(matmul_isa(), isa_name(isa));
+    EXPECT_EQ(Exec(pool, isa).isa, isa);
+    EXPECT_EQ(parse_isa(isa_name(isa), "VLM_ISA"), isa);
   }
   for (Isa isa : {Isa::Avx2, Isa::Avx512})
-    if (!isa_supported(isa)) EXPECT_THROW(set_matmul_isa(isa), Error);
+    if (!isa_supported(isa)) {
+      EXPECT_THROW(Exec(pool, isa), Error);
+      EXPECT_THROW(parse_isa(isa_name(isa), "VLM_ISA"), Error);
+    }
+  try {
+    parse_isa("sse9", "VLM_ISA");
+    ADD_FAILURE() << "sse9 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("VLM_ISA=sse9"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_precision("bf16", "--precision"), Precision::Bf16);
+  EXPECT_EQ(parse_precision("f32", "--precision"), Precision::F32);
+  EXPECT_THROW(parse_precision("fp8", "--precision"), Error);
 }
 
 // ---- ops ----
 
 TEST(Ops, RmsNormMatchesDouble) {
-  IsaGuard guard;
   for (Isa isa : isas()) {
-    set_matmul_isa(isa);
     SCOPED_TRACE(isa_name(isa));
     std::mt19937 rng(3);
     const size_t rows = 5, dim = 333;
     auto x = random_vec(rows * dim, rng), w = random_vec(dim, rng);
     for (size_t i = 0; i < dim; ++i) x[i] *= 1000.f;  // a large-magnitude row
     std::vector<float> y(rows * dim);
-    rms_norm(x.data(), w.data(), y.data(), rows, dim, 1e-6f);
+    rms_norm(x.data(), w.data(), y.data(), rows, dim, 1e-6f, isa);
     for (size_t r = 0; r < rows; ++r) {
       double ss = 0;
       for (size_t i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
@@ -274,22 +276,20 @@ TEST(Ops, RmsNormMatchesDouble) {
     }
     // in place
     std::vector<float> z = x;
-    rms_norm(z.data(), w.data(), z.data(), rows, dim, 1e-6f);
+    rms_norm(z.data(), w.data(), z.data(), rows, dim, 1e-6f, isa);
     EXPECT_EQ(z, y);
   }
 }
 
 TEST(Ops, LayerNormMatchesDouble) {
-  IsaGuard guard;
   for (Isa isa : isas()) {
-    set_matmul_isa(isa);
     SCOPED_TRACE(isa_name(isa));
     std::mt19937 rng(4);
     const size_t rows = 4, dim = 1152;
     auto x = random_vec(rows * dim, rng), g = random_vec(dim, rng), b = random_vec(dim, rng);
     for (size_t i = 0; i < dim; ++i) x[dim + i] += 50.f;  // a row with a large mean
     std::vector<float> y(rows * dim);
-    layer_norm(x.data(), g.data(), b.data(), y.data(), rows, dim, 1e-6f);
+    layer_norm(x.data(), g.data(), b.data(), y.data(), rows, dim, 1e-6f, isa);
     for (size_t r = 0; r < rows; ++r) {
       double s = 0, v = 0;
       for (size_t i = 0; i < dim; ++i) s += x[r * dim + i];
@@ -309,9 +309,7 @@ TEST(Ops, LayerNormMatchesDouble) {
 }
 
 TEST(Ops, GeluTanhMatchesFormula) {
-  IsaGuard guard;
   for (Isa isa : isas()) {
-    set_matmul_isa(isa);
     SCOPED_TRACE(isa_name(isa));
     std::vector<float> x;
     for (float v = -12.f; v <= 12.f; v += 0.01f) x.push_back(v);
@@ -322,8 +320,8 @@ TEST(Ops, GeluTanhMatchesFormula) {
     x.push_back(-30000.f);
     std::vector<float> y = x, up(x.size()), gm = x;
     for (size_t i = 0; i < x.size(); ++i) up[i] = float(i % 7) - 3.f;
-    gelu_tanh(y.data(), y.size());
-    gelu_tanh_mul(gm.data(), up.data(), gm.size());
+    gelu_tanh(y.data(), y.size(), isa);
+    gelu_tanh_mul(gm.data(), up.data(), gm.size(), isa);
     for (size_t i = 0; i < x.size(); ++i) {
       const double v = x[i];
       const double want = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
@@ -337,16 +335,14 @@ TEST(Ops, GeluTanhMatchesFormula) {
 }
 
 TEST(Ops, SoftmaxMatchesDoubleAndStaysFinite) {
-  IsaGuard guard;
   for (Isa isa : isas()) {
-    set_matmul_isa(isa);
     SCOPED_TRACE(isa_name(isa));
     std::mt19937 rng(5);
     for (size_t n : {1, 2, 15, 16, 17, 100, 4096}) {
       auto x = random_vec(n, rng);
       for (auto& v : x) v *= 30.f;
       std::vector<float> y = x;
-      softmax(y.data(), n);
+      softmax(y.data(), n, isa);
       double mx = -INFINITY, s = 0;
       for (float v : x) mx = std::max(mx, double(v));
       for (float v : x) s += std::exp(v - mx);
@@ -360,21 +356,21 @@ TEST(Ops, SoftmaxMatchesDoubleAndStaysFinite) {
     }
     const float lo = std::numeric_limits<float>::lowest();
     std::vector<float> all_low(37, lo);
-    softmax(all_low.data(), all_low.size());
+    softmax(all_low.data(), all_low.size(), isa);
     for (float v : all_low) EXPECT_FLOAT_EQ(v, 1.f / 37);
     // a masked row: lowest f32 everywhere but two entries
     std::vector<float> masked(20, lo);
     masked[3] = 0.f;
     masked[7] = 0.f;
-    softmax(masked.data(), masked.size());
+    softmax(masked.data(), masked.size(), isa);
     for (size_t i = 0; i < masked.size(); ++i) EXPECT_EQ(masked[i], (i == 3 || i == 7) ? 0.5f : 0.f);
     std::vector<float> all_inf(5, -INFINITY);
-    softmax(all_inf.data(), all_inf.size());
+    softmax(all_inf.data(), all_inf.size(), isa);
     for (float v : all_inf) EXPECT_EQ(v, 0.f);
     // exp underflow: results below FLT_MIN are flushed to 0 (stated bound: FLT_MIN)
     std::vector<float> wide = {0.f, -50.f, -87.f, -88.f, -100.f, -1e30f, 3.f};
     std::vector<float> yw = wide;
-    softmax(yw.data(), yw.size());
+    softmax(yw.data(), yw.size(), isa);
     double sw = 0;
     for (float v : wide) sw += std::exp(double(v) - 3.0);
     for (size_t i = 0; i < wide.size(); ++i) {

@@ -1,0 +1,49 @@
+// How a kernel call runs: on which threads, with which instruction-set path and at which
+// precision. Passed into every matrix product (and the ISA into the row ops) instead of
+// process-wide switches, so two models in one process can run differently and a test can
+// force a path without touching global state. The front end maps its own options (the
+// CLI's VLM_ISA, --precision) to an Exec; the library reads no environment.
+#pragma once
+#include <string_view>
+
+#include "core/thread_pool.h"
+
+namespace vlm::kernels {
+
+// Instruction-set paths of the kernels.
+enum class Isa { Scalar, Avx2, Avx512 };
+bool isa_supported(Isa isa);
+const char* isa_name(Isa isa);  // "scalar", "avx2", "avx512"
+Isa best_isa();                 // the widest path this CPU supports
+// The path named `name` (as isa_name spells it); throws a one-line vlm::Error naming
+// `what` (e.g. "VLM_ISA") and the value when it is unknown or this CPU lacks it.
+Isa parse_isa(std::string_view name, std::string_view what);
+
+// Arithmetic of the matrix products.
+//   F32:  exact products of f32 activations and the stored weights, f32 sums (the
+//         oracle path; only the summation order differs from matmul_ref).
+//   Bf16: the activations (x) are rounded to bf16 (nearest even) first, then multiplied
+//         by the stored weights exactly and summed in f32 — what a bf16 checkpoint run in
+//         bf16 computes. AVX512-BF16 does it with vdpbf16ps; elsewhere the kernels round x
+//         and run the f32 path, which gives the same products.
+enum class Precision { F32, Bf16 };
+const char* precision_name(Precision p);  // "f32", "bf16"
+Precision parse_precision(std::string_view name, std::string_view what);
+// Whether this CPU has the AVX512-BF16 dot product (the fast Bf16 path).
+bool bf16_dot_supported();
+
+struct Exec {
+  ThreadPool* pool = nullptr;
+  Isa isa = Isa::Scalar;
+  Precision precision = Precision::F32;
+
+  // The default for a pool: the best ISA of this CPU, exact f32 products. Implicit, so
+  // every call that passes a ThreadPool& runs the default.
+  Exec(ThreadPool& p) : pool(&p), isa(best_isa()) {}  // NOLINT(google-explicit-constructor)
+  // Throws vlm::Error when this CPU lacks `isa`.
+  Exec(ThreadPool& p, Isa i, Precision pr = Precision::F32);
+
+  ThreadPool& threads() const { return *pool; }
+};
+
+}  // namespace vlm::kernels
