@@ -199,7 +199,8 @@ bool quant_isa_supported(Isa isa) {
   return isa_supported(isa);
 }
 
-void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, Isa isa, ThreadPool* pool) {
+void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, const Exec& exec) {
+  const Isa isa = exec.isa;
   switch (w.type) {
     case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_K: case GgmlType::Q6_K: break;
     default: fail("quant_matmul: {} is not a block-quantized type", ggml_type_name(w.type));
@@ -212,8 +213,7 @@ void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, Isa 
   const detail::QuantRowsFn fn = isa == Isa::Avx512 ? detail::kQuantRowsAvx512
                                  : isa == Isa::Avx2 ? detail::kQuantRowsAvx2
                                                     : detail::kQuantRowsScalar;
-  if (!pool) return fn(w, act.data(), M, 0, w.rows, y, w.rows);
-  pool->parallel_for(w.rows, [&](size_t n0, size_t n1) { fn(w, act.data(), M, n0, n1, y, w.rows); });
+  exec.threads().parallel_for(w.rows, [&](size_t n0, size_t n1) { fn(w, act.data(), M, n0, n1, y, w.rows); });
 }
 
 }  // namespace vlm::kernels

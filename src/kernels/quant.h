@@ -11,9 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/thread_pool.h"
 #include "io/gguf.h"
-#include "kernels/matmul.h"  // Isa
+#include "kernels/exec.h"
 
 namespace vlm::kernels {
 
@@ -40,9 +39,10 @@ struct QuantWeight {
   size_t rows = 0, cols = 0;
 };
 
-// y[M, N] = x[M, K] · Wᵀ with integer block dot products; `isa` picks the path (Avx512 needs
-// AVX512-VNNI as well). Only the block types (Q8_0, Q4_0, Q4_K, Q6_K) are accepted.
-void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, Isa isa, ThreadPool* pool = nullptr);
+// y[M, N] = x[M, K] · Wᵀ with integer block dot products, rows of W split over exec's pool;
+// exec.isa picks the path (Avx512 needs AVX512-VNNI as well; exec.precision does not apply:
+// the activations are always int8 per block). Only Q8_0, Q4_0, Q4_K and Q6_K are accepted.
+void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, const Exec& exec);
 bool quant_isa_supported(Isa isa);
 
 namespace detail {

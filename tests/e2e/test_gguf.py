@@ -71,11 +71,15 @@ def convert(src, out, gtype, *extra):
 
 
 def llama(model, payload):
-    r = subprocess.run(["node", LLAMA_JS, model], input=json.dumps(payload), capture_output=True, text=True,
-                       timeout=1200)
-    if r.returncode != 0:
-        raise AssertionError(f"llama.cpp on {model} failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as d:
+        inp, out = os.path.join(d, "in.json"), os.path.join(d, "out.json")
+        with open(inp, "w") as f:
+            json.dump(payload, f)
+        r = subprocess.run(["node", LLAMA_JS, model, inp, out], capture_output=True, text=True, timeout=1200)
+        if r.returncode != 0:
+            raise AssertionError(f"llama.cpp on {model} failed: {r.stderr[-2000:]}")
+        with open(out) as f:
+            return json.load(f)
 
 
 def vlm_greedy(model_dir, ids, n):

@@ -141,6 +141,7 @@ TEST(Quant, RowBytesRefusesPartialBlocks) {
 TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);
+  ThreadPool pool(3);  // rows split over threads, as in use
   for (GgmlType t : kBlockTypes) {
     const size_t be = size_t(ggml_traits(t).block_elems);
     for (size_t K : {be, 3 * be, (be == 32 ? 13 : 3) * be})
@@ -160,7 +161,7 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
             }
             std::vector<float> y(M * N);
             const QuantWeight w{wb.data(), t, N, K};
-            quant_matmul(x.data(), M, w, y.data(), isa);
+            quant_matmul(x.data(), M, w, y.data(), Exec(pool, isa));
             for (size_t m = 0; m < M; ++m)
               for (size_t n = 0; n < N; ++n) {
                 double exact = 0, mag = 0, ref = 0, err_bound = 0;
@@ -184,7 +185,8 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
 TEST(Quant, MatmulRefusesFloatTypes) {
   float x[32] = {}, y[1];
   std::vector<std::byte> w(128);
-  EXPECT_THROW(quant_matmul(x, 1, {w.data(), GgmlType::F32, 1, 32}, y, Isa::Scalar), Error);
+  ThreadPool pool(1);
+  EXPECT_THROW(quant_matmul(x, 1, {w.data(), GgmlType::F32, 1, 32}, y, Exec(pool, Isa::Scalar)), Error);
 }
 
 }  // namespace

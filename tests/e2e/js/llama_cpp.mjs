@@ -1,6 +1,6 @@
 // llama.cpp (through the npm package node-llama-cpp, its prebuilt CPU binary) on a GGUF file:
 // loads it, tokenizes texts with its own tokenizer, and greedily continues prompts.
-// Usage: node llama_cpp.mjs MODEL.gguf < input.json
+// Usage: node llama_cpp.mjs MODEL.gguf IN.json OUT.json (files, not pipes: large payloads)
 //   input  {"tokenize": [text, ...], "generate": [{"ids": [...], "n": N}, ...], "logits": [[ids], ...]}
 //   output {"tokenize": [[ids], ...], "generate": [[ids], ...], "logits": [[[logit per vocab id] per position], ...]}
 // "logits": the raw next-token logits at every prompt position (llama.cpp's output, unsampled).
@@ -13,8 +13,8 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const npm = path.resolve(here, "../../../tools/npm/node_modules");
 const { getLlama } = await import(pathToFileURL(path.join(npm, "node-llama-cpp/dist/index.js")));
 
-const [modelPath] = process.argv.slice(2);
-const input = JSON.parse(fs.readFileSync(0, "utf8"));
+const [modelPath, inPath, outPath] = process.argv.slice(2);
+const input = JSON.parse(fs.readFileSync(inPath, "utf8"));
 const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 const model = await llama.loadModel({ modelPath, gpuLayers: 0 });
 const out = { tokenize: [], generate: [], logits: [] };
@@ -44,6 +44,5 @@ if ((input.generate ?? []).length || (input.logits ?? []).length) {
     seq.dispose();
   }
 }
-// Written synchronously: process.exit() would cut an asynchronous write to a pipe short.
-fs.writeSync(1, JSON.stringify(out) + "\n");
+fs.writeFileSync(outPath, JSON.stringify(out));
 process.exit(0);
