@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "io/gguf_config.h"
 #include "model_folder.h"
 #include "text/gguf_vocab.h"
 #include "text/tokenizer.h"
@@ -359,6 +360,54 @@ TEST(GgufWriter, ConvertedCheckpointReadsBackByteForByte) {
     }
   }
   EXPECT_EQ(seen, st.tensors.size());
+
+  // The configuration read back from the metadata: what the files carry equals config.json;
+  // what they do not carry follows llama.cpp's gemma3 rules.
+  GgufFile m(tmp / "m.gguf"), p(tmp / "p.gguf");
+  const ModelConfig want = load_config(src);
+  const ModelConfig got = config_from_gguf(m.header(), &p.header());
+  const TextConfig &a = got.text, &b = want.text;
+  EXPECT_TRUE(got.is_vlm());
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.num_heads, b.num_heads);
+  EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(float(a.rms_norm_eps), float(b.rms_norm_eps));
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rope_local_base_freq, b.rope_local_base_freq);
+  EXPECT_EQ(a.rope_scaling_type, b.rope_scaling_type);
+  EXPECT_EQ(a.rope_scaling_factor, b.rope_scaling_factor);
+  EXPECT_EQ(a.query_pre_attn_scalar, double(a.head_dim));  // the tiny config's 32 is not stored
+  for (int i = 0; i < a.num_layers; ++i)
+    EXPECT_EQ(a.layer_kinds[size_t(i)], i % 6 < 5 ? LayerKind::Sliding : LayerKind::Global) << i;
+  EXPECT_EQ(got.mm_tokens_per_image, want.mm_tokens_per_image);
+  EXPECT_EQ(got.boi_token_id, want.boi_token_id);
+  EXPECT_EQ(got.eoi_token_id, want.eoi_token_id);
+  EXPECT_EQ(got.bos_token_id, want.bos_token_id);
+  EXPECT_EQ(got.eos_token_ids, (std::vector<int>{106}));  // eos_token of tokenizer_config.json
+  const VisionConfig &v = *got.vision, &w = *want.vision;
+  EXPECT_EQ(v.hidden_size, w.hidden_size);
+  EXPECT_EQ(v.intermediate_size, w.intermediate_size);
+  EXPECT_EQ(v.num_layers, w.num_layers);
+  EXPECT_EQ(v.num_heads, w.num_heads);
+  EXPECT_EQ(v.image_size, w.image_size);
+  EXPECT_EQ(v.patch_size, w.patch_size);
+  EXPECT_EQ(float(v.layer_norm_eps), float(w.layer_norm_eps));
+  EXPECT_EQ(got.preprocessor->image_mean[1], want.preprocessor->image_mean[1]);
+  EXPECT_EQ(got.preprocessor->image_std[2], want.preprocessor->image_std[2]);
+  // Each file alone, and the two swapped, are refused naming the key.
+  EXPECT_FALSE(config_from_gguf(m.header()).is_vlm());
+  try {
+    config_from_gguf(p.header(), &m.header());
+    ADD_FAILURE() << "accepted an mmproj as the text file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("general.architecture is 'clip'"), std::string::npos) << e.what();
+  }
 }
 
 // ---- tokenizer from tokenizer.ggml.* -------------------------------------------------
