@@ -1,0 +1,219 @@
+#include "kernels/quant.h"
+
+#include <cpuid.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/quant_blocks.h"
+
+namespace vlm::kernels {
+
+using namespace quant_blocks;
+
+size_t quant_row_bytes(GgmlType t, size_t cols) {
+  const GgmlTypeTraits tr = ggml_traits(t);
+  if (cols % size_t(tr.block_elems) != 0)
+    fail("quant: row of {} values is not a whole number of {} blocks ({})", cols, ggml_type_name(t), tr.block_elems);
+  return cols / size_t(tr.block_elems) * tr.block_bytes;
+}
+
+// Each loop follows ggml-quants.c dequantize_row_* operation for operation; products that
+// ggml writes as one expression are kept in separate statements where a compiler could
+// otherwise contract them into an FMA and change the rounding.
+void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
+  const size_t nb = n / size_t(ggml_traits(t).block_elems);
+  switch (t) {
+    case GgmlType::F32:
+      std::memcpy(y, src, n * 4);
+      return;
+    case GgmlType::F16:
+      for (size_t i = 0; i < n; ++i) y[i] = f16_to_f32(load_u16(src + 2 * i));
+      return;
+    case GgmlType::BF16:
+      for (size_t i = 0; i < n; ++i) y[i] = bf16_to_f32(load_u16(src + 2 * i));
+      return;
+    case GgmlType::Q8_0:
+      for (size_t i = 0; i < nb; ++i, y += 32) {
+        const auto* b = reinterpret_cast<const BlockQ8_0*>(src) + i;
+        const float d = f16_to_f32(b->d);
+        for (int j = 0; j < 32; ++j) y[j] = float(b->qs[j]) * d;
+      }
+      return;
+    case GgmlType::Q4_0:
+      for (size_t i = 0; i < nb; ++i, y += 32) {
+        const auto* b = reinterpret_cast<const BlockQ4_0*>(src) + i;
+        const float d = f16_to_f32(b->d);
+        for (int j = 0; j < 16; ++j) {
+          y[j] = float((b->qs[j] & 0x0F) - 8) * d;
+          y[j + 16] = float((b->qs[j] >> 4) - 8) * d;
+        }
+      }
+      return;
+    case GgmlType::Q4_K:
+      for (size_t i = 0; i < nb; ++i) {
+        const auto* b = reinterpret_cast<const BlockQ4_K*>(src) + i;
+        const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+        const uint8_t* q = b->qs;
+        for (int j = 0; j < 8; j += 2, q += 32) {
+          uint8_t sc, m;
+          scale_min_k4(j, b->scales, sc, m);
+          const float d1 = d * float(sc), m1 = dmin * float(m);
+          scale_min_k4(j + 1, b->scales, sc, m);
+          const float d2 = d * float(sc), m2 = dmin * float(m);
+          for (int l = 0; l < 32; ++l) {
+            const float p = d1 * float(q[l] & 0x0F);
+            *y++ = p - m1;
+          }
+          for (int l = 0; l < 32; ++l) {
+            const float p = d2 * float(q[l] >> 4);
+            *y++ = p - m2;
+          }
+        }
+      }
+      return;
+    case GgmlType::Q6_K:
+      for (size_t i = 0; i < nb; ++i) {
+        const auto* b = reinterpret_cast<const BlockQ6_K*>(src) + i;
+        const float d = f16_to_f32(b->d);
+        const uint8_t* ql = b->ql;
+        const uint8_t* qh = b->qh;
+        const int8_t* sc = b->scales;
+        for (int half = 0; half < 2; ++half, y += 128, ql += 64, qh += 32, sc += 8) {
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const int q1 = int((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = int((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = int((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = int((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = d * float(sc[is + 0]) * float(q1);
+            y[l + 32] = d * float(sc[is + 2]) * float(q2);
+            y[l + 64] = d * float(sc[is + 4]) * float(q3);
+            y[l + 96] = d * float(sc[is + 6]) * float(q4);
+          }
+        }
+      }
+      return;
+  }
+}
+
+void quantize_activations(const float* x, size_t K, QBlock8* out) {
+  for (size_t b = 0; b < K / 32; ++b, x += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    QBlock8& o = out[b];
+    o.d = d;
+    int s0 = 0, s1 = 0;
+    for (int j = 0; j < 32; ++j) {
+      o.q[j] = int8_t(std::round(x[j] * id));
+      (j < 16 ? s0 : s1) += o.q[j];
+    }
+    o.sum[0] = int16_t(s0);
+    o.sum[1] = int16_t(s1);
+  }
+}
+
+namespace {
+
+// The scalar reference: the same integer sums and the same per-block scale products as the
+// SIMD paths, in plain loops.
+float dot_row(const QuantWeight& w, const std::byte* row, const QBlock8* a) {
+  const size_t K = w.cols;
+  float acc = 0;
+  switch (w.type) {
+    case GgmlType::Q8_0:
+      for (size_t i = 0; i < K / 32; ++i) {
+        const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + i;
+        int s = 0;
+        for (int j = 0; j < 32; ++j) s += int(b->qs[j]) * a[i].q[j];
+        acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+      }
+      return acc;
+    case GgmlType::Q4_0:
+      for (size_t i = 0; i < K / 32; ++i) {
+        const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
+        int s = 0;
+        for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * a[i].q[j] + (b->qs[j] >> 4) * a[i].q[j + 16];
+        s -= 8 * (a[i].sum[0] + a[i].sum[1]);
+        acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+      }
+      return acc;
+    case GgmlType::Q4_K:
+      for (size_t i = 0; i < K / 256; ++i) {
+        const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
+        const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+        for (int j = 0; j < 8; ++j) {
+          const QBlock8& ab = a[i * 8 + size_t(j)];
+          uint8_t sc, m;
+          scale_min_k4(j, b->scales, sc, m);
+          const uint8_t* q = b->qs + 32 * (j / 2);
+          int s = 0;
+          for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * ab.q[l];
+          acc += float(s) * (d * float(sc) * ab.d) - dmin * float(m) * ab.d * float(ab.sum[0] + ab.sum[1]);
+        }
+      }
+      return acc;
+    case GgmlType::Q6_K:
+      for (size_t i = 0; i < K / 256; ++i) {
+        const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
+        const float d = f16_to_f32(b->d);
+        for (int c = 0; c < 8; ++c) {  // 32-value chunks: half c/4, chunk c%4 of it
+          const QBlock8& ab = a[i * 8 + size_t(c)];
+          const int half = c / 4, k = c % 4;
+          int s[2] = {0, 0};
+          for (int l = 0; l < 32; ++l) s[l / 16] += q6_value(b, half, k, l) * ab.q[l];
+          const int8_t* sc = b->scales + 8 * half + 2 * k;
+          acc += (float(s[0]) * float(sc[0]) + float(s[1]) * float(sc[1])) * (d * ab.d);
+        }
+      }
+      return acc;
+    default:
+      fail("quant_matmul: {} is not a block-quantized type", ggml_type_name(w.type));
+  }
+}
+
+void rows_scalar(const QuantWeight& w, const QBlock8* act, size_t M, size_t n0, size_t n1, float* y, size_t ldy) {
+  const size_t rb = quant_row_bytes(w.type, w.cols), kb = w.cols / 32;
+  for (size_t n = n0; n < n1; ++n)
+    for (size_t m = 0; m < M; ++m) y[m * ldy + n] = dot_row(w, w.data + n * rb, act + m * kb);
+}
+
+bool has_vnni() {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 11 & 1u);  // CPUID.(7,0):ECX[11] AVX512_VNNI
+}
+
+}  // namespace
+
+namespace detail {
+const QuantRowsFn kQuantRowsScalar = rows_scalar;
+}
+
+bool quant_isa_supported(Isa isa) {
+  if (isa == Isa::Avx512) return isa_supported(Isa::Avx512) && has_vnni();
+  return isa_supported(isa);
+}
+
+void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, const Exec& exec) {
+  const Isa isa = exec.isa;
+  switch (w.type) {
+    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_K: case GgmlType::Q6_K: break;
+    default: fail("quant_matmul: {} is not a block-quantized type", ggml_type_name(w.type));
+  }
+  quant_row_bytes(w.type, w.cols);  // checks whole blocks
+  if (!quant_isa_supported(isa)) fail("quant_matmul: this CPU does not support the {} path", isa_name(isa));
+  const size_t kb = w.cols / 32;
+  std::vector<QBlock8> act(M * kb);
+  for (size_t m = 0; m < M; ++m) quantize_activations(x + m * w.cols, w.cols, act.data() + m * kb);
+  const detail::QuantRowsFn fn = isa == Isa::Avx512 ? detail::kQuantRowsAvx512
+                                 : isa == Isa::Avx2 ? detail::kQuantRowsAvx2
+                                                    : detail::kQuantRowsScalar;
+  exec.threads().parallel_for(w.rows, [&](size_t n0, size_t n1) { fn(w, act.data(), M, n0, n1, y, w.rows); });
+}
+
+}  // namespace vlm::kernels

@@ -1,0 +1,16 @@
+// AVX2 block-quant dot products: u8·s8 pairs by vpmaddubsw, then vpmaddwd to int32.
+#include <immintrin.h>
+
+#define QTARGET
+namespace vlm::kernels::detail {
+namespace {
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+}  // namespace
+}  // namespace vlm::kernels::detail
+#include "kernels/quant_impl.h"
+
+namespace vlm::kernels::detail {
+const QuantRowsFn kQuantRowsAvx2 = quant_rows;
+}  // namespace vlm::kernels::detail

@@ -1,0 +1,60 @@
+// ggml's block layouts (ggml-common.h block_q8_0, block_q4_0, block_q4_K, block_q6_K) and the
+// small accessors every quant path shares. Internal to src/kernels/quant*.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace vlm::kernels::quant_blocks {
+
+inline uint16_t load_u16(const std::byte* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+#pragma pack(push, 1)
+struct BlockQ8_0 {  // 32 values: d · qs[j]
+  uint16_t d;       // f16
+  int8_t qs[32];
+};
+struct BlockQ4_0 {  // 32 values: d · (nibble − 8); low nibbles are values 0..15, high 16..31
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct BlockQ4_K {       // 256 values in 8 sub-blocks of 32: d·sc·q − dmin·m
+  uint16_t d, dmin;      // f16
+  uint8_t scales[12];    // 6-bit sc and m per sub-block, packed (scale_min_k4)
+  uint8_t qs[128];       // 32 bytes per pair of sub-blocks: low nibbles first, high second
+};
+struct BlockQ6_K {       // 256 values in 16 sub-blocks of 16: d·sc·(q − 32)
+  uint8_t ql[128];       // low 4 bits
+  uint8_t qh[64];        // high 2 bits
+  int8_t scales[16];
+  uint16_t d;
+};
+#pragma pack(pop)
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210);
+
+// Sub-block j's 6-bit scale and min (ggml-quants.c get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// The unsigned 6-bit code (0..63) of value l (0..31) of 32-value chunk k (0..3) of half `half`.
+inline int q6_code(const BlockQ6_K* b, int half, int k, int l) {
+  const uint8_t* ql = b->ql + 64 * half;
+  const uint8_t* qh = b->qh + 32 * half;
+  const int lo = (k & 1) ? ql[l + 32] : ql[l];
+  return ((k < 2 ? lo & 0xF : lo >> 4) | (((qh[l] >> (2 * k)) & 3) << 4));
+}
+inline int q6_value(const BlockQ6_K* b, int half, int k, int l) { return q6_code(b, half, k, l) - 32; }
+
+}  // namespace vlm::kernels::quant_blocks

@@ -1,0 +1,261 @@
+"""GGUF files written by tools/convert_hf_to_gguf.py (tools/gguf_writer.py):
+
+* round trip: the tensors read back are the checkpoint's bytes (f32, bf16), norms exactly
+  f32(w) + 1, names and shapes as llama.cpp's; quantized tensors dequantize (NumPy reference of
+  the block formats) to within their block rounding;
+* the mmproj file's layout;
+* llama.cpp (npm node-llama-cpp, prebuilt CPU binary, tests/e2e/js/llama_cpp.mjs) loads every
+  file type; its tokenizer on our tokenizer.ggml.* keys gives tokenizer.json's ids on the
+  corpus of test_tokenizer_vs_js.py; on an f32 file its greedy tokens equal `vlm run` on the
+  safetensors folder (the checkpoint is built so llama.cpp's fixed Gemma 3 rules hold for it:
+  global layer every 6th, query_pre_attn_scalar = head_dim);
+* vlm's own tokenizer from the GGUF keys (text::tokenizer_from_gguf, run through vlm_tests) on
+  the same corpus.
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+BIN = os.environ.get("VLM_BIN", "build/vlm")
+SRC = os.environ.get("VLM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+FIX = os.environ.get("VLM_FIXTURES", os.path.join(SRC, "build", "fixtures"))
+sys.path.insert(0, os.path.join(SRC, "tools"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import convert_hf_to_gguf  # noqa: E402
+import gguf_writer  # noqa: E402
+import make_checkpoint  # noqa: E402
+from test_tokenizer_vs_js import make_corpus, node  # noqa: E402
+
+LLAMA_JS = os.path.join(SRC, "tests/e2e/js/llama_cpp.mjs")
+NODE_LLAMA = os.path.join(SRC, "tools/npm/node_modules/node-llama-cpp")
+PY = "/usr/bin/python3"
+
+
+def lc_config(dtype_name):
+    """Gemma3ForCausalLM whose HF semantics llama.cpp's gemma3 graph reproduces: 6 layers with
+    layer 5 global (llama.cpp's fixed period 6), query_pre_attn_scalar = head_dim (llama.cpp's
+    1/sqrt(key_length)), rows of 256 (K-quant blocks) and a vocabulary cut to 8192 ids."""
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": [1, 106],
+        "final_logit_softcapping": None, "head_dim": 64, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 256, "intermediate_size": 512, "layer_types":
+            ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(6)],
+        "max_position_embeddings": 1024, "model_type": "gemma3_text", "num_attention_heads": 4,
+        "num_hidden_layers": 6, "num_key_value_heads": 2, "pad_token_id": 0, "query_pre_attn_scalar": 64,
+        "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0, "rope_scaling": None, "rope_theta": 1000000.0,
+        "sliding_window": 16, "sliding_window_pattern": 6, "torch_dtype": dtype_name, "vocab_size": 8192,
+    }
+
+
+def make_lc(out, dtype):
+    os.makedirs(out, exist_ok=True)
+    cfg = lc_config(make_checkpoint.DTYPES[dtype][2])
+    entries = [(c, make_checkpoint.file_name(c, "causal_lm"), shape, init)
+               for c, shape, init in make_checkpoint.text_tensors(cfg, False)]
+    make_checkpoint.write_safetensors(os.path.join(out, "model.safetensors"), entries, dtype, 0)
+    make_checkpoint.write_json(os.path.join(out, "config.json"), cfg)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(make_checkpoint.TOKENIZER_DIR, f), os.path.join(out, f))
+
+
+def convert(src, out, gtype, *extra):
+    convert_hf_to_gguf.main([src, "--out", out, "--type", gtype, *extra])
+
+
+def llama(model, payload):
+    with tempfile.TemporaryDirectory() as d:
+        inp, out = os.path.join(d, "in.json"), os.path.join(d, "out.json")
+        with open(inp, "w") as f:
+            json.dump(payload, f)
+        r = subprocess.run(["node", LLAMA_JS, model, inp, out], capture_output=True, text=True, timeout=1200)
+        if r.returncode != 0:
+            raise AssertionError(f"llama.cpp on {model} failed: {r.stderr[-2000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def vlm_greedy(model_dir, ids, n):
+    r = subprocess.run([BIN, "run", "--model", model_dir, "--tokens", json.dumps(ids), "--ids",
+                        "--max-tokens", str(n), "--temperature", "0"], capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise AssertionError(r.stderr)
+    return [int(t) for t in r.stdout.split("\n")[0].split()]
+
+
+def st_tensors(path):
+    """{name: (dtype, shape, bytes)} of one safetensors file."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        h = json.loads(f.read(n))
+        base = 8 + n
+        out = {}
+        for k, e in h.items():
+            if k == "__metadata__":
+                continue
+            f.seek(base + e["data_offsets"][0])
+            out[k] = (e["dtype"], e["shape"], f.read(e["data_offsets"][1] - e["data_offsets"][0]))
+    return out
+
+
+class Gguf(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="vlm-gguf-")
+        cls.lc = {d: os.path.join(cls.tmp, f"lc-{d}") for d in ("f32", "bf16")}
+        for d, p in cls.lc.items():
+            make_lc(p, d)
+        cls.files = {}
+        for t in ("f32", "q8_0", "q4_0", "q4_k", "q6_k"):
+            cls.files[t] = os.path.join(cls.tmp, f"lc-{t}.gguf")
+            convert(cls.lc["f32"], cls.files[t], t)
+        cls.files["bf16"] = os.path.join(cls.tmp, "lc-bf16.gguf")
+        convert(cls.lc["bf16"], cls.files["bf16"], "bf16")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_round_trip_f32_and_bf16(self):
+        for dt, st_dtype in (("f32", "F32"), ("bf16", "BF16")):
+            meta, ts = gguf_writer.read(self.files[dt])
+            src = st_tensors(os.path.join(self.lc[dt], "model.safetensors"))
+            self.assertEqual(len(ts), 2 + 6 * 13)
+            self.assertNotIn("output.weight", ts)  # tied head
+            for hf, (dtype, shape, raw) in src.items():
+                c = convert_hf_to_gguf.strip_prefix(hf)
+                name = convert_hf_to_gguf.text_name(c)
+                gtype, gshape, gdata = ts[name]
+                self.assertEqual(gshape, shape, name)
+                self.assertEqual(dtype, st_dtype)
+                if hf.endswith("norm.weight"):
+                    w = gguf_writer.dequantize(raw, dt, math.prod(shape))
+                    self.assertEqual(gtype, "f32", name)
+                    np.testing.assert_array_equal(np.frombuffer(gdata, "<f4"), (w + np.float32(1)).astype(np.float32))
+                else:
+                    self.assertEqual(gtype, dt, name)
+                    self.assertEqual(gdata, raw, f"{name}: bytes differ from {hf}")
+            self.assertEqual(meta["general.architecture"], "gemma3")
+            self.assertEqual(meta["gemma3.block_count"], 6)
+            self.assertEqual(meta["gemma3.attention.key_length"], 64)
+            self.assertEqual(meta["gemma3.attention.sliding_window"], 16)
+            self.assertEqual(meta["gemma3.embedding_length"], 256)
+            self.assertEqual(len(meta["tokenizer.ggml.tokens"]), 8192)
+            self.assertEqual(meta["tokenizer.ggml.add_space_prefix"], False)
+            self.assertEqual(meta["tokenizer.ggml.bos_token_id"], 2)
+            self.assertEqual(meta["tokenizer.ggml.eos_token_id"], 106)
+            with open(os.path.join(self.lc[dt], "tokenizer_config.json")) as f:
+                self.assertEqual(meta["tokenizer.chat_template"], json.load(f)["chat_template"])
+
+    def test_quantized_tensors_within_block_rounding(self):
+        src = {convert_hf_to_gguf.text_name(convert_hf_to_gguf.strip_prefix(k)): v
+               for k, v in st_tensors(os.path.join(self.lc["f32"], "model.safetensors")).items()}
+        # Worst relative RMS error seen per format (these are loose sanity bounds, not the format's).
+        limit = {"q8_0": 0.01, "q4_0": 0.2, "q4_k": 0.2, "q6_k": 0.05}
+        for t, lim in limit.items():
+            _, ts = gguf_writer.read(self.files[t])
+            n_quant = 0
+            for name, (gtype, shape, data) in ts.items():
+                if name.endswith("norm.weight"):
+                    continue
+                x = np.frombuffer(src[name][2], "<f4")
+                self.assertEqual(gtype, t, name)
+                y = gguf_writer.dequantize(data, gtype, x.size)
+                rel = float(np.sqrt(np.mean((y - x) ** 2) / np.mean(x ** 2)))
+                self.assertLess(rel, lim, f"{t} {name}")
+                n_quant += 1
+            self.assertEqual(n_quant, 1 + 6 * 7)
+
+    def test_mmproj_layout(self):
+        tmp = os.path.join(self.tmp, "vlm")
+        convert(os.path.join(FIX, "tiny-bf16"), tmp + ".gguf", "bf16", "--mmproj-out", tmp + "-mmproj.gguf",
+                "--mmproj-type", "bf16")
+        meta, ts = gguf_writer.read(tmp + "-mmproj.gguf")
+        with open(os.path.join(FIX, "tiny-bf16", "config.json")) as f:
+            cfg = json.load(f)
+        v, L = cfg["vision_config"], cfg["vision_config"]["num_hidden_layers"]
+        self.assertEqual(meta["general.architecture"], "clip")
+        self.assertEqual(meta["clip.projector_type"], "gemma3")
+        self.assertEqual(meta["clip.vision.projection_dim"], cfg["text_config"]["hidden_size"])
+        self.assertEqual(meta["clip.vision.projector.scale_factor"], 2)  # 8x8 patches -> 4x4 tokens
+        self.assertEqual(len(ts), 3 + L * 16 + 2 + 2)
+        D, p = v["hidden_size"], v["patch_size"]
+        self.assertEqual(ts["v.patch_embd.weight"][:2], ("f32", [D, 3, p, p]))
+        self.assertEqual(ts["v.position_embd.weight"][0], "f32")
+        self.assertEqual(ts["mm.input_projection.weight"][:2], ("f16", [D, cfg["text_config"]["hidden_size"]]))
+        self.assertEqual(ts["v.blk.0.attn_q.weight"][0], "bf16")
+        src = st_tensors(os.path.join(FIX, "tiny-bf16", "model.safetensors"))
+        raw = src["model.multi_modal_projector.mm_soft_emb_norm.weight"][2]
+        w = gguf_writer.dequantize(raw, "bf16", D)
+        np.testing.assert_array_equal(np.frombuffer(ts["mm.soft_emb_norm.weight"][2], "<f4"), w + np.float32(1))
+        # SigLIP LayerNorms are plain: no shift
+        raw = src["model.vision_tower.vision_model.post_layernorm.weight"][2]
+        np.testing.assert_array_equal(np.frombuffer(ts["v.post_ln.weight"][2], "<f4"), gguf_writer.dequantize(raw, "bf16", D))
+        self.assertEqual(ts["v.blk.1.ffn_down.weight"][1], [D, v["intermediate_size"]])
+
+    @unittest.skipUnless(os.path.isdir(NODE_LLAMA), "node-llama-cpp not installed (npm install in tools/npm)")
+    def test_llama_cpp_logits_and_greedy_vs_vlm(self):
+        # ids below the 8192 kept; longer than the sliding window of 16, so layers 0-4 mask
+        prompt = [2] + [1000 + 37 * i % 7000 for i in range(29)]
+        n = 16
+        want = {}
+        for dt in ("f32", "bf16"):
+            out = os.path.join(self.tmp, f"dump-{dt}")
+            subprocess.run([BIN, "dump", "--model", self.lc[dt], "--tokens", json.dumps(prompt), "--out", out,
+                            "--steps", "0"], check=True, capture_output=True)
+            want[dt] = np.load(os.path.join(out, "logits.npy"))
+        greedy = vlm_greedy(self.lc["f32"], prompt, n)
+        report = {}
+        for t, path in self.files.items():
+            r = llama(path, {"logits": [prompt], "generate": [{"ids": prompt, "n": n}]})
+            got = np.array(r["logits"][0], dtype=np.float64)
+            ref = want["bf16" if t == "bf16" else "f32"]
+            self.assertEqual(got.shape, ref.shape, t)
+            self.assertTrue(np.isfinite(got).all(), t)
+            diff = float(np.abs(got - ref).max())
+            same_top = int((got.argmax(-1) == ref.argmax(-1)).sum())
+            report[t] = (round(diff, 4), f"top-1 {same_top}/{len(prompt)}",
+                         f"greedy {sum(a == b for a, b in zip(r['generate'][0], greedy))}/{n}")
+            if t == "f32":
+                # llama.cpp's CPU GELU goes through an f16 table: |Δlogit| ~3e-3 at logits of ~20 (measured
+                # 2.9e-3); a wrong norm shift, tensor mapping or hyperparameter moves them by > 1.
+                self.assertLess(diff, 1e-2, "llama.cpp on the f32 GGUF vs vlm dump on the safetensors folder")
+                self.assertEqual(same_top, len(prompt))
+                self.assertEqual(r["generate"][0], greedy)
+        print(f"\nllama.cpp on our GGUF vs vlm on the safetensors folder (max |dlogit|, agreement): {report}",
+              file=sys.stderr)
+
+    @unittest.skipUnless(os.path.isdir(NODE_LLAMA), "node-llama-cpp not installed (npm install in tools/npm)")
+    def test_llama_cpp_tokenizer_equals_tokenizer_json(self):
+        # The full 262144-piece vocabulary: the tiny text fixture converted as is.
+        path = os.path.join(self.tmp, "tiny-text-bf16.gguf")
+        convert(os.path.join(FIX, "tiny-text-bf16"), path, "bf16")
+        corpus = [s for s in make_corpus() if s]
+        want = [r["ids"] for r in node("encode-literal", corpus)]
+        got = llama(path, {"tokenize": corpus})["tokenize"]
+        bad = [(s, w, g) for s, w, g in zip(corpus, want, got) if w != g]
+        self.assertEqual(len(got), len(corpus))
+        self.assertFalse(bad, f"{len(bad)} of {len(corpus)} differ; first: {bad[:1]}")
+
+    def test_vlm_tokenizer_from_gguf_on_corpus(self):
+        tests = os.path.join(os.path.dirname(os.path.abspath(BIN)), "tests", "vlm_tests")
+        corpus = os.path.join(self.tmp, "corpus.jsonl")
+        with open(corpus, "w") as f:
+            for s in make_corpus():
+                f.write(json.dumps(s) + "\n")
+        r = subprocess.run([tests, "--gtest_filter=GgufVocab.IdsEqualTokenizerJsonOnFileCorpus"], capture_output=True,
+                           text=True, env=dict(os.environ, VLM_GGUF_CORPUS=corpus), timeout=1200)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-2000:])
+        self.assertIn("[  PASSED  ] 1 test", r.stdout)
+        self.assertNotIn("SKIPPED", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,193 @@
+#include "kernels/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace vlm::kernels {
+namespace {
+
+std::vector<std::byte> random_bytes(size_t n, std::mt19937& rng) {
+  std::vector<std::byte> b(n);
+  for (auto& x : b) x = std::byte(rng() & 0xff);
+  return b;
+}
+
+// A finite f16 of moderate size at p (block scales), so products stay far from overflow.
+void put_scale(std::byte* p, std::mt19937& rng) {
+  const uint16_t h = f32_to_f16(std::ldexp(float(rng() % 1000 + 1) / 1000.0f, -int(rng() % 8)) * ((rng() & 1) ? 1.f : -1.f));
+  std::memcpy(p, &h, 2);
+}
+
+// Random but valid rows: every byte random, then the f16 scales made finite.
+std::vector<std::byte> random_rows(GgmlType t, size_t rows, size_t cols, std::mt19937& rng) {
+  const size_t rb = quant_row_bytes(t, cols), bb = ggml_traits(t).block_bytes;
+  std::vector<std::byte> w = random_bytes(rows * rb, rng);
+  for (size_t o = 0; o < w.size(); o += bb) {
+    if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0) put_scale(&w[o], rng);
+    if (t == GgmlType::Q4_K) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
+    if (t == GgmlType::Q6_K) put_scale(&w[o + 208], rng);
+  }
+  return w;
+}
+
+float f16_at(const std::byte* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return f16_to_f32(h);
+}
+
+// Value i of one block, written from the block layouts in docs/gguf.md bit by bit (not
+// from the library's loops), with ggml's f32 operation order.
+float expected_value(GgmlType t, const std::byte* blk, int i) {
+  const auto* u = reinterpret_cast<const uint8_t*>(blk);
+  switch (t) {
+    case GgmlType::Q8_0: return float(int8_t(u[2 + i])) * f16_at(blk);
+    case GgmlType::Q4_0: {
+      const int code = i < 16 ? (u[2 + i] & 15) : (u[2 + i - 16] >> 4);
+      return float(code - 8) * f16_at(blk);
+    }
+    case GgmlType::Q4_K: {
+      const int sub = i / 32, l = i % 32;
+      const uint8_t* s = u + 4;
+      // 6-bit fields: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scale) and 4-7 (min);
+      // 4-7 take their low 4 bits from bytes 8-11 and their top 2 bits from the top of bytes 0-7.
+      int sc, mn;
+      if (sub < 4) {
+        sc = s[sub] & 0x3f;
+        mn = s[sub + 4] & 0x3f;
+      } else {
+        sc = (s[sub + 4] & 0x0f) + 16 * (s[sub - 4] / 64);
+        mn = (s[sub + 4] / 16) + 16 * (s[sub] / 64);
+      }
+      const uint8_t byte = u[16 + 32 * (sub / 2) + l];
+      const int code = sub % 2 ? byte / 16 : byte % 16;
+      const float d1 = f16_at(blk) * float(sc), m1 = f16_at(blk + 2) * float(mn);
+      const float p = d1 * float(code);
+      return p - m1;
+    }
+    case GgmlType::Q6_K: {
+      const int half = i / 128, e = i % 128, chunk = e / 32, l = e % 32;
+      const uint8_t lo = u[64 * half + l + (chunk % 2) * 32];
+      const int low4 = chunk < 2 ? lo % 16 : lo / 16;
+      const int high2 = (u[128 + 32 * half + l] >> (2 * chunk)) % 4;
+      const int8_t sc = int8_t(u[192 + 8 * half + e / 16]);
+      return f16_at(blk + 208) * float(sc) * float(low4 + 16 * high2 - 32);
+    }
+    default: return 0;
+  }
+}
+
+constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K};
+
+TEST(Quant, DequantizeIsBitExact) {
+  std::mt19937 rng(1);
+  for (GgmlType t : kBlockTypes) {
+    const size_t be = size_t(ggml_traits(t).block_elems), nb = 9;
+    const std::vector<std::byte> w = random_rows(t, 1, be * nb, rng);
+    std::vector<float> y(be * nb);
+    dequantize_row(t, w.data(), y.data(), y.size());
+    for (size_t b = 0; b < nb; ++b)
+      for (size_t i = 0; i < be; ++i) {
+        const float want = expected_value(t, w.data() + b * ggml_traits(t).block_bytes, int(i));
+        ASSERT_EQ(f32_to_bits(y[b * be + i]), f32_to_bits(want)) << ggml_type_name(t) << " block " << b << " value " << i;
+      }
+  }
+}
+
+TEST(Quant, DequantizeKnownBlocks) {
+  // Q8_0: d = 0.5, qs = -16..15 -> -8.0 .. 7.5
+  std::vector<std::byte> q8(34);
+  const uint16_t half = f32_to_f16(0.5f);
+  std::memcpy(q8.data(), &half, 2);
+  for (int j = 0; j < 32; ++j) q8[2 + size_t(j)] = std::byte(uint8_t(int8_t(j - 16)));
+  float y[32];
+  dequantize_row(GgmlType::Q8_0, q8.data(), y, 32);
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(y[j], float(j - 16) * 0.5f);
+  // Q4_0: byte j = 0x(j)(15-j): value j is (15 - j - 8)·d, value 16 + j is (j - 8)·d
+  std::vector<std::byte> q4(18);
+  std::memcpy(q4.data(), &half, 2);
+  for (int j = 0; j < 16; ++j) q4[2 + size_t(j)] = std::byte(uint8_t(j << 4 | (15 - j)));
+  dequantize_row(GgmlType::Q4_0, q4.data(), y, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], float(7 - j) * 0.5f);
+    EXPECT_EQ(y[16 + j], float(j - 8) * 0.5f);
+  }
+  // F16 and BF16 rows widen exactly.
+  const uint16_t h[2] = {f32_to_f16(-2.5f), f32_to_f16(65504.f)};
+  const uint16_t bf[2] = {f32_to_bf16(3.0f), f32_to_bf16(-1e30f)};
+  dequantize_row(GgmlType::F16, reinterpret_cast<const std::byte*>(h), y, 2);
+  EXPECT_EQ(y[0], -2.5f);
+  EXPECT_EQ(y[1], 65504.f);
+  dequantize_row(GgmlType::BF16, reinterpret_cast<const std::byte*>(bf), y, 2);
+  EXPECT_EQ(y[0], 3.0f);
+  EXPECT_EQ(y[1], bf16_to_f32(bf[1]));
+}
+
+TEST(Quant, RowBytesRefusesPartialBlocks) {
+  EXPECT_EQ(quant_row_bytes(GgmlType::Q4_K, 512), 288u);
+  EXPECT_THROW(quant_row_bytes(GgmlType::Q6_K, 300), Error);
+}
+
+// Every ISA path against (a) the same product in double over the dequantized weights and the
+// quantized activations (only the summation order differs) and (b) dequantize-then-f32 with
+// the unquantized activations, within the activation-rounding bound Σ|w|·d_x/2.
+TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  ThreadPool pool(3);  // rows split over threads, as in use
+  for (GgmlType t : kBlockTypes) {
+    const size_t be = size_t(ggml_traits(t).block_elems);
+    for (size_t K : {be, 3 * be, (be == 32 ? 13 : 3) * be})
+      for (size_t N : {1, 7, 33})
+        for (size_t M : {1, 3, 5}) {
+          const std::vector<std::byte> wb = random_rows(t, N, K, rng);
+          std::vector<float> wf(N * K), x(M * K), xq(M * K), bound(M * N, 0.f);
+          for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wf[n * K], K);
+          for (auto& v : x) v = normal(rng);
+          std::vector<QBlock8> act(M * K / 32);
+          for (size_t m = 0; m < M; ++m) quantize_activations(&x[m * K], K, &act[m * K / 32]);
+          for (size_t i = 0; i < xq.size(); ++i) xq[i] = act[i / 32].d * float(act[i / 32].q[i % 32]);
+          for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+            if (!quant_isa_supported(isa)) {
+              ADD_FAILURE() << "this CPU lacks the " << isa_name(isa) << " path: not tested";
+              continue;
+            }
+            std::vector<float> y(M * N);
+            const QuantWeight w{wb.data(), t, N, K};
+            quant_matmul(x.data(), M, w, y.data(), Exec(pool, isa));
+            for (size_t m = 0; m < M; ++m)
+              for (size_t n = 0; n < N; ++n) {
+                double exact = 0, mag = 0, ref = 0, err_bound = 0;
+                for (size_t k = 0; k < K; ++k) {
+                  exact += double(wf[n * K + k]) * xq[m * K + k];
+                  mag += std::fabs(double(wf[n * K + k]) * xq[m * K + k]);
+                  ref += double(wf[n * K + k]) * x[m * K + k];
+                  err_bound += std::fabs(double(wf[n * K + k])) * act[(m * K + k) / 32].d / 2;
+                }
+                const double got = y[m * N + n];
+                ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-30)
+                    << ggml_type_name(t) << " " << isa_name(isa) << " M" << M << " N" << N << " K" << K;
+                ASSERT_LE(std::fabs(got - ref), err_bound * 1.0001 + 1e-5 * mag)
+                    << ggml_type_name(t) << " " << isa_name(isa);
+              }
+          }
+        }
+  }
+}
+
+TEST(Quant, MatmulRefusesFloatTypes) {
+  float x[32] = {}, y[1];
+  std::vector<std::byte> w(128);
+  ThreadPool pool(1);
+  EXPECT_THROW(quant_matmul(x, 1, {w.data(), GgmlType::F32, 1, 32}, y, Exec(pool, Isa::Scalar)), Error);
+}
+
+}  // namespace
+}  // namespace vlm::kernels
