@@ -41,7 +41,7 @@ void ImageArgs::add(CLI::App& app) {
   app.add_option("--image-scaling", image_scaling,
                  "reference (image rows unscaled) or mlx (pre-divided, then the whole sequence scaled)");
   app.add_option("--layout", layout, "tokens around images: hf (string expansion) or google (token splice)");
-  app.add_flag("--pan-and-scan", pan_and_scan, "Pan & Scan crops follow each image (spec 5.4)");
+  app.add_flag("--pan-and-scan", pan_and_scan, "Pan & Scan crops follow each image (docs/gemma3/preprocessing.md#pan-and-scan)");
 }
 
 engine::ModelOptions ImageArgs::model_options() const {

@@ -1,8 +1,8 @@
 // config.json / preprocessor_config.json for Gemma 3.
 //
 // Defaults: where a key is absent (or null) the HF class default is used, as HF
-// itself does (spec §1.3 Gemma3TextConfig, §1.4 SiglipVisionConfig, §1.2
-// Gemma3Config, §5.1 processor). Google's 4B text_config relies on this for the
+// itself does (docs/gemma3/config.md: Gemma3TextConfig, SiglipVisionConfig,
+// Gemma3Config; docs/gemma3/preprocessing.md#config: processor). Google's 4B text_config relies on this for the
 // head counts, head_dim, query_pre_attn_scalar and vocab_size.
 // Exceptions, required with no default: the sizes that every published config
 // states (text hidden_size, intermediate_size, num_hidden_layers; all vision
@@ -10,7 +10,7 @@
 // one whose weights sit next to the file.
 //
 // Refused rather than implemented: attention/final logit softcapping (null in
-// every Gemma 3 release, spec §10.2), use_bidirectional_attention (EmbeddingGemma),
+// every Gemma 3 release, docs/gemma3/decoder.md#head), use_bidirectional_attention (EmbeddingGemma),
 // attention_bias, activations other than gelu_pytorch_tanh, RoPE types other than
 // default/linear, scaled RoPE on sliding layers.
 #include "io/config.h"
@@ -127,7 +127,7 @@ void parse_rope(const Fields& f, TextConfig& t) {
     const Fields rp = f.sub("rope_parameters");
     const bool per_type = rp.has("full_attention") || rp.has("sliding_attention");
     // Newer HF folds rope_theta / rope_local_base_freq / rope_scaling into this dict,
-    // keyed by layer type (spec §1.5); a flat dict describes the global layers.
+    // keyed by layer type (docs/gemma3/config.md#layer-kinds); a flat dict describes the global layers.
     const Fields full = per_type ? rp.sub("full_attention") : rp;
     t.rope_theta = full.positive("rope_theta", f.positive("rope_theta", 1e6, kMaxScalar, 1), kMaxScalar, 1);
     std::tie(t.rope_scaling_type, t.rope_scaling_factor) = parse_rope_kind(full);
@@ -136,7 +136,7 @@ void parse_rope(const Fields& f, TextConfig& t) {
       const Fields sliding = rp.sub("sliding_attention");
       t.rope_local_base_freq = sliding.positive("rope_theta", t.rope_local_base_freq, kMaxScalar, 1);
       if (parse_rope_kind(sliding).first != "default")
-        sliding.bad("rope_type", "sliding layers must use unscaled RoPE (spec §1.5)");
+        sliding.bad("rope_type", "sliding layers must use unscaled RoPE (docs/gemma3/config.md#layer-kinds)");
     }
     return;
   }
@@ -146,7 +146,7 @@ void parse_rope(const Fields& f, TextConfig& t) {
   if (f.has("rope_scaling")) std::tie(t.rope_scaling_type, t.rope_scaling_factor) = parse_rope_kind(f.sub("rope_scaling"));
 }
 
-// Spec §1.5: layer_types is authoritative; else the (legacy) sliding window pattern.
+// docs/gemma3/config.md#layer-kinds: layer_types is authoritative; else the (legacy) sliding window pattern.
 void parse_layer_kinds(const Fields& f, TextConfig& t) {
   t.layer_kinds.clear();
   if (f.has("layer_types")) {
@@ -194,7 +194,7 @@ TextConfig parse_text(const Fields& f) {
   if (t.hidden_activation != "gelu_pytorch_tanh")
     f.bad("hidden_activation", fmt::format("unsupported '{}' (supported: gelu_pytorch_tanh)", printable(t.hidden_activation)));
   if (f.boolean("use_bidirectional_attention", false))
-    f.bad("use_bidirectional_attention", "true is not supported (EmbeddingGemma; spec §1.3)");
+    f.bad("use_bidirectional_attention", "true is not supported (EmbeddingGemma; docs/gemma3/config.md#text-config)");
   if (f.boolean("attention_bias", false)) f.bad("attention_bias", "true is not supported (Gemma 3 has no biases)");
   for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (f.has(cap)) f.bad(cap, "softcapping is not supported (null for every Gemma 3 model)");
@@ -223,7 +223,7 @@ VisionConfig parse_vision(const Fields& f, int tokens_per_side) {
     f.bad("num_attention_heads", fmt::format("{} does not divide hidden_size {}", v.num_heads, v.hidden_size));
   if (v.image_size % v.patch_size != 0)
     f.bad("image_size", fmt::format("{} is not a multiple of patch_size {}", v.image_size, v.patch_size));
-  // Spec §7: the patch grid average-pools to a square of mm_tokens_per_image tokens.
+  // docs/gemma3/vision.md#projector: the patch grid average-pools to a square of mm_tokens_per_image tokens.
   const int pps = v.patches_per_side();
   if (pps % tokens_per_side != 0)
     f.bad("image_size", fmt::format("{} patches per side do not pool evenly to {} tokens per side "
@@ -307,7 +307,7 @@ ModelConfig parse_config(const std::string& json_text, const std::string& where)
     const int side = c.tokens_per_side();
     if (side * side != c.mm_tokens_per_image) top.bad("mm_tokens_per_image", "must be a perfect square");
     c.vision = parse_vision(top.sub("vision_config"), side);
-    // Both spellings appear in the wild (spec §1.2); they must agree when both are given.
+    // Both spellings appear in the wild (docs/gemma3/config.md#top-level); they must agree when both are given.
     auto token = [&](const char* index_key, const char* id_key, int def) {
       const int64_t a = top.integer(index_key, def, 0, std::numeric_limits<int>::max());
       const int64_t b = top.integer(id_key, a, 0, std::numeric_limits<int>::max());

@@ -1,6 +1,6 @@
 // config.json and preprocessor_config.json, parsed once and validated.
 // Every value the math uses is here; a missing field either gets the HF class
-// default (spec §1.3/§1.4, documented per field in config.cpp) or is an error
+// default (docs/gemma3/config.md, documented per field in config.cpp) or is an error
 // naming the field.
 #pragma once
 #include <filesystem>
@@ -28,7 +28,7 @@ struct TextConfig {
   double rms_norm_eps = 0;
   int max_position_embeddings = 0;   // context limit
   int sliding_window = 0;            // W
-  std::vector<LayerKind> layer_kinds;  // size num_layers, spec §1.5
+  std::vector<LayerKind> layer_kinds;  // size num_layers, docs/gemma3/config.md#layer-kinds
   double rope_theta = 0;             // global layers
   double rope_local_base_freq = 0;   // sliding layers, never scaled
   double rope_scaling_factor = 1;    // linear factor on global layers (1 = none)
@@ -77,7 +77,7 @@ struct ModelConfig {
 
   bool is_vlm() const { return arch == Arch::ConditionalGeneration; }
   // Side of the pooled token grid, sqrt(mm_tokens_per_image), and the average-pool
-  // kernel that maps the patch grid onto it (spec §7). VLM only.
+  // kernel that maps the patch grid onto it (docs/gemma3/vision.md#projector). VLM only.
   int tokens_per_side() const;
   int pool_kernel() const { return vision->patches_per_side() / tokens_per_side(); }
 };
@@ -89,7 +89,7 @@ ModelConfig load_config(const std::filesystem::path& dir);
 // empty when the text has none (load_config then looks further).
 ModelConfig parse_config(const std::string& json_text, const std::string& where);
 // Parses preprocessor_config.json text for a parsed VLM config (checked against
-// its image size and token count); nulls take the processor defaults (spec §5.1).
+// its image size and token count); nulls take the processor defaults (docs/gemma3/preprocessing.md#config).
 PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const std::string& where,
                                              const ModelConfig& model);
 // The processor settings a VLM runs with: preprocessor_config.json's, or without one

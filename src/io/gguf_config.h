@@ -1,5 +1,5 @@
 // ModelConfig from GGUF metadata: a Gemma 3 text file (general.architecture = gemma3) and,
-// optionally, its mmproj file (clip, projector gemma3). docs/gguf.md §3, §5 and §7 list the
+// optionally, its mmproj file (clip, projector gemma3). docs/gguf.md docs/gemma3/prompt.md, docs/gemma3/preprocessing.md, docs/gemma3/vision.md#projector list the
 // keys; what llama.cpp does not store it supplies by its fixed gemma3 rules, and so does this:
 // a global layer every 6th (layer i is sliding iff i % 6 < 5), local RoPE base 10000, and the
 // attention scale 1/sqrt(key_length) (1/sqrt(hidden/heads) for the 62-layer model).

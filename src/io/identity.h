@@ -29,7 +29,7 @@ struct Identity {
 
 // Run-option defaults: VLMs follow HF's image-aware mask, text models are
 // causal; the embedding normalizer is rounded to bf16 exactly when the
-// embedding matrix is bf16 (spec §8.1).
+// embedding matrix is bf16 (docs/gemma3/merge-and-scaling.md#text).
 std::string default_mask_mode(const ModelConfig& c);
 std::string default_scaling_policy(DType embedding_dtype);
 

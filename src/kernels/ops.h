@@ -12,12 +12,12 @@
 
 namespace vlm::kernels {
 
-// Gemma RMSNorm (spec §10.1): y = x / sqrt(mean(x²) + eps) · (1 + w), per row.
+// Gemma RMSNorm (docs/gemma3/decoder.md#rmsnorm): y = x / sqrt(mean(x²) + eps) · (1 + w), per row.
 // w has `dim` entries (stored zero-centred, converted to f32 by the caller).
 void rms_norm(const float* x, const float* w, float* y, size_t rows, size_t dim, float eps,
               Isa isa = best_isa());
 
-// LayerNorm with bias (spec §6): y = (x − mean) / sqrt(var + eps) · g + b, biased variance
+// LayerNorm with bias (docs/gemma3/vision.md#siglip): y = (x − mean) / sqrt(var + eps) · g + b, biased variance
 // (two passes, with the mean corrected by the deviations' sum).
 void layer_norm(const float* x, const float* g, const float* b, float* y, size_t rows, size_t dim,
                 float eps, Isa isa = best_isa());
@@ -33,7 +33,7 @@ void gelu_tanh_mul(float* gate, const float* up, size_t n, Isa isa = best_isa())
 // rather than NaN. Probabilities below FLT_MIN are flushed to 0.
 void softmax(float* x, size_t n, Isa isa = best_isa());
 
-// RoPE, rotate-half / NeoX convention (spec §10.3), in place on x[heads, d]:
+// RoPE, rotate-half / NeoX convention (docs/gemma3/decoder.md#rope), in place on x[heads, d]:
 //   x'[i] = x[i]·cos[i] − x[i+d/2]·sin[i],  x'[i+d/2] = x[i+d/2]·cos[i] + x[i]·sin[i],
 // with cos/sin holding d/2 entries for this token's position.
 void rope_rotate_half(float* x, size_t heads, size_t d, const float* cos, const float* sin);

@@ -127,6 +127,7 @@ MultimodalPrefill build_prefill(const models::gemma3::Decoder& model, const Mode
   const int Lp = opt.pad_to > 0 ? opt.pad_to : n;
   if (Lp < n) fail("--pad-to {} is shorter than the prompt ({} tokens)", Lp, n);
   // Padded rows cost like real ones (an [Lp, V] logits buffer in a dump): same limit.
+  const int64_t context = opt.context > 0 ? opt.context : mc.text.max_position_embeddings;
   if (Lp > context) fail("--pad-to {} exceeds the context limit of {}", Lp, context);
 
   PrefillInput& in = r.input;

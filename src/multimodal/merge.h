@@ -1,4 +1,4 @@
-// Input embedding rows at the prefill boundary (spec §8). Text rows are the token
+// Input embedding rows at the prefill boundary (docs/gemma3/merge-and-scaling.md). Text rows are the token
 // embedding times the Gemma normalizer √H; the decoder never scales again.
 #pragma once
 #include <cstdint>
@@ -13,7 +13,7 @@
 
 namespace vlm {
 
-// How image rows reach their magnitude (spec §8.3, §8.5). Text rows are the
+// How image rows reach their magnitude (docs/gemma3/merge-and-scaling.md). Text rows are the
 // TextEmbedder's in both policies; the net image magnitude is the projector output P.
 enum class ImageScaling {
   // HF / Google: P written into the image positions unscaled. The default.

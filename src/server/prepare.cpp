@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "io/file.h"
 #include "io/json.h"
 
 namespace vlm::server {

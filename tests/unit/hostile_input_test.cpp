@@ -13,14 +13,15 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
-#include "engine/kv_cache.h"
+#include "engine/prompt_cache.h"
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "io/file.h"
 #include "io/identity.h"
 #include "io/safetensors.h"
 #include "model_folder.h"
-#include "multimodal/prompt_cache.h"
+#include "models/gemma3/registry.h"
+#include "models/kv_cache.h"
 #include "text/chat.h"
 #include "vision/image.h"
 
@@ -154,7 +155,7 @@ TEST(Checkpoint, NanInANormWeightRefusedAtLoad) {
   const float nan = std::nanf("");
   std::memcpy(bytes.data() + off, &nan, 4);
   test::write_file(tmp / "model.safetensors", bytes);
-  const std::string e = error_of([&] { Checkpoint::open(tmp.path); });
+  const std::string e = error_of([&] { models::gemma3::open_checkpoint(tmp.path); });
   EXPECT_NE(e.find("'model.norm.weight' holds a non-finite value (NaN or Inf) at index 3"), std::string::npos) << e;
 }
 
@@ -166,16 +167,16 @@ TEST(Identity, WeightsFingerprintTellsSameShapedCheckpointsApart) {
   const auto specs = test::model_tensors(cfg, Naming::CausalLM, DType::F32);
   test::write_model(tmp / "a", cfg, specs);
   test::write_model(tmp / "b", cfg, specs);
-  const Checkpoint a = Checkpoint::open(tmp / "a");
+  const Checkpoint a = models::gemma3::open_checkpoint(tmp / "a");
   EXPECT_EQ(a.weights_fingerprint().size(), 16u);
-  EXPECT_EQ(a.weights_fingerprint(), Checkpoint::open(tmp / "b").weights_fingerprint());
+  EXPECT_EQ(a.weights_fingerprint(), models::gemma3::open_checkpoint(tmp / "b").weights_fingerprint());
   // One value of a large matrix changed: same shapes, another fingerprint, and the
   // identity names the field.
   const SafetensorsHeader h = read_safetensors_header(tmp / "b" / "model.safetensors");
   std::string bytes = slurp(tmp / "b" / "model.safetensors");
   bytes[h.data_offset + 16] ^= 0x40;
   test::write_file(tmp / "b" / "model.safetensors", bytes);
-  const Checkpoint b = Checkpoint::open(tmp / "b");
+  const Checkpoint b = models::gemma3::open_checkpoint(tmp / "b");
   EXPECT_NE(a.weights_fingerprint(), b.weights_fingerprint());
   EXPECT_EQ(identity_diff(make_identity(a, "causal", "f32-normalizer"), make_identity(b, "causal", "f32-normalizer")),
             std::vector<std::string>{"weights"});

@@ -461,7 +461,7 @@ TEST(Ops, RopeRotateHalfMatchesDouble) {
   const int64_t pos = 777;
   rope_cos_sin(pos, inv.data(), half, c.data(), s.data());
   for (size_t i = 0; i < half; ++i) {
-    const float t = float(pos) * inv[i];  // the f32 angle, as the spec defines it
+    const float t = float(pos) * inv[i];  // the f32 angle, as docs/gemma3/decoder.md#rope defines it
     EXPECT_NEAR(c[i], std::cos(double(t)), 2 * kU);
     EXPECT_NEAR(s[i], std::sin(double(t)), 2 * kU);
   }

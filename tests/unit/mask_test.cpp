@@ -1,5 +1,5 @@
-// The mask builder against the spec's grids (§9.3, §9.5), written out by hand from the
-// spec text, plus the padding and mode rules of issue 6.
+// The mask builder against the grids of docs/gemma3/masks.md#example, written out by hand from the
+// notes, plus the padding and mode rules of issue 6.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -22,7 +22,7 @@ std::vector<float> grid(const std::vector<std::string>& rows) {
   return m;
 }
 
-// §9.3 without its left pad: t0 t1 BOI i0 i1 i2 EOI t2 t3 (indices shift by one; the
+// docs/gemma3/masks.md#example without its left pad: t0 t1 BOI i0 i1 i2 EOI t2 t3 (indices shift by one; the
 // rule only depends on differences and on the image run).
 const std::vector<int32_t> kSeq = {10, 11, 255999, kImg, kImg, kImg, 256000, 12, 13};
 
@@ -39,7 +39,7 @@ TEST(Mask, HfSlidingWindow3MatchesSpecGrid) {
                              "...111...", "....111..", ".....111.", "......111"}));
 }
 
-// §9.5: t0 BOI a0 a1 EOI BOI b0 b1 EOI t1 — images attend within their own run only.
+// docs/gemma3/masks.md#example: t0 BOI a0 a1 EOI BOI b0 b1 EOI t1 — images attend within their own run only.
 TEST(Mask, HfTwoImagesDoNotSeeEachOther) {
   const std::vector<int32_t> ids = {10, 255999, kImg, kImg, 256000, 255999, kImg, kImg, 256000, 11};
   PrefillMasks m = build_masks(MaskMode::Hf, ids, 10, 10, 1024, kImg);
