@@ -73,7 +73,7 @@ void ThreadPool::run_chunks(uint32_t generation) {
       std::lock_guard lock(error_mu_);
       if (!error_) error_ = std::current_exception();
     }
-    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) done_.notify_one();
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == chunks) done_.notify_all();
   }
 }
 
@@ -99,7 +99,7 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
   // Spin while the workers finish the ranges they took; if one has lost its core, sleep
   // until it is done instead of burning our slice.
   for (int i = 0; i < kSpin && done_.load(std::memory_order_acquire) != chunks; ++i) cpu_relax();
-  for (size_t d; (d = done_.load(std::memory_order_acquire)) != chunks;) done_.wait(d, std::memory_order_acquire);
+  for (uint32_t d; (d = done_.load(std::memory_order_acquire)) != chunks;) done_.wait(d, std::memory_order_acquire);
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 

@@ -50,7 +50,9 @@ class ThreadPool {
   std::atomic<const std::function<void(size_t, size_t)>*> job_{nullptr};
   std::atomic<size_t> job_n_{0}, job_grain_{1}, job_chunks_{0};
   std::atomic<uint64_t> state_{0};
-  std::atomic<size_t> done_{0};     // ranges finished in the current loop
+  // 32 bits: a futex-sized atomic, so wait/notify are direct futex calls (libstdc++ 12 routes
+  // wider types through a shared proxy, where a notify can be lost).
+  std::atomic<uint32_t> done_{0};   // ranges finished in the current loop
   std::atomic<uint32_t> wake_{0};   // bumped per loop; idle workers wait on it
   uint32_t generation_ = 0;         // the caller's loop counter
   std::atomic<bool> stop_{false};

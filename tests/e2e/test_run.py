@@ -53,7 +53,7 @@ class TestRun(unittest.TestCase):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Signal only once the first id is out: the handler is installed by then, however
         # slow the machine is (a fixed sleep raced the model load under load).
-        first = p.stdout.read(1)
+        first = os.read(p.stdout.fileno(), 1).decode()  # unbuffered: communicate() reads the fd
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
         out = first + out

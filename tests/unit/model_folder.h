@@ -1,16 +1,21 @@
 // Test helpers that write small safetensors files and model folders from
 // scratch, so loader tests control every byte (hostile cases included).
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "io/checkpoint.h"
 
 namespace vlm::test {
@@ -30,6 +35,32 @@ struct TempDir {
   }
   fs::path operator/(const std::string& name) const { return path / name; }
 };
+
+inline std::span<const std::byte> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+// The error message of `parse(bytes, name)` on `file` (empty if it parsed).
+template <class Parse>
+std::string parse_error(Parse parse, const std::string& file, const char* name) {
+  try {
+    parse(bytes_of(file), name);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Expects a one-line refusal that names the file and contains every fragment.
+template <class Parse>
+void expect_refused(Parse parse, const std::string& file, const char* name,
+                    std::initializer_list<const char*> fragments) {
+  const std::string msg = parse_error(parse, file, name);
+  ASSERT_FALSE(msg.empty()) << "accepted a hostile file";
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find(name), std::string::npos) << msg;
+  for (const char* f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;
+}
 
 inline void write_file(const fs::path& p, const std::string& bytes) {
   std::ofstream f(p, std::ios::binary);

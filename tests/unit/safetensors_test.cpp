@@ -13,27 +13,11 @@ namespace {
 using test::raw_safetensors;
 using test::TempDir;
 
-std::span<const std::byte> bytes_of(const std::string& s) {
-  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
+using test::bytes_of;
 
-// The error message of parsing `file` in memory as "bad.safetensors" (empty if it parsed).
-std::string parse_error(const std::string& file) {
-  try {
-    parse_safetensors(bytes_of(file), "bad.safetensors");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-// Expects a refusal whose message contains every fragment.
+std::string parse_error(const std::string& file) { return test::parse_error(parse_safetensors, file, "bad.safetensors"); }
 void expect_refused(const std::string& file, std::initializer_list<const char*> fragments) {
-  const std::string msg = parse_error(file);
-  ASSERT_FALSE(msg.empty()) << "accepted a hostile file";
-  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  EXPECT_NE(msg.find("bad.safetensors"), std::string::npos) << msg;
-  for (const char* f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;
+  test::expect_refused(parse_safetensors, file, "bad.safetensors", fragments);
 }
 
 TEST(Safetensors, ParsesValidFile) {
