@@ -88,7 +88,7 @@ std::optional<SavedPrefill> load_prompt_cache(const std::filesystem::path& file,
   if (!h.contains("request") || !h["request"].is_string()) fail("{}: header field 'request' is not a string", where);
   if (h["request"].get<std::string>() != hex(request)) return std::nullopt;
 
-  // The limits a fresh prompt meets (engine/generate.cpp) hold for a saved one too.
+  // The limits a fresh prompt meets (Engine admission, engine/engine.cpp) hold for a saved one too.
   if (context <= 0 || context > cfg.max_position_embeddings)
     fail("{}: context {} outside (0, max_position_embeddings {}]", where, context, cfg.max_position_embeddings);
   auto integer = [&](const char* key) {

@@ -272,7 +272,7 @@ Checkpoint Checkpoint::open(const fs::path& dir, Parts parts, const TensorRegist
     v.nbytes = size_t(t.end - t.begin);
     // The decoder's norm weights are small and scale whole rows: one NaN or Inf there turns
     // every logit into NaN, so they are checked here (large matrices are not read at load;
-    // the vision tower's output is checked where it joins the prompt, engine/generate.cpp).
+    // the vision tower's output is checked where it joins the prompt: Engine::forward).
     if (v.shape.size() == 1 && part_of(name) == "text")
       if (const std::vector<float> f = v.to_f32(); first_non_finite(f) < f.size())
         fail("{}: tensor '{}' holds a non-finite value (NaN or Inf) at index {}", (dir / file.name).string(),
