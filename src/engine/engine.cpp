@@ -215,7 +215,6 @@ StepStats Engine::step() {
   StepStats st;
   admit(st);
 
-  encode_images(st);
   // Decode rows: every running sequence with a sampled token not yet in its cache.
   std::vector<Sequence*> decode;
   for (auto& s : active_)
@@ -268,6 +267,8 @@ StepStats Engine::step() {
       sample(s);
     }
   }
+  // Vision work last: the tokens above go out before this step's tower layers run.
+  encode_images(st);
   for (auto& s : active_)
     if (s->phase() == Phase::Finished) ++st.finished;
   std::erase_if(active_, [](const std::shared_ptr<Sequence>& s) { return s->phase() == Phase::Finished; });

@@ -3,8 +3,8 @@
 // sequences being prefilled (rows packed with their positions and sequence ids, logits only for
 // the rows that need them), within a row budget. An image block is never split across chunks
 // (its rows attend to each other); under the mlx mask mode the whole prompt is one chunk. Image
-// encoding is its own unit of work: at most StepBudget::images images per step, before the
-// sequence's prefill.
+// encoding is its own work, after the step's pass: up to StepBudget::vision_layers tower layers
+// (and StepBudget::images images) per step, all of a sequence's images before its prefill.
 //
 // One thread drives an Engine (step()); add() and Sequence::cancel() may be called from any
 // thread. Callbacks run on the driving thread.

@@ -204,7 +204,9 @@ TEST_F(EngineTest, CancelInEveryPhaseFreesTheSequenceAndFinishesOnce) {
     eng.add(keep);
     eng.step();
     eng.add(seq);
-    for (int i = 0; i < 100 && seq->phase() != when; ++i) eng.step();
+    // Prefill: once a first chunk is in the cache (the encode ends a step before any chunk runs).
+    auto reached = [&] { return seq->phase() == when && (when != Phase::Prefill || seq->kv_bytes() > 0); };
+    for (int i = 0; i < 100 && !reached(); ++i) eng.step();
     ASSERT_EQ(seq->phase(), when);
     const size_t tokens_before = r.tokens.size();
     if (when == Phase::Prefill || when == Phase::Decode) EXPECT_GT(seq->kv_bytes(), 0u);
@@ -406,7 +408,7 @@ TEST_F(EngineTest, TextArrivingDuringAnImageEncodeDoesNotWaitForIt) {
     ++steps;
   }
   EXPECT_EQ(sa->phase(), Phase::Encoding) << "the text request waited for the whole encode";
-  EXPECT_LE(steps, 2);
+  EXPECT_EQ(steps, 1);  // its prefill runs in the first step after it arrives, before that step's layer
   eng.run_until_idle();
   EXPECT_EQ(a.tokens, solo_img.tokens);
   expect_logits_near(a, solo_img);
