@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/matmul_isa.h"
 #include "kernels/quant_blocks.h"
 
 namespace vlm::kernels {
@@ -118,102 +119,103 @@ void quantize_activations(const float* x, size_t K, QBlock8* out) {
   }
 }
 
+DType dtype_of(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return DType::F32;
+    case GgmlType::F16: return DType::F16;
+    case GgmlType::BF16: return DType::BF16;
+    case GgmlType::Q8_0: return DType::Q8_0;
+    case GgmlType::Q4_0: return DType::Q4_0;
+    case GgmlType::Q4_K: return DType::Q4_K;
+    case GgmlType::Q6_K: return DType::Q6_K;
+  }
+  fail("gguf: no weight format for ggml type {}", uint32_t(t));
+}
+
+GgmlType ggml_type_of(DType t) {
+  for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K,
+                     GgmlType::Q6_K})
+    if (dtype_of(g) == t) return g;
+  fail("gguf: weight format {} has no ggml type", dtype_name(t));
+}
+
 namespace {
 
 // The scalar reference: the same integer sums and the same per-block scale products as the
 // SIMD paths, in plain loops.
-float dot_row(const QuantWeight& w, const std::byte* row, const QBlock8* a) {
-  const size_t K = w.cols;
+template <GgmlType T>
+float dot_row(const std::byte* row, const QBlock8* a, size_t K) {
   float acc = 0;
-  switch (w.type) {
-    case GgmlType::Q8_0:
-      for (size_t i = 0; i < K / 32; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + i;
+  if constexpr (T == GgmlType::Q8_0) {
+    for (size_t i = 0; i < K / 32; ++i) {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + i;
+      int s = 0;
+      for (int j = 0; j < 32; ++j) s += int(b->qs[j]) * a[i].q[j];
+      acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+    }
+  } else if constexpr (T == GgmlType::Q4_0) {
+    for (size_t i = 0; i < K / 32; ++i) {
+      const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
+      int s = 0;
+      for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * a[i].q[j] + (b->qs[j] >> 4) * a[i].q[j + 16];
+      s -= 8 * (a[i].sum[0] + a[i].sum[1]);
+      acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+    }
+  } else if constexpr (T == GgmlType::Q4_K) {
+    for (size_t i = 0; i < K / 256; ++i) {
+      const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
+      const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+      for (int j = 0; j < 8; ++j) {
+        const QBlock8& ab = a[i * 8 + size_t(j)];
+        uint8_t sc, m;
+        scale_min_k4(j, b->scales, sc, m);
+        const uint8_t* q = b->qs + 32 * (j / 2);
         int s = 0;
-        for (int j = 0; j < 32; ++j) s += int(b->qs[j]) * a[i].q[j];
-        acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+        for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * ab.q[l];
+        acc += float(s) * (d * float(sc) * ab.d) - dmin * float(m) * ab.d * float(ab.sum[0] + ab.sum[1]);
       }
-      return acc;
-    case GgmlType::Q4_0:
-      for (size_t i = 0; i < K / 32; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
-        int s = 0;
-        for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * a[i].q[j] + (b->qs[j] >> 4) * a[i].q[j + 16];
-        s -= 8 * (a[i].sum[0] + a[i].sum[1]);
-        acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+    }
+  } else {
+    static_assert(T == GgmlType::Q6_K);
+    for (size_t i = 0; i < K / 256; ++i) {
+      const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
+      const float d = f16_to_f32(b->d);
+      for (int c = 0; c < 8; ++c) {  // 32-value chunks: half c/4, chunk c%4 of it
+        const QBlock8& ab = a[i * 8 + size_t(c)];
+        const int half = c / 4, k = c % 4;
+        int s[2] = {0, 0};
+        for (int l = 0; l < 32; ++l) s[l / 16] += q6_value(b, half, k, l) * ab.q[l];
+        const int8_t* sc = b->scales + 8 * half + 2 * k;
+        acc += (float(s[0]) * float(sc[0]) + float(s[1]) * float(sc[1])) * (d * ab.d);
       }
-      return acc;
-    case GgmlType::Q4_K:
-      for (size_t i = 0; i < K / 256; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
-        const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
-        for (int j = 0; j < 8; ++j) {
-          const QBlock8& ab = a[i * 8 + size_t(j)];
-          uint8_t sc, m;
-          scale_min_k4(j, b->scales, sc, m);
-          const uint8_t* q = b->qs + 32 * (j / 2);
-          int s = 0;
-          for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * ab.q[l];
-          acc += float(s) * (d * float(sc) * ab.d) - dmin * float(m) * ab.d * float(ab.sum[0] + ab.sum[1]);
-        }
-      }
-      return acc;
-    case GgmlType::Q6_K:
-      for (size_t i = 0; i < K / 256; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
-        const float d = f16_to_f32(b->d);
-        for (int c = 0; c < 8; ++c) {  // 32-value chunks: half c/4, chunk c%4 of it
-          const QBlock8& ab = a[i * 8 + size_t(c)];
-          const int half = c / 4, k = c % 4;
-          int s[2] = {0, 0};
-          for (int l = 0; l < 32; ++l) s[l / 16] += q6_value(b, half, k, l) * ab.q[l];
-          const int8_t* sc = b->scales + 8 * half + 2 * k;
-          acc += (float(s[0]) * float(sc[0]) + float(s[1]) * float(sc[1])) * (d * ab.d);
-        }
-      }
-      return acc;
-    default:
-      fail("quant_matmul: {} is not a block-quantized type", ggml_type_name(w.type));
+    }
   }
+  return acc;
 }
 
-void rows_scalar(const QuantWeight& w, const QBlock8* act, size_t M, size_t n0, size_t n1, float* y, size_t ldy) {
-  const size_t rb = quant_row_bytes(w.type, w.cols), kb = w.cols / 32;
+template <GgmlType T>
+void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
   for (size_t n = n0; n < n1; ++n)
-    for (size_t m = 0; m < M; ++m) y[m * ldy + n] = dot_row(w, w.data + n * rb, act + m * kb);
-}
-
-bool has_vnni() {
-  unsigned a, b, c, d;
-  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 11 & 1u);  // CPUID.(7,0):ECX[11] AVX512_VNNI
+    for (size_t m = 0; m < a.M; ++m) {
+      float v = dot_row<T>(a.w + n * a.ldw_bytes, reinterpret_cast<const QBlock8*>(a.xq + m * a.ldxq), a.K);
+      if (a.bias) v += a.bias[n];
+      a.y[m * a.ldy + n] = v;
+    }
 }
 
 }  // namespace
 
 namespace detail {
-const QuantRowsFn kQuantRowsScalar = rows_scalar;
-}
+const QuantKernels kQuantScalar = {{&dot_scalar<GgmlType::Q8_0>}, {&dot_scalar<GgmlType::Q4_0>},
+                                   {&dot_scalar<GgmlType::Q4_K>}, {&dot_scalar<GgmlType::Q6_K>}};
+}  // namespace detail
 
-bool quant_isa_supported(Isa isa) {
-  if (isa == Isa::Avx512) return isa_supported(Isa::Avx512) && has_vnni();
-  return isa_supported(isa);
-}
-
-void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, const Exec& exec) {
-  const Isa isa = exec.isa;
-  switch (w.type) {
-    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_K: case GgmlType::Q6_K: break;
-    default: fail("quant_matmul: {} is not a block-quantized type", ggml_type_name(w.type));
-  }
-  quant_row_bytes(w.type, w.cols);  // checks whole blocks
-  if (!quant_isa_supported(isa)) fail("quant_matmul: this CPU does not support the {} path", isa_name(isa));
-  const size_t kb = w.cols / 32;
-  std::vector<QBlock8> act(M * kb);
-  for (size_t m = 0; m < M; ++m) quantize_activations(x + m * w.cols, w.cols, act.data() + m * kb);
-  const detail::QuantRowsFn fn = isa == Isa::Avx512 ? detail::kQuantRowsAvx512
-                                 : isa == Isa::Avx2 ? detail::kQuantRowsAvx2
-                                                    : detail::kQuantRowsScalar;
-  exec.threads().parallel_for(w.rows, [&](size_t n0, size_t n1) { fn(w, act.data(), M, n0, n1, y, w.rows); });
+bool quant_vnni_supported() {
+  static const bool ok = [] {
+    unsigned a, b, c, d;  // CPUID.(7,0):ECX[11] AVX512_VNNI
+    return isa_supported(Isa::Avx512) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 11 & 1u);
+  }();
+  return ok;
 }
 
 }  // namespace vlm::kernels

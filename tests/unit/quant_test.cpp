@@ -1,4 +1,5 @@
 #include "kernels/quant.h"
+#include "kernels/matmul.h"
 
 #include <gtest/gtest.h>
 
@@ -155,13 +156,13 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
           for (size_t m = 0; m < M; ++m) quantize_activations(&x[m * K], K, &act[m * K / 32]);
           for (size_t i = 0; i < xq.size(); ++i) xq[i] = act[i / 32].d * float(act[i / 32].q[i % 32]);
           for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
-            if (!quant_isa_supported(isa)) {
+            if (!isa_supported(isa) || (isa == Isa::Avx512 && !quant_vnni_supported())) {
               ADD_FAILURE() << "this CPU lacks the " << isa_name(isa) << " path: not tested";
               continue;
             }
             std::vector<float> y(M * N);
-            const QuantWeight w{wb.data(), t, N, K};
-            quant_matmul(x.data(), M, w, y.data(), Exec(pool, isa));
+            // Through the weight-format table, as the models call it.
+            matmul(x.data(), M, Weight{wb.data(), dtype_of(t), N, K}, y.data(), Exec(pool, isa));
             for (size_t m = 0; m < M; ++m)
               for (size_t n = 0; n < N; ++n) {
                 double exact = 0, mag = 0, ref = 0, err_bound = 0;
@@ -182,11 +183,42 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
   }
 }
 
-TEST(Quant, MatmulRefusesFloatTypes) {
-  float x[32] = {}, y[1];
-  std::vector<std::byte> w(128);
+// Strided rows (a wider stored row), strided x/y and a bias: the same numbers as the dense
+// product plus the bias, on every ISA.
+TEST(Quant, StridedRowsAndBiasOnEveryIsa) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  ThreadPool pool(2);
+  for (GgmlType t : kBlockTypes) {
+    const size_t K = 2 * size_t(ggml_traits(t).block_elems), N = 9, M = 4, pad = quant_row_bytes(t, K) / 2;
+    const size_t rb = quant_row_bytes(t, K);
+    const std::vector<std::byte> dense = random_rows(t, N, K, rng);
+    std::vector<std::byte> wide(N * (rb + pad));
+    for (size_t n = 0; n < N; ++n) std::memcpy(&wide[n * (rb + pad)], &dense[n * rb], rb);
+    std::vector<float> x(M * (K + 3)), bias(N), y0(M * N), y1(M * (N + 5));
+    for (auto& v : x) v = normal(rng);
+    for (auto& v : bias) v = normal(rng);
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+      if (!isa_supported(isa)) continue;
+      const Exec ex(pool, isa);
+      matmul_strided(x.data(), K + 3, M, Weight{dense.data(), dtype_of(t), N, K}, Layout::NK, nullptr, y0.data(), N, ex);
+      matmul_strided(x.data(), K + 3, M, Weight{wide.data(), dtype_of(t), N, K, rb + pad}, Layout::NK, bias.data(),
+                     y1.data(), N + 5, ex);
+      for (size_t m = 0; m < M; ++m)
+        for (size_t n = 0; n < N; ++n)
+          ASSERT_EQ(y1[m * (N + 5) + n], y0[m * N + n] + bias[n]) << ggml_type_name(t) << " " << isa_name(isa);
+    }
+  }
+}
+
+TEST(Quant, MatmulRefusesPartialBlocksAndKnLayout) {
+  float x[64] = {}, y[4];
+  std::vector<std::byte> w(1024);
   ThreadPool pool(1);
-  EXPECT_THROW(quant_matmul(x, 1, {w.data(), GgmlType::F32, 1, 32}, y, Exec(pool, Isa::Scalar)), Error);
+  const Exec ex(pool, Isa::Scalar);
+  EXPECT_THROW(matmul(x, 1, Weight{w.data(), DType::Q8_0, 1, 48}, y, ex), Error);
+  EXPECT_THROW(matmul_kn(x, 1, Weight{w.data(), DType::Q8_0, 32, 32}, y, ex), Error);
+  EXPECT_THROW(matmul(x, 1, Weight{w.data(), DType::Q8Act, 1, 32}, y, ex), Error);
 }
 
 }  // namespace
