@@ -119,26 +119,6 @@ void quantize_activations(const float* x, size_t K, QBlock8* out) {
   }
 }
 
-DType dtype_of(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: return DType::F32;
-    case GgmlType::F16: return DType::F16;
-    case GgmlType::BF16: return DType::BF16;
-    case GgmlType::Q8_0: return DType::Q8_0;
-    case GgmlType::Q4_0: return DType::Q4_0;
-    case GgmlType::Q4_K: return DType::Q4_K;
-    case GgmlType::Q6_K: return DType::Q6_K;
-  }
-  fail("gguf: no weight format for ggml type {}", uint32_t(t));
-}
-
-GgmlType ggml_type_of(DType t) {
-  for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K,
-                     GgmlType::Q6_K})
-    if (dtype_of(g) == t) return g;
-  fail("gguf: weight format {} has no ggml type", dtype_name(t));
-}
-
 namespace {
 
 // The scalar reference: the same integer sums and the same per-block scale products as the

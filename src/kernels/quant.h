@@ -35,10 +35,6 @@ struct QBlock8 {
 // K a multiple of 32: d = amax/127, q = round-half-away(x/d) (ggml's quantize_row_q8_0).
 void quantize_activations(const float* x, size_t K, QBlock8* out);
 
-// DType of a GGUF tensor type and back (every GgmlType vlm reads has one).
-DType dtype_of(GgmlType t);
-GgmlType ggml_type_of(DType t);  // throws for Q8Act
-
 // True when the Avx512 path may use AVX512-VNNI (vpdpbusd); without it the block formats'
 // Avx512 row of the format table holds the AVX2 kernels.
 bool quant_vnni_supported();
