@@ -403,6 +403,8 @@ Checkpoint Checkpoint::open_path(const fs::path& path, const fs::path& mmproj, P
   return open_gguf(models[0], mmproj.empty() && !projs.empty() ? projs[0] : mmproj, parts, registry);
 }
 
+std::optional<std::string> gguf_name_of(std::string_view canonical) { return map_gguf_name(canonical, false); }
+
 const GgufHeader* Checkpoint::gguf() const { return gguf_ ? &gguf_->header() : nullptr; }
 
 void Checkpoint::finish(FoundMap& found, Parts parts, const TensorRegistry& registry, std::string_view config_name,

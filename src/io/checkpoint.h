@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -122,6 +123,9 @@ class Checkpoint {
   std::string weight_dtypes_;
   std::string weights_fingerprint_;
 };
+
+// The GGUF name of a canonical tensor name (docs/gguf.md §3, §5), nullopt when it has none.
+std::optional<std::string> gguf_name_of(std::string_view canonical);
 
 // Canonical name -> part: "text" (decoder and lm_head), "vision" or "projector".
 std::string_view part_of(std::string_view canonical);

@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -98,6 +99,107 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
         }
       }
       return;
+  }
+}
+
+namespace {
+
+void store_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// Q4_K: each sub-block of 32 gets scale (max − min)/15 and offset −min (min ≤ 0), quantized to
+// 6 bits against the super-block's f16 d and dmin.
+void q4_k_block(const float* x, std::byte* out) {
+  auto* b = reinterpret_cast<BlockQ4_K*>(out);
+  float scale[8], mins[8], smax = 0, mmax = 0;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0, hi = x[32 * j];
+    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * j + l]), hi = std::max(hi, x[32 * j + l]);
+    scale[j] = (hi - lo) / 15.0f;
+    mins[j] = -lo;
+    smax = std::max(smax, scale[j]);
+    mmax = std::max(mmax, mins[j]);
+  }
+  b->d = f32_to_f16(smax / 63.0f);
+  b->dmin = f32_to_f16(mmax / 63.0f);
+  const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = d > 0 ? uint8_t(std::clamp(std::nearbyint(scale[j] / d), 0.0f, 63.0f)) : 0;
+    m[j] = dmin > 0 ? uint8_t(std::clamp(std::nearbyint(mins[j] / dmin), 0.0f, 63.0f)) : 0;
+  }
+  for (int j = 0; j < 4; ++j) {
+    b->scales[j] = uint8_t((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    b->scales[j + 4] = uint8_t((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+    b->scales[j + 8] = uint8_t((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+  }
+  for (int j = 0; j < 8; ++j) {
+    const float ed = d * float(sc[j]), em = dmin * float(m[j]);
+    for (int l = 0; l < 32; ++l) {
+      const int q = ed > 0 ? int(std::clamp(std::nearbyint((x[32 * j + l] + em) / ed), 0.0f, 15.0f)) : 0;
+      uint8_t& byte = b->qs[32 * (j / 2) + l];
+      byte = (j & 1) ? uint8_t((byte & 0x0F) | (q << 4)) : uint8_t(q);
+    }
+  }
+}
+
+void q6_k_block(const float* x, std::byte* out) {
+  auto* b = reinterpret_cast<BlockQ6_K*>(out);
+  float scale[16], smax = 0;
+  for (int j = 0; j < 16; ++j) {
+    float amax = 0;
+    for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(x[16 * j + l]));
+    scale[j] = amax / 31.0f;
+    smax = std::max(smax, scale[j]);
+  }
+  b->d = f32_to_f16(smax / 127.0f);
+  const float d = f16_to_f32(b->d);
+  for (int j = 0; j < 16; ++j) b->scales[j] = d > 0 ? int8_t(std::clamp(std::nearbyint(scale[j] / d), -128.0f, 127.0f)) : 0;
+  std::memset(b->ql, 0, sizeof b->ql);
+  std::memset(b->qh, 0, sizeof b->qh);
+  for (int e = 0; e < 256; ++e) {
+    const float ed = d * float(b->scales[e / 16]);
+    const int q = (ed != 0 ? int(std::clamp(std::nearbyint(x[e] / ed), -32.0f, 31.0f)) : 0) + 32;
+    // value l + 32k of half h: low 4 bits in ql (k odd: +32; k ≥ 2: high nibble), high 2 bits in qh[l] at 2k
+    const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+    uint8_t& lo = b->ql[64 * half + l + 32 * (k & 1)];
+    lo = uint8_t(lo | ((q & 15) << (k < 2 ? 0 : 4)));
+    b->qh[32 * half + l] = uint8_t(b->qh[32 * half + l] | ((q >> 4) << (2 * k)));
+  }
+}
+
+}  // namespace
+
+void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
+  const size_t be = size_t(ggml_traits(t).block_elems), bb = ggml_traits(t).block_bytes;
+  if (n % be) fail("quantize: {} values are not whole {} blocks of {}", n, ggml_type_name(t), be);
+  for (size_t i = 0; i < n / be; ++i, x += be, dst += bb) {
+    switch (t) {
+      case GgmlType::F32: std::memcpy(dst, x, 4); break;
+      case GgmlType::F16: store_u16(dst, f32_to_f16(x[0])); break;
+      case GgmlType::BF16: store_u16(dst, f32_to_bf16(x[0])); break;
+      case GgmlType::Q8_0: {
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        store_u16(dst, f32_to_f16(d));
+        for (int j = 0; j < 32; ++j) dst[2 + j] = std::byte(uint8_t(int8_t(std::round(x[j] * id))));
+        break;
+      }
+      case GgmlType::Q4_0: {
+        float amax = 0, mx = 0;
+        for (int j = 0; j < 32; ++j)
+          if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), mx = x[j];
+        const float d = mx / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        store_u16(dst, f32_to_f16(d));
+        for (int j = 0; j < 16; ++j) {
+          const int a = std::min(15, int(int8_t(x[j] * id + 8.5f))), b = std::min(15, int(int8_t(x[j + 16] * id + 8.5f)));
+          dst[2 + j] = std::byte(uint8_t(a | (b << 4)));
+        }
+        break;
+      }
+      case GgmlType::Q4_K: q4_k_block(x, dst); break;
+      case GgmlType::Q6_K: q6_k_block(x, dst); break;
+    }
   }
 }
 

@@ -25,6 +25,14 @@ size_t quant_row_bytes(GgmlType t, size_t cols);
 // n values (a multiple of the block size) from `src` blocks into dst.
 void dequantize_row(GgmlType t, const std::byte* src, float* dst, size_t n);
 
+// n values (a multiple of the block size) of x into `dst` blocks of type t. Q8_0 and Q4_0
+// follow ggml's reference quantizers (quantize_row_q8_0_ref: d = amax/127, round half away;
+// quantize_row_q4_0_ref: the value of largest magnitude, sign kept, maps to −8). Q4_K and Q6_K
+// fit each sub-block's scale (and Q4_K's min) from its range, then the super-block's f16
+// scales from those (not ggml's iterative search: valid blocks, a little more error).
+// F32/F16/BF16 round to nearest even.
+void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n);
+
 // 32 activations as int8 with scale d (value ≈ d·q), and the sums of q over each half
 // (the offset formats subtract offset·Σq; Q6_K's sub-blocks are 16 long).
 struct QBlock8 {
