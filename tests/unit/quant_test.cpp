@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -209,6 +210,47 @@ TEST(Quant, StridedRowsAndBiasOnEveryIsa) {
           ASSERT_EQ(y1[m * (N + 5) + n], y0[m * N + n] + bias[n]) << ggml_type_name(t) << " " << isa_name(isa);
     }
   }
+}
+
+// quantize_row then dequantize_row: every value within its format's step (Q8_0 amax/127 of the
+// block, Q4_0 amax/8, Q4_K (max − min)/15 of the sub-block plus the 6-bit scale/min rounding,
+// Q6_K amax/31 of the sub-block plus the scale rounding), and Q8_0 exactly ggml's rule.
+TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (GgmlType t : kBlockTypes) {
+    const size_t n = 4 * 256;
+    std::vector<float> x(n), y(n);
+    for (auto& v : x) v = normal(rng) * ((rng() & 3) ? 1.f : 0.01f);
+    std::vector<std::byte> q(quant_row_bytes(t, n));
+    quantize_row(t, x.data(), q.data(), n);
+    dequantize_row(t, q.data(), y.data(), n);
+    const size_t group = t == GgmlType::Q6_K ? 16 : 32;
+    for (size_t g = 0; g < n; g += group) {
+      float amax = 0, lo = 0, hi = x[g];
+      for (size_t i = g; i < g + group; ++i) amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+      float step = t == GgmlType::Q8_0 ? amax / 127 : t == GgmlType::Q4_0 ? amax / 8 : t == GgmlType::Q4_K ? (hi - lo) / 15 : amax / 31;
+      // the super-block's 6-bit (Q4_K) / 8-bit (Q6_K) sub-block scales add up to half a scale unit per code
+      float sb = 0;
+      for (size_t i = g / 256 * 256; i < g / 256 * 256 + 256; ++i) sb = std::max(sb, std::fabs(x[i]));
+      if (t == GgmlType::Q4_K) step += 2 * sb / 63;
+      if (t == GgmlType::Q6_K) step += 32 * sb / 31 / 127;
+      // half a step (Q4_0: a whole one, its codes reach −8·d but only +7·d) + the f16 rounding of
+      // the block scale (relative 2^-11, at most amax away)
+      const float half = t == GgmlType::Q4_0 ? 1.f : 0.5f;
+      for (size_t i = g; i < g + group; ++i)
+        ASSERT_LE(std::fabs(y[i] - x[i]), step * half * 1.01f + amax / 1024 + 1e-6f) << ggml_type_name(t) << " value " << i;
+    }
+  }
+  // Q8_0: d = f16(amax/127), q = round-half-away(x·127/amax).
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = float(j - 16) / 4;  // amax 4
+  std::byte b[34];
+  quantize_row(GgmlType::Q8_0, x, b, 32);
+  uint16_t d;
+  std::memcpy(&d, b, 2);
+  EXPECT_EQ(d, f32_to_f16(4.0f / 127));
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(int8_t(b[2 + j]), int8_t(std::round(x[j] * (127 / 4.0f)))) << j;
 }
 
 TEST(Quant, MatmulRefusesPartialBlocksAndKnLayout) {
