@@ -314,7 +314,8 @@ Checkpoint Checkpoint::open(const fs::path& dir, Parts parts, const TensorRegist
       }
       const uint64_t base = file.header.data_offset + t.begin;
       Found f{t.name, file.name, t.dtype, t.shape, t.end - t.begin, false, {}, {}};
-      f.data = [&ck, &maps, &file, &dir, i, base] {
+      f.data = [&ck, &maps, &files, &dir, i, base] {
+        const File& file = files[i];
         std::shared_ptr<MappedFile>& map = maps[i];
         if (!map) {
           map = std::make_shared<MappedFile>(dir / file.name);
@@ -380,7 +381,7 @@ Checkpoint Checkpoint::open_path(const fs::path& path, const fs::path& mmproj, P
     if (path.extension() != ".gguf") fail("{}: not a .gguf file or a model folder", path.string());
     return open_gguf(path, mmproj, parts, registry);
   }
-  if (!fs::is_directory(path, ec)) fail("{}: no such file or folder", path.string());
+  if (!fs::is_directory(path, ec)) fail("{}: not a directory (nor a .gguf file)", path.string());
   if (fs::exists(path / "config.json")) {
     if (!mmproj.empty()) fail("--mmproj {}: only GGUF models take an mmproj file ({} is a safetensors folder)",
                               mmproj.string(), path.string());
