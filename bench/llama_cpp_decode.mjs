@@ -11,7 +11,7 @@ const { getLlama } = await import(pathToFileURL(path.join(npm, "node-llama-cpp/d
 const [modelPath, nPrompt, nDecode, threads] = process.argv.slice(2);
 const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 const model = await llama.loadModel({ modelPath, gpuLayers: 0 });
-const context = await model.createContext({ contextSize: Number(nPrompt) + Number(nDecode) + 8,
+const context = await model.createContext({ contextSize: Math.max(512, Number(nPrompt) + Number(nDecode) + 8),
   batchSize: 512, threads: Number(threads) });
 const seq = context.getSequence();
 // The same ids as bench_decoder: <bos>, then 1000 + (i·7919) mod 200000.
