@@ -33,7 +33,8 @@ size_t kv_budget_bytes(const std::string& v) {
 }  // namespace
 
 void EngineArgs::add(CLI::App& app) {
-  app.add_option("--model", model_dir, "checkpoint folder")->required();
+  app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
+  app.add_option("--mmproj", mmproj, "GGUF models: the mmproj .gguf (default: the model folder's mmproj*.gguf)");
   app.add_option("--mask-mode", mask_mode, "prefill mask: hf, mlx or causal (default: hf for VLMs, causal for text)");
   app.add_option("--ctx", context, "context length per request (default: max_position_embeddings)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
@@ -58,6 +59,7 @@ engine::ModelOptions EngineArgs::model_options() const {
   if (!mask_mode.empty()) o.mask_mode = parse_mask_mode(mask_mode);
   o.context = context;
   o.threads = threads;
+  o.mmproj = mmproj;
   return o;
 }
 

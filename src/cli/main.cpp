@@ -26,6 +26,7 @@ const Command kCommands[] = {
     {"dump", "write prefill intermediates and greedy decode as .npy", vlm::cli::cmd_dump},
     {"serve", "OpenAI-compatible HTTP server with continuous batching", vlm::cli::cmd_serve},
     {"batch", "run a JSONL file of chat requests (continuous batching, resumable)", vlm::cli::cmd_batch},
+    {"quantize", "write a checkpoint folder as a Q8_0 / Q4_0 / Q4_K_M GGUF (and mmproj) file", vlm::cli::cmd_quantize},
 };
 
 void usage() {

@@ -39,6 +39,7 @@ struct ModelOptions {
   std::optional<kernels::Isa> isa;     // kernel ISA path; nullopt: the best this CPU has
   kernels::Precision precision = kernels::Precision::F32;
   int64_t context = 0;                 // 0: max_position_embeddings
+  std::filesystem::path mmproj;        // GGUF models: the mmproj file (empty: the folder's, if any)
 };
 
 class Model {
