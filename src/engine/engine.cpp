@@ -105,8 +105,9 @@ bool Engine::start(Sequence& s) {
       s.request_hash_ = request_hash(req.prompt, req.images);
       if (std::filesystem::exists(req.prompt_cache)) {
         std::optional<SavedPrefill> saved = load_prompt_cache(req.prompt_cache, model_.identity(), s.request_hash_,
-                                                              mc.text, kv_positions(model_, req), model_.vocab());
+                                                              mc.text, model_.context(), model_.vocab());
         if (saved) {
+          saved->cache.limit_context(kv_positions(model_, req));  // within its reservation
           s.cache_.emplace(std::move(saved->cache));
           s.logits_ = std::move(saved->logits);
           s.usage_.cached_tokens = s.usage_.prompt_tokens;

@@ -53,6 +53,13 @@ float* KvCache::value_slot(int layer, int64_t pos) {
 
 void KvCache::advance(int64_t n) { length_ += n; }
 
+void KvCache::limit_context(int64_t context) {
+  if (context < length_ || context > context_)
+    fail("KV cache: context {} outside [{}, {}] (its length and its limit)", context, length_, context_);
+  context_ = context;
+  for (Layer& L : layers_) L.cap = std::min(L.cap, size_t(context));
+}
+
 size_t KvCache::visible(int layer, int64_t positions) const {
   return std::min(layers_[size_t(layer)].cap, size_t(positions));
 }

@@ -31,6 +31,9 @@ class KvCache {
   float* value_slot(int layer, int64_t pos);
   // Marks n more positions as written.
   void advance(int64_t n);
+  // Lowers the most positions this cache may hold (to what its sequence can still use), never
+  // below what it holds.
+  void limit_context(int64_t context);
 
   // Slots holding the keys visible to a query once `positions` positions are written
   // (the query's own included): all of them for global layers, the last min(positions, W)
