@@ -15,6 +15,7 @@ namespace vlm::cli {
 struct EngineArgs {
   std::string model_dir;
   std::string mask_mode;  // empty: the checkpoint's default
+  std::string precision;  // empty: the checkpoint's default
   int64_t context = 0;
   int threads = 0;
   int max_seqs = 8;
@@ -22,8 +23,8 @@ struct EngineArgs {
   int prefill_rows = 512;
   int images_per_step = 1;
   int max_images = 8;
-  // Adds --model, --mask-mode, --ctx, --threads, --max-seqs, --max-queue, --prefill-rows,
-  // --images-per-step, --max-images.
+  // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --max-queue,
+  // --prefill-rows, --images-per-step, --max-images.
   void add(CLI::App& app);
   engine::ModelOptions model_options() const;
   server::SchedulerOptions scheduler_options() const;

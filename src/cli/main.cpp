@@ -26,6 +26,8 @@ const Command kCommands[] = {
     {"dump", "write prefill intermediates and greedy decode as .npy", vlm::cli::cmd_dump},
     {"serve", "OpenAI-compatible HTTP server with continuous batching", vlm::cli::cmd_serve},
     {"batch", "run a JSONL file of chat requests (continuous batching, resumable)", vlm::cli::cmd_batch},
+    {"bench", "measure prefill, decode, batched decode and image speed against the machine's limits",
+     vlm::cli::cmd_bench},
 };
 
 void usage() {
