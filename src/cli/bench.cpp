@@ -12,7 +12,8 @@
 //            (one weight read serves every sequence) and as a multiple of batch 1
 //   image    (--image) one synthetic image through preprocessing, SigLIP and the projector
 //            → seconds vs the FMA peak (FLOPs from the tower's matrices and attention)
-//   rss      peak resident memory vs the mapped weight bytes + the KV caches
+//   rss      peak resident memory (the bandwidth probe's buffer left out) vs the bytes of the
+//            weights used (the vision part only with --image) + the KV caches
 // Random-weight checkpoints give meaningless tokens; only the time matters. With --json the
 // last line is one JSON object with every figure.
 #include <sys/resource.h>
@@ -120,7 +121,7 @@ int cmd_bench(int argc, char** argv) {
   const double step_bytes = layer_bytes + double(head.nbytes);
   double mapped_bytes = 0;
   for (const auto& [name, t] : ck.tensors())
-    if (!name.starts_with("vision.") && !name.starts_with("projector.")) mapped_bytes += double(t.nbytes);
+    if (image || !(name.starts_with("vision.") || name.starts_with("projector."))) mapped_bytes += double(t.nbytes);
 
   auto say = [&](const std::string& s) {
     std::fprintf(json ? stderr : stdout, "%s\n", s.c_str());
@@ -248,7 +249,7 @@ int cmd_bench(int argc, char** argv) {
   const double kv_per_pos = 2.0 * tc.num_layers * tc.num_kv_heads * tc.head_dim * 4.0;
   const double kv_bytes = kv_per_pos * std::max<double>(pp + 1, double(batch) * (batch_steps + 3));
   rss = std::max(rss, peak_rss_bytes());
-  say(fmt::format("peak RSS: {:.3f} GB; text weights {:.3f} GB + KV {:.3f} GB = {:.3f} GB ({:.1f}%)", rss * 1e-9,
+  say(fmt::format("peak RSS: {:.3f} GB; weights used {:.3f} GB + KV {:.3f} GB = {:.3f} GB ({:.1f}%)", rss * 1e-9,
                   mapped_bytes * 1e-9, kv_bytes * 1e-9, (mapped_bytes + kv_bytes) * 1e-9,
                   pct(double(rss), mapped_bytes + kv_bytes)));
 
