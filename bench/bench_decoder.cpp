@@ -21,11 +21,17 @@
 #include "kernels/matmul.h"
 #include "kernels/roofline.h"
 #include "models/gemma3/decoder.h"
-#include "multimodal/merge.h"
+#include "multimodal/host.h"
 
 using namespace vlm;
 
 namespace {
+// A text prompt at the prefill door, built by the host as every front end builds it.
+PrefillInput text_input(const models::gemma3::Decoder& model, const Checkpoint& ck, std::span<const int32_t> ids) {
+  HostOptions o;
+  o.mask_mode = MaskMode::Causal;
+  return build_prefill(model, ck.config(), nullptr, ids, {}, o, model.exec()).input;
+}
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -59,12 +65,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n_prompt; ++i) ids[size_t(i)] = i == 0 ? 2 : 1000 + (i * 7919) % 200000;
     {  // Untimed one-token pass: pages the mmapped weights in, so no timing below reads disk.
       KvCache warm = model.new_cache(1);
-      model.prefill_from_embeddings(text_prefill(model.embedder(), {ids.data(), 1}, 1, c.sliding_window, 0), warm);
+      model.prefill_from_embeddings(text_input(model, ck, {ids.data(), 1}), warm);
     }
     KvCache cache = model.new_cache(n_prompt + n_decode + 1);
     auto t0 = std::chrono::steady_clock::now();
-    std::vector<float> logits = model.prefill_from_embeddings(
-        text_prefill(model.embedder(), ids, n_prompt, c.sliding_window, 0), cache);
+    std::vector<float> logits = model.prefill_from_embeddings(text_input(model, ck, ids), cache);
     const double t_prefill = seconds_since(t0);
     fmt::print("prefill: {} tokens in {:.2f} s = {:.1f} tokens/s\n", n_prompt, t_prefill, n_prompt / t_prefill);
 

@@ -58,6 +58,7 @@ def main():
     p = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
                           "--max-seqs", "16"], stderr=subprocess.PIPE, text=True)
     port = int(re.search(r":(\d+) ", p.stderr.readline()).group(1))
+    threading.Thread(target=p.stderr.read, daemon=True).start()  # keep the pipe drained
     while True:
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
@@ -71,7 +72,8 @@ def main():
         text = {"messages": [{"role": "user", "content": "Write a story about a lighthouse."}],
                 "max_tokens": a.tokens, "temperature": 0, "ignore_eos": True}
         for n in (1, 4, 16):
-            out, threads = [], [threading.Thread(target=stream, args=(port, text, out)) for _ in range(n)]
+            out = []
+            threads = [threading.Thread(target=stream, args=(port, text, out)) for _ in range(n)]
             t0 = time.time()
             for t in threads:
                 t.start()

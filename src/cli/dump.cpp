@@ -72,6 +72,13 @@ int cmd_dump(int argc, char** argv) {
   if (int64_t(n) + steps > model->context())
     fail("prompt of {} tokens plus {} steps exceeds the context limit of {}", n, steps, model->context());
   const int H = model->config().text.hidden_size, V = model->vocab();
+  // A dump holds every logits row it writes: [Lp, V] from the prefill and [steps, V] decoding.
+  // Within the context, those still reach 100+ GiB on a long-context model: a stated cap.
+  constexpr uint64_t kMaxLogitsBytes = uint64_t(4) << 30;
+  for (const auto& [what, rows] : {std::pair{"--pad-to / the prompt", std::max(n, pad_to)}, std::pair{"--steps", steps}})
+    if (uint64_t(rows) * uint64_t(V) * sizeof(float) > kMaxLogitsBytes)
+      fail("{}: {} rows of logits over a vocabulary of {} take {:.1f} GiB, more than dump's limit of 4 GiB", what,
+           rows, V, double(uint64_t(rows) * uint64_t(V) * sizeof(float)) / double(1 << 30));
 
   MultimodalPrefill pre = model->prefill_input(ids, images, pad_to);
   PrefillInput& in = pre.input;

@@ -19,12 +19,14 @@ struct EngineArgs {
   int64_t context = 0;
   int threads = 0;
   int max_seqs = 8;
+  std::string kv_memory = "auto";  // MiB, or auto: half the memory available at start
   int max_queue = 64;
   int prefill_rows = 512;
   int images_per_step = 1;
+  int vision_layers = 2;
   int max_images = 8;
-  // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --max-queue,
-  // --prefill-rows, --images-per-step, --max-images.
+  // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
+  // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images.
   void add(CLI::App& app);
   engine::ModelOptions model_options() const;
   server::SchedulerOptions scheduler_options() const;

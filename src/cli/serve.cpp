@@ -65,7 +65,10 @@ int cmd_serve(int argc, char** argv) {
   int rc = 0;
   try {
     srv.set_model(engine::Model::load(ea.model_dir, ea.model_options()), ea.model_dir);
-    std::fprintf(stderr, "vlm serve: ready\n");
+    if (const size_t kv = so.scheduler.budget.kv_bytes)
+      std::fprintf(stderr, "vlm serve: ready (KV memory budget %zu MiB)\n", kv >> 20);
+    else
+      std::fprintf(stderr, "vlm serve: ready (no KV memory budget)\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "vlm serve: error: %s\n", e.what());
     rc = 1;

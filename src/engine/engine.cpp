@@ -20,6 +20,7 @@ struct Engine::Chunk {
 Engine::Engine(const Model& model, StepBudget budget) : model_(model), budget_(budget) {
   if (budget.prefill_rows < 1) fail("prefill rows per step must be >= 1, got {}", budget.prefill_rows);
   if (budget.images < 1) fail("images per step must be >= 1, got {}", budget.images);
+  if (budget.vision_layers < 0) fail("vision layers per step must be >= 0, got {}", budget.vision_layers);
   if (budget.max_seqs < 0) fail("max sequences must be >= 0, got {}", budget.max_seqs);
 }
 
@@ -65,7 +66,10 @@ void Engine::finish(Sequence& s, FinishReason r) {
   }
   s.finish_ = r;
   s.cache_.reset();  // the KV memory goes now, whatever holds the Sequence
+  kv_reserved_.fetch_sub(s.kv_reserved_);
+  s.kv_reserved_ = 0;
   s.features_ = {};
+  s.encode_.reset();
   s.logits_ = {};
   s.phase_.store(Phase::Finished, std::memory_order_release);
   if (s.cb_.on_finish) s.cb_.on_finish(r, s.usage_);
@@ -101,7 +105,7 @@ bool Engine::start(Sequence& s) {
       s.request_hash_ = request_hash(req.prompt, req.images);
       if (std::filesystem::exists(req.prompt_cache)) {
         std::optional<SavedPrefill> saved = load_prompt_cache(req.prompt_cache, model_.identity(), s.request_hash_,
-                                                              mc.text, model_.context(), model_.vocab());
+                                                              mc.text, kv_positions(model_, req), model_.vocab());
         if (saved) {
           s.cache_.emplace(std::move(saved->cache));
           s.logits_ = std::move(saved->logits);
@@ -112,7 +116,7 @@ bool Engine::start(Sequence& s) {
       }
     }
     s.crops_ = model_.crops_of(req.images);
-    s.cache_.emplace(mc.text, model_.context());
+    s.cache_.emplace(mc.text, kv_positions(model_, req));  // never more than its reservation
     s.phase_.store(req.images.empty() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
   } catch (const Error& e) {
     fail_request(s, e.what());
@@ -143,9 +147,19 @@ void Engine::admit(StepStats& st) {
     }
   std::erase_if(active_, [](const std::shared_ptr<Sequence>& s) { return s->phase() == Phase::Finished; });
   while (!queue_.empty() && (budget_.max_seqs == 0 || active_.size() < size_t(budget_.max_seqs))) {
+    const size_t need = kv_reservation(model_, queue_.front()->req_);
+    const bool never = budget_.kv_bytes > 0 && need > budget_.kv_bytes;
+    if (!never && budget_.kv_bytes > 0 && kv_reserved_.load() + need > budget_.kv_bytes) break;  // waits in order
     std::shared_ptr<Sequence> s = std::move(queue_.front());
     queue_.pop_front();
     ++st.admitted;
+    if (never) {
+      fail_request(*s, kv_budget_error(model_, s->req_, budget_.kv_bytes));
+      ++st.finished;
+      continue;
+    }
+    s->kv_reserved_ = need;
+    kv_reserved_.fetch_add(need);
     if (!start(*s)) {
       ++st.finished;
       continue;
@@ -157,16 +171,22 @@ void Engine::admit(StepStats& st) {
 
 void Engine::encode_images(StepStats& st) {
   const vision::VisionEncoder* enc = model_.vision();
+  // Bounded even when nothing else runs: a request that arrives mid-encode waits one step only.
+  size_t layers = budget_.vision_layers > 0 ? size_t(budget_.vision_layers) : SIZE_MAX;
   for (auto& sp : active_) {
     Sequence& s = *sp;
-    while (s.phase() == Phase::Encoding && st.images < budget_.images) {
-      const std::vector<vision::RgbImage> one{s.req_.images[s.images_done_]};
-      const vision::ImageEncoding e = enc->encode(one, model_.exec(), model_.options().pan_and_scan);
-      s.features_.insert(s.features_.end(), e.features.begin(), e.features.end());
+    while (s.phase() == Phase::Encoding && st.images < budget_.images && layers > 0) {
+      if (!s.encode_)
+        s.encode_ = enc->start({s.req_.images[s.images_done_]}, model_.exec(), model_.options().pan_and_scan);
+      layers -= std::min(layers, enc->advance(*s.encode_, layers, model_.exec()));
+      if (!s.encode_->done) break;  // this step's layers are spent
+      const std::vector<float>& f = s.encode_->result.features;
+      s.features_.insert(s.features_.end(), f.begin(), f.end());
+      s.encode_.reset();
       ++st.images;
       if (++s.images_done_ == s.req_.images.size()) s.phase_.store(Phase::Prefill, std::memory_order_release);
     }
-    if (st.images >= budget_.images) break;
+    if (st.images >= budget_.images || layers == 0) break;
   }
 }
 
@@ -195,7 +215,6 @@ StepStats Engine::step() {
   StepStats st;
   admit(st);
 
-  encode_images(st);
   // Decode rows: every running sequence with a sampled token not yet in its cache.
   std::vector<Sequence*> decode;
   for (auto& s : active_)
@@ -248,6 +267,8 @@ StepStats Engine::step() {
       sample(s);
     }
   }
+  // Vision work last: the tokens above go out before this step's tower layers run.
+  encode_images(st);
   for (auto& s : active_)
     if (s->phase() == Phase::Finished) ++st.finished;
   std::erase_if(active_, [](const std::shared_ptr<Sequence>& s) { return s->phase() == Phase::Finished; });

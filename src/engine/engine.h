@@ -3,8 +3,8 @@
 // sequences being prefilled (rows packed with their positions and sequence ids, logits only for
 // the rows that need them), within a row budget. An image block is never split across chunks
 // (its rows attend to each other); under the mlx mask mode the whole prompt is one chunk. Image
-// encoding is its own unit of work: at most StepBudget::images images per step, before the
-// sequence's prefill.
+// encoding is its own work, after the step's pass: up to StepBudget::vision_layers tower layers
+// (and StepBudget::images images) per step, all of a sequence's images before its prefill.
 //
 // One thread drives an Engine (step()); add() and Sequence::cancel() may be called from any
 // thread. Callbacks run on the driving thread.
@@ -25,7 +25,14 @@ namespace vlm::engine {
 struct StepBudget {
   int prefill_rows = 512;  // prompt rows per step (an image block larger than this still fits whole)
   int images = 1;          // image encodes per step (an image with its Pan & Scan crops is one)
+  // Vision tower layers per step (0 = whole images): a long encode runs in pieces, so other
+  // sequences' steps (and requests that arrive meanwhile) run between them.
+  int vision_layers = 2;
   int max_seqs = 0;        // sequences past the queue at once (0 = no limit)
+  // KV memory of admitted sequences at most (0 = no limit). Each is admitted with the most its
+  // cache can ever hold (kv_reservation: prompt plus max_tokens), so a running sequence never
+  // waits for memory and nothing is preempted; the queue's head waits until it fits.
+  size_t kv_bytes = 0;
 };
 
 struct StepStats {
@@ -59,6 +66,7 @@ class Engine {
   size_t running() const { return running_.load(); }  // admitted, not finished (thread-safe)
   size_t waiting() const { return waiting_.load(); }  // added, not yet admitted (thread-safe)
   size_t kv_bytes() const { return kv_bytes_.load(); }  // KV memory of running sequences (thread-safe)
+  size_t kv_reserved() const { return kv_reserved_.load(); }  // their reservations (thread-safe)
 
  private:
   struct Chunk;
@@ -79,7 +87,7 @@ class Engine {
   std::deque<std::shared_ptr<Sequence>> inbox_;   // added, not yet validated
   std::deque<std::shared_ptr<Sequence>> queue_;   // validated, waiting for a slot
   std::vector<std::shared_ptr<Sequence>> active_;  // admitted, in order of admission
-  std::atomic<size_t> running_{0}, waiting_{0}, kv_bytes_{0};
+  std::atomic<size_t> running_{0}, waiting_{0}, kv_bytes_{0}, kv_reserved_{0};
   // The pass's work state and inputs, kept between steps (they only grow).
   std::unique_ptr<models::gemma3::Activations> act_;
   std::vector<float> embeds_, logits_;

@@ -38,6 +38,23 @@ size_t Sequence::kv_bytes() const {
   return slots * cache_->row_size() * 2 * sizeof(float);  // keys and values
 }
 
+int64_t kv_positions(const Model& model, const Request& req) {
+  if (req.prefilled) return req.prefilled->cache.context();
+  return std::min<int64_t>(model.context(), int64_t(req.prompt.size()) + std::max(req.max_tokens, 1));
+}
+
+size_t kv_reservation(const Model& model, const Request& req) {
+  return KvCache::bytes_for(model.config().text, kv_positions(model, req));
+}
+
+std::string kv_budget_error(const Model& model, const Request& req, size_t budget) {
+  constexpr double MiB = 1024.0 * 1024.0;
+  return fmt::format("the request needs {:.1f} MiB of KV cache for {} positions ({} prompt tokens + max_tokens {}), "
+                     "more than the whole KV memory budget of {:.1f} MiB: lower max_tokens or raise the budget",
+                     double(kv_reservation(model, req)) / MiB, kv_positions(model, req), req.prompt.size(),
+                     req.max_tokens, double(budget) / MiB);
+}
+
 void validate_request(const Model& model, const Request& req) {
   if (req.max_tokens < 0) fail("max_tokens must be >= 0, got {}", req.max_tokens);
   if (req.top_logprobs < -1) fail("top_logprobs must be >= 0, got {}", req.top_logprobs);

@@ -17,6 +17,7 @@
 #include "models/kv_cache.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
+#include "models/gemma3/vision_encoder.h"
 #include "text/detokenizer.h"
 #include "vision/image.h"
 
@@ -120,12 +121,14 @@ class Sequence {
   std::optional<StopStrings> stops_;
   std::vector<int> crops_;                  // per image
   size_t images_done_ = 0;                  // images encoded so far
+  std::optional<vision::VisionEncoder::Job> encode_;  // the image being encoded, between steps
   std::vector<float> features_;             // projector rows of the encoded images, in order
   std::vector<float> rows_;                 // [prompt, H] merged prefill rows (built once encoded)
   size_t prefilled_rows_ = 0;               // prompt rows already in the cache
   std::vector<float> logits_;               // the row to sample from next
   int32_t pending_ = -1;                    // sampled, not yet forwarded
   uint64_t request_hash_ = 0;               // prompt cache key
+  size_t kv_reserved_ = 0;                  // KV memory reserved at admission (kv_reservation)
 };
 
 // Checks a request against a model before any compute (ids in range, images vs soft tokens and
@@ -133,5 +136,12 @@ class Sequence {
 // line message naming both numbers. The engine runs it on admission; a server may call it first
 // to answer 400 at once.
 void validate_request(const Model& model, const Request& req);
+
+// The positions a request may ever hold (its prompt plus max_tokens, within the model's context)
+// and the KV memory that takes: what the engine reserves before admitting it.
+int64_t kv_positions(const Model& model, const Request& req);
+size_t kv_reservation(const Model& model, const Request& req);
+// The one-line refusal of a request whose reservation exceeds a whole budget of `budget` bytes.
+std::string kv_budget_error(const Model& model, const Request& req, size_t budget);
 
 }  // namespace vlm::engine

@@ -17,6 +17,14 @@ KvCache::KvCache(const TextConfig& cfg, int64_t context)
   }
 }
 
+size_t KvCache::bytes_for(const TextConfig& cfg, int64_t context) {
+  size_t slots = 0;
+  for (int l = 0; l < cfg.num_layers; ++l)
+    slots += size_t(cfg.layer_kinds.at(size_t(l)) == LayerKind::Sliding ? std::min<int64_t>(cfg.sliding_window, context)
+                                                                          : context);
+  return slots * size_t(cfg.num_kv_heads) * size_t(cfg.head_dim) * 2 * sizeof(float);
+}
+
 void KvCache::reserve(int64_t n) {
   const int64_t need = length_ + n;
   if (need > context_)

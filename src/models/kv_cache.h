@@ -16,6 +16,9 @@ class KvCache {
  public:
   // `context` is the most positions this sequence may ever hold.
   KvCache(const TextConfig& cfg, int64_t context);
+  // The most memory a cache of `context` positions ever holds (keys and values of every layer,
+  // sliding layers at most their window): what an engine reserves for a sequence.
+  static size_t bytes_for(const TextConfig& cfg, int64_t context);
 
   int64_t length() const { return length_; }  // positions written = next position
   int64_t context() const { return context_; }

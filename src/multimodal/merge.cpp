@@ -44,20 +44,4 @@ std::vector<float> row_norms(const float* rows, size_t n, size_t H) {
   return out;
 }
 
-PrefillInput text_prefill(const TextEmbedder& emb, std::span<const int32_t> ids, int Lp, int window,
-                          int32_t pad_id) {
-  if (ids.empty()) fail("prefill: the prompt has no tokens");
-  if (Lp < int(ids.size())) fail("prefill: pad length {} is shorter than the prompt ({})", Lp, ids.size());
-  std::vector<int32_t> padded(ids.begin(), ids.end());
-  padded.resize(size_t(Lp), pad_id);
-  PrefillInput in;
-  in.Lp = Lp;
-  in.valid_len = int(ids.size());
-  in.embeds = emb.embed(padded);
-  PrefillMasks m = build_masks(MaskMode::Causal, std::span<const uint8_t>{}, in.valid_len, Lp, window);
-  in.mask_global = std::move(m.global);
-  in.mask_sliding = std::move(m.sliding);
-  return in;
-}
-
 }  // namespace vlm

@@ -6,11 +6,6 @@
 #include <string_view>
 #include <vector>
 
-#include "core/tensor.h"
-#include "models/embedder.h"
-#include "models/mask.h"
-#include "models/prefill_input.h"
-
 namespace vlm {
 
 // How image rows reach their magnitude (docs/gemma3/merge-and-scaling.md). Text rows are the
@@ -37,10 +32,5 @@ void merge_image_rows(std::span<const int32_t> ids, int32_t image_token_id,
 
 // L2 norm of each of the n rows [n, H] (in double, returned as f32).
 std::vector<float> row_norms(const float* rows, size_t n, size_t H);
-
-// A text-only prompt at the prefill door: embedded ids, right-padded to Lp rows with
-// `pad_id` (its rows are masked out), and the causal/sliding masks.
-PrefillInput text_prefill(const TextEmbedder& emb, std::span<const int32_t> ids, int Lp, int window,
-                          int32_t pad_id);
 
 }  // namespace vlm

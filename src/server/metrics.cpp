@@ -11,6 +11,7 @@ const std::vector<MetricInfo>& metric_list() {
       {"num_requests_running", "gauge", "Requests in the engine (encoding, prefill or decode)."},
       {"num_requests_waiting", "gauge", "Requests admitted and waiting for a place in the batch."},
       {"kv_cache_bytes", "gauge", "Bytes of KV cache held by running requests."},
+      {"kv_cache_usage_perc", "gauge", "KV memory reserved by running requests, as a fraction of the budget (0 without one)."},
       {"prompt_tokens_total", "counter", "Prompt tokens of finished requests (image tokens included)."},
       {"generation_tokens_total", "counter", "Generated tokens."},
       {"request_success_total", "counter", "Finished requests by finish reason (stop, length, cancelled, error)."},

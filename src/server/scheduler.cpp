@@ -58,6 +58,9 @@ void Scheduler::note_cancel(Job& job) {
 }
 
 std::shared_ptr<Job> Scheduler::submit(engine::Request req, bool block) {
+  // A request that could never be admitted is the client's to fix (a 400, not a wait forever).
+  if (const size_t budget = opt_.budget.kv_bytes; budget > 0 && engine::kv_reservation(model_, req) > budget)
+    refuse(400, engine::kv_budget_error(model_, req, budget), "max_tokens", "kv_budget_exceeded");
   auto job = std::make_shared<Job>();
   Job* j = job.get();
   j->owner_ = this;
@@ -168,6 +171,8 @@ void Scheduler::update_queue_state() {
   metrics_.set("num_requests_waiting", double(waiting_));
   metrics_.set("num_requests_running", double(engine_.running()));
   metrics_.set("kv_cache_bytes", double(engine_.kv_bytes()));
+  if (opt_.budget.kv_bytes > 0)
+    metrics_.set("kv_cache_usage_perc", double(engine_.kv_reserved()) / double(opt_.budget.kv_bytes));
   room_cv_.notify_all();
   if (inbox_.empty() && live_.empty()) idle_cv_.notify_all();
 }

@@ -58,7 +58,7 @@ class Job {
 };
 
 struct SchedulerOptions {
-  engine::StepBudget budget;                  // max_seqs bounds the batch
+  engine::StepBudget budget;                  // max_seqs and kv_bytes bound the batch
   int max_queue = 64;                         // requests waiting for a place in the batch
   uint64_t max_queued_image_bytes = 512u << 20;  // decoded pixels of waiting requests
   // TEST-ONLY: a pause after every engine step, so tests can act while a request is in a given

@@ -1,5 +1,6 @@
 #include "vision/siglip.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -117,9 +118,15 @@ double SiglipTower::flops(int n) const {
 }
 
 std::vector<float> SiglipTower::forward(const float* pixels, int n, const kernels::Exec& ex) const {
+  Pass pass = begin(pixels, n, ex);
+  advance(pass, layers_.size(), ex);
+  return finish(std::move(pass), ex);
+}
+
+SiglipTower::Pass SiglipTower::begin(const float* pixels, int n, const kernels::Exec& ex) const {
   ThreadPool& pool = ex.threads();
   const size_t S = size_t(image_size_), p = size_t(patch_), g = S / p, P = g * g;
-  const size_t D = size_t(hidden_), F = size_t(inter_), H = size_t(heads_), hd = D / H;
+  const size_t D = size_t(hidden_);
   const size_t M = size_t(n) * P, K = 3 * p * p;
 
   // Unfold each patch in (channel, row, col) order, matching the flattened OIHW kernel.
@@ -137,26 +144,41 @@ std::vector<float> SiglipTower::forward(const float* pixels, int n, const kernel
         }
       }
   });
-  std::vector<float> x(M * D);
+  Pass pass;
+  pass.n = n;
+  pass.x.resize(M * D);
+  std::vector<float>& x = pass.x;
   kernels::matmul_bias(patches.data(), M, patch_w_, patch_b_.data(), x.data(), ex);
   patches = {};
   rows_parallel(pool, M, [&](size_t m) {
     const float* pe = &pos_[(m % P) * D];
     for (size_t i = 0; i < D; ++i) x[m * D + i] += pe[i];
   });
+  return pass;
+}
 
+void SiglipTower::layer_norm(const float* in, const std::vector<float>& w, const std::vector<float>& b, float* out,
+                             size_t M, const kernels::Exec& ex) const {
+  const size_t D = size_t(hidden_);
+  ex.threads().parallel_for(M, [&](size_t lo, size_t hi) {
+    kernels::layer_norm(in + lo * D, w.data(), b.data(), out + lo * D, hi - lo, D, eps_, ex.isa);
+  });
+}
+
+size_t SiglipTower::advance(Pass& pass, size_t layers, const kernels::Exec& ex) const {
+  const size_t first = pass.next, end = std::min(layers_.size(), first + layers);
+  if (end == first) return 0;
+  ThreadPool& pool = ex.threads();
+  const size_t P = size_t(num_patches()), D = size_t(hidden_), F = size_t(inter_), H = size_t(heads_), hd = D / H;
+  const size_t n = size_t(pass.n), M = n * P;
+  float* x = pass.x.data();
   std::vector<float> h(M * D), q(M * D), k(M * D), v(M * D), att(M * D), f(M * F);
   const float scale = float(1.0 / std::sqrt(double(hd)));
   const nn::AttnShape shape{H, H, hd, 1.f};  // q carries the scale already
   nn::AttnScratch work;
-  auto layer_norm = [&](const float* in, const std::vector<float>& w, const std::vector<float>& b,
-                        float* out) {
-    pool.parallel_for(M, [&](size_t lo, size_t hi) {
-      kernels::layer_norm(in + lo * D, w.data(), b.data(), out + lo * D, hi - lo, D, eps_, ex.isa);
-    });
-  };
-  for (const Layer& L : layers_) {
-    layer_norm(x.data(), L.ln1_w, L.ln1_b, h.data());
+  for (; pass.next < end; ++pass.next) {
+    const Layer& L = layers_[pass.next];
+    layer_norm(x, L.ln1_w, L.ln1_b, h.data(), M, ex);
     kernels::matmul_bias(h.data(), M, L.q, L.q_b.data(), q.data(), ex);
     // q·kᵀ·scale computed as (q·scale)·kᵀ: one pass over [M, D] instead of over every
     // [P, P] score matrix (in f32 the two orders differ by about an ulp).
@@ -166,14 +188,14 @@ std::vector<float> SiglipTower::forward(const float* pixels, int n, const kernel
     kernels::matmul_bias(h.data(), M, L.k, L.k_b.data(), k.data(), ex);
     kernels::matmul_bias(h.data(), M, L.v, L.v_b.data(), v.data(), ex);
     // Every patch attends to every patch of its own image (no mask).
-    for (size_t img = 0; img < size_t(n); ++img)
+    for (size_t img = 0; img < n; ++img)
       nn::attention(&q[img * P * D], P, &k[img * P * D], &v[img * P * D], P, nullptr, shape, &att[img * P * D],
                     work, ex);
     kernels::matmul_bias(att.data(), M, L.o, L.o_b.data(), h.data(), ex);
     rows_parallel(pool, M, [&](size_t m) {
       for (size_t i = 0; i < D; ++i) x[m * D + i] += h[m * D + i];
     });
-    layer_norm(x.data(), L.ln2_w, L.ln2_b, h.data());
+    layer_norm(x, L.ln2_w, L.ln2_b, h.data(), M, ex);
     kernels::matmul_bias(h.data(), M, L.fc1, L.fc1_b.data(), f.data(), ex);
     pool.parallel_for(M, [&](size_t lo, size_t hi) { kernels::gelu_tanh(&f[lo * F], (hi - lo) * F, ex.isa); });
     kernels::matmul_bias(f.data(), M, L.fc2, L.fc2_b.data(), h.data(), ex);
@@ -181,8 +203,13 @@ std::vector<float> SiglipTower::forward(const float* pixels, int n, const kernel
       for (size_t i = 0; i < D; ++i) x[m * D + i] += h[m * D + i];
     });
   }
-  layer_norm(x.data(), post_w_, post_b_, x.data());
-  return x;
+  return end - first;
+}
+
+std::vector<float> SiglipTower::finish(Pass&& pass, const kernels::Exec& ex) const {
+  if (!done(pass)) fail("SigLIP: finish() after {} of {} encoder layers", pass.next, layers_.size());
+  layer_norm(pass.x.data(), post_w_, post_b_, pass.x.data(), size_t(pass.n) * size_t(num_patches()), ex);
+  return std::move(pass.x);
 }
 
 }  // namespace vlm::vision

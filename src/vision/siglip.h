@@ -33,6 +33,20 @@ class SiglipTower {
   // pixel_values to the tower's dtype before the patch convolution (docs/gemma3/preprocessing.md#dtype).
   std::vector<float> forward(const float* pixels, int n, const kernels::Exec& ex) const;
 
+  // forward() in pieces, so a scheduler can run other work between encoder layers: begin()
+  // embeds the patches, advance() runs up to `layers` more encoder layers (returns how many ran),
+  // finish() applies the post-layernorm. The same operations in the same order: the same floats.
+  struct Pass {
+    std::vector<float> x;  // [n, P, hidden] residual stream
+    int n = 0;
+    size_t next = 0;       // the next encoder layer
+  };
+  Pass begin(const float* pixels, int n, const kernels::Exec& ex) const;
+  size_t advance(Pass& pass, size_t layers, const kernels::Exec& ex) const;
+  bool done(const Pass& pass) const { return pass.next == layers_.size(); }
+  std::vector<float> finish(Pass&& pass, const kernels::Exec& ex) const;
+  int num_layers() const { return int(layers_.size()); }
+
   // Floating-point operations of forward() for n images (matmuls and attention).
   double flops(int n) const;
 
@@ -48,6 +62,9 @@ class SiglipTower {
   std::vector<float> patch_b_, pos_;  // [hidden], [P, hidden]
   std::vector<Layer> layers_;
   std::vector<float> post_w_, post_b_;
+
+  void layer_norm(const float* in, const std::vector<float>& w, const std::vector<float>& b, float* out, size_t M,
+                  const kernels::Exec& ex) const;
 };
 
 }  // namespace vlm::vision

@@ -145,6 +145,20 @@ class HostileInputs(unittest.TestCase):
         self.refused(args + ["--pad-to", "2000"], "--pad-to 2000 exceeds the context limit of 1024")
         self.refused(args + ["--pad-to", "-3"], "--pad-to", status=105)
 
+    def test_dump_logits_bounded_before_allocating(self):
+        # Within a long context, [rows, vocab] logits still reach 100+ GiB: a stated 4 GiB cap
+        # (4096 rows of the 262144-token vocabulary), checked before the prefill runs.
+        m = self.clone("long")
+        with open(os.path.join(m, "config.json")) as f:
+            cfg = json.load(f)
+        cfg["max_position_embeddings"] = 131072
+        with open(os.path.join(m, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        args = ["dump", "--model", m, "--prompt", "Hi", "--out", self.path("d")]
+        self.refused(args + ["--steps", "0", "--pad-to", "100000"], "--pad-to", "100000 rows", "limit of 4 GiB")
+        self.refused(args + ["--steps", "5000"], "--steps", "5000 rows", "limit of 4 GiB")
+        self.assertFalse(os.path.exists(self.path("d", "logits.npy")))
+
     def test_tokenize_image_expansion_bounded(self):
         msgs = [{"role": "user", "content": [{"type": "image"}] * 40}]
         self.refused(["tokenize", "--model", os.path.join(FIXTURES, "tiny-f32"), "--chat", "--image-tokens", "65536",

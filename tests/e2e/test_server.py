@@ -320,6 +320,46 @@ class TestServerOperator(unittest.TestCase):
                 self.assertEqual(r["usage"]["prompt_tokens_details"]["image_tokens"], 16)
                 self.assertEqual(srv.stop(), 0)
 
+    def test_kv_memory_budget_bounds_the_batch(self):
+        # tiny-f32: 2 global layers + 4 sliding (window 8), 2 KV heads x 24: 384 bytes a slot.
+        # max_tokens 300 on a ~15-token prompt reserves (2 * 315 + 4 * 8) * 384 ~ 254 KB, so a
+        # 0.5 MiB budget runs two at once; the whole context (799 KB) never fits.
+        with Server("tiny-f32", ["--max-seqs", "8", "--kv-memory", "0.5"], threads=2) as srv:
+            body = chat("no max_tokens: the whole context")
+            del body["max_tokens"]
+            code, _, r = srv.post("/v1/chat/completions", body)
+            self.assertEqual(code, 400, r)
+            self.assertEqual(r["error"]["code"], "kv_budget_exceeded")
+            self.assertIn("more than the whole KV memory budget of 0.5 MiB", r["error"]["message"])
+            results, peak, done = [], {"running": 0, "usage": 0.0}, threading.Event()
+
+            def one(i):
+                results.append(srv.post("/v1/chat/completions", chat(f"Count {i}", max_tokens=300, ignore_eos=True)))
+
+            def watch():
+                while not done.is_set():
+                    m = srv.metrics()
+                    peak["running"] = max(peak["running"], metric(m, "vlm:num_requests_running", 0))
+                    peak["usage"] = max(peak["usage"], metric(m, "vlm:kv_cache_usage_perc", 0))
+                    time.sleep(0.02)
+
+            w = threading.Thread(target=watch)
+            w.start()
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            done.set()
+            w.join()
+            self.assertEqual(sorted(r[0] for r in results), [200] * 6)
+            for _, _, r in results:
+                self.assertEqual(r["usage"]["completion_tokens"], 300)
+            self.assertEqual(peak["running"], 2)
+            self.assertGreater(peak["usage"], 0.5)
+            self.assertLessEqual(peak["usage"], 1.0)
+            self.assertEqual(srv.stop(), 0)
+
     def test_full_queue_answers_429_with_retry_after(self):
         with Server("tiny-f32", ["--max-seqs", "1", "--max-queue", "1"]) as srv:
             body = chat("Count", max_tokens=400, ignore_eos=True)  # vLLM's extension: no early stop

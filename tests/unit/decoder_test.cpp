@@ -13,7 +13,7 @@
 #include "io/checkpoint.h"
 #include "models/gemma3/registry.h"
 #include "models/gemma3/decoder.h"
-#include "multimodal/merge.h"
+#include "multimodal/host.h"
 
 namespace vlm {
 namespace {
@@ -46,11 +46,16 @@ class DecoderTest : public ::testing::Test {
     pool_ = std::make_unique<ThreadPool>(2);
     model_ = std::make_unique<Decoder>(*ckpt_, *pool_);
   }
+  // A text prompt at the prefill door through the host's one builder, right-padded to Lp rows.
+  PrefillInput text_input(std::span<const int32_t> ids, int Lp) const {
+    HostOptions o;
+    o.mask_mode = MaskMode::Causal;
+    o.pad_to = Lp;
+    return build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, o, *pool_).input;
+  }
   KvCache prefilled(const std::vector<int32_t>& ids, std::vector<float>* logits, int64_t context = 256) {
     KvCache c = model_->new_cache(context);
-    const TextConfig& t = model_->config();
-    *logits = model_->prefill_from_embeddings(
-        text_prefill(model_->embedder(), ids, int(ids.size()), t.sliding_window, 0), c);
+    *logits = model_->prefill_from_embeddings(text_input(ids, int(ids.size())), c);
     return c;
   }
   std::unique_ptr<Checkpoint> ckpt_;
@@ -127,8 +132,7 @@ TEST_F(DecoderTest, ContextLimitIsAnErrorBeforeCompute) {
   std::vector<float> logits;
   const std::vector<int32_t> ids = prompt_of(10, 1);
   KvCache small = model_->new_cache(9);
-  const TextConfig& t = model_->config();
-  PrefillInput in = text_prefill(model_->embedder(), ids, 10, t.sliding_window, 0);
+  PrefillInput in = text_input(ids, 10);
   EXPECT_THROW(model_->prefill_from_embeddings(in, small), Error);
   EXPECT_EQ(small.length(), 0);
   KvCache full = prefilled(ids, &logits, 10);
@@ -138,9 +142,8 @@ TEST_F(DecoderTest, ContextLimitIsAnErrorBeforeCompute) {
 }
 
 TEST_F(DecoderTest, PrefillRejectsBadInputs) {
-  const TextConfig& t = model_->config();
   const std::vector<int32_t> ids = prompt_of(6, 2);
-  PrefillInput in = text_prefill(model_->embedder(), ids, 8, t.sliding_window, 0);
+  PrefillInput in = text_input(ids, 8);
   {
     KvCache c = model_->new_cache(64);
     PrefillInput bad = in;
@@ -173,14 +176,13 @@ TEST_F(DecoderTest, PrefillRejectsBadInputs) {
 // padded) gives the same logits at every position as one prefill, and the same decode
 // steps after it; chunk boundaries fall before, inside and past the sliding window.
 TEST_F(DecoderTest, ChunkedPrefillEqualsOnePrefill) {
-  const TextConfig& t = model_->config();
   const std::vector<int32_t> ids = prompt_of(30, 5);
   const size_t V = size_t(model_->vocab());
   PrefillOptions all;
   all.all_logits = true;
   KvCache one = model_->new_cache(64);
   const std::vector<float> ref = model_->prefill_from_embeddings(
-      text_prefill(model_->embedder(), ids, 30, t.sliding_window, 0), one, all);
+      text_input(ids, 30), one, all);
   for (const std::vector<int>& cuts : {std::vector<int>{0, 3, 4, 30}, std::vector<int>{0, 7, 19, 30},
                                        std::vector<int>{0, 12, 13, 29, 30}}) {
     KvCache c = model_->new_cache(64);
@@ -189,7 +191,7 @@ TEST_F(DecoderTest, ChunkedPrefillEqualsOnePrefill) {
       const std::span<const int32_t> part(ids.data() + cuts[i], size_t(cuts[i + 1] - cuts[i]));
       const int Lp = int(part.size()) + (i == 1 ? 5 : 0);  // the second chunk right-padded
       const std::vector<float> l =
-          model_->prefill_from_embeddings(text_prefill(model_->embedder(), part, Lp, t.sliding_window, 0), c, all);
+          model_->prefill_from_embeddings(text_input(part, Lp), c, all);
       got.insert(got.end(), l.begin(), l.begin() + std::ptrdiff_t(part.size() * V));
     }
     ASSERT_EQ(c.length(), 30);

@@ -90,7 +90,7 @@ class EngineTest : public ::testing::Test {
   }
   Record alone(const Request& req) const {
     Record r;
-    Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8});
+    Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0});  // whole images
     eng.add(std::make_shared<Sequence>(*model_, req, record_into(r)));
     eng.run_until_idle();
     return r;
@@ -103,6 +103,23 @@ float max_abs(const std::vector<float>& v) {
   float m = 0;
   for (float x : v) m = std::max(m, std::fabs(x));
   return m;
+}
+
+// Every logits row of `got` within 1e-5 of the largest |logit| of `solo`'s row (a batched pass
+// sums in another order than a solo one); returns the largest difference.
+float expect_logits_near(const Record& got, const Record& solo) {
+  EXPECT_EQ(got.logits.size(), solo.logits.size());
+  float worst_all = 0;
+  for (size_t t = 0; t < std::min(got.logits.size(), solo.logits.size()); ++t) {
+    const std::vector<float>& a = got.logits[t];
+    const std::vector<float>& b = solo.logits[t];
+    EXPECT_EQ(a.size(), b.size());
+    float worst = 0;
+    for (size_t k = 0; k < std::min(a.size(), b.size()); ++k) worst = std::max(worst, std::fabs(a[k] - b[k]));
+    EXPECT_LE(worst, 1e-5f * std::max(1.0f, max_abs(b))) << "logits row " << t;
+    worst_all = std::max(worst_all, worst);
+  }
+  return worst_all;
 }
 
 TEST_F(EngineTest, MixedStepsGiveEachSequenceItsSoloTokensAndLogits) {
@@ -146,17 +163,7 @@ TEST_F(EngineTest, MixedStepsGiveEachSequenceItsSoloTokensAndLogits) {
     EXPECT_EQ(got[i].text, solo[i].text);
     EXPECT_EQ(got[i].usage.prompt_tokens, int(reqs[i].prompt.size()));
     EXPECT_EQ(got[i].usage.completion_tokens, reqs[i].max_tokens);
-    ASSERT_EQ(got[i].logits.size(), solo[i].logits.size());
-    for (size_t t = 0; t < solo[i].logits.size(); ++t) {
-      const std::vector<float>& a = got[i].logits[t];
-      const std::vector<float>& b = solo[i].logits[t];
-      ASSERT_EQ(a.size(), b.size());
-      const float tol = 1e-5f * std::max(1.0f, max_abs(b));
-      float worst = 0;
-      for (size_t k = 0; k < a.size(); ++k) worst = std::max(worst, std::fabs(a[k] - b[k]));
-      EXPECT_LE(worst, tol) << "logits row " << t;
-      worst_all = std::max(worst_all, worst);
-    }
+    worst_all = std::max(worst_all, expect_logits_near(got[i], solo[i]));
   }
   RecordProperty("max_logit_diff", std::to_string(worst_all));
   std::printf("mixed vs alone: %d steps, %d with decode rows and prompt chunks together, max |logit diff| %g\n",
@@ -197,7 +204,9 @@ TEST_F(EngineTest, CancelInEveryPhaseFreesTheSequenceAndFinishesOnce) {
     eng.add(keep);
     eng.step();
     eng.add(seq);
-    for (int i = 0; i < 100 && seq->phase() != when; ++i) eng.step();
+    // Prefill: once a first chunk is in the cache (the encode ends a step before any chunk runs).
+    auto reached = [&] { return seq->phase() == when && (when != Phase::Prefill || seq->kv_bytes() > 0); };
+    for (int i = 0; i < 100 && !reached(); ++i) eng.step();
     ASSERT_EQ(seq->phase(), when);
     const size_t tokens_before = r.tokens.size();
     if (when == Phase::Prefill || when == Phase::Decode) EXPECT_GT(seq->kv_bytes(), 0u);
@@ -320,6 +329,91 @@ TEST_F(EngineTest, LogprobsAreLogSoftmaxOfTheRawRow) {
     EXPECT_GE(events[t].top[0].second, events[t].top[1].second);
     EXPECT_GE(events[t].top[1].second, events[t].top[2].second);
   }
+}
+
+// The KV memory budget: each sequence is admitted with the most its cache can hold (prompt plus
+// max_tokens), never past the budget; the queue's head waits until finished sequences free
+// theirs; a request larger than the whole budget fails on admission naming both sizes; every
+// admitted sequence gives its solo tokens.
+TEST_F(EngineTest, KvBudgetBoundsWhatIsAdmitted) {
+  const std::vector<Request> reqs = {request("one", 0, 11, 6), request("two two", 1, 12, 9),
+                                     request("three three three", 0, 13, 4), request("four", 0, 14, 7)};
+  size_t biggest = 0, sum = 0;
+  for (const Request& r : reqs) {
+    const size_t need = kv_reservation(*model_, r);
+    const TextConfig& t = model_->config().text;
+    // By hand: every layer holds min(window, P + max_tokens) (sliding) or P + max_tokens positions.
+    size_t slots = 0;
+    const int64_t n = int64_t(r.prompt.size()) + r.max_tokens;
+    for (int l = 0; l < t.num_layers; ++l)
+      slots += size_t(t.layer_kinds[size_t(l)] == LayerKind::Sliding ? std::min<int64_t>(n, t.sliding_window) : n);
+    ASSERT_EQ(need, slots * size_t(t.num_kv_heads * t.head_dim) * 8) << r.prompt.size();
+    biggest = std::max(biggest, need);
+    sum += need;
+  }
+  const size_t budget = biggest * 2;  // room for two at most, never for all four
+  ASSERT_LT(budget, sum);
+  std::vector<Record> solo;
+  for (const Request& r : reqs) solo.push_back(alone(r));
+
+  std::vector<Record> got(reqs.size() + 1);
+  Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .kv_bytes = budget});
+  std::vector<std::shared_ptr<Sequence>> seqs;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    seqs.push_back(std::make_shared<Sequence>(*model_, reqs[i], record_into(got[i])));
+  Request huge = request("too long for the budget", 0, 15, 8);
+  huge.max_tokens = int(model_->context()) - int(huge.prompt.size());
+  ASSERT_GT(kv_reservation(*model_, huge), budget);
+  auto too_big = std::make_shared<Sequence>(*model_, huge, record_into(got.back()));
+  for (auto& s : seqs) eng.add(s);
+  eng.add(too_big);
+  size_t most_running = 0;
+  while (!eng.idle()) {
+    eng.step();
+    EXPECT_LE(eng.kv_reserved(), budget);
+    EXPECT_LE(eng.kv_bytes(), eng.kv_reserved());
+    most_running = std::max(most_running, eng.running());
+  }
+  EXPECT_GE(most_running, 1u);
+  EXPECT_LT(most_running, reqs.size());
+  EXPECT_EQ(eng.kv_reserved(), 0u);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, solo[i].tokens) << i;
+    EXPECT_EQ(got[i].finishes, 1) << i;
+  }
+  EXPECT_EQ(got.back().reason, FinishReason::Error);
+  EXPECT_NE(too_big->error().find("more than the whole KV memory budget"), std::string::npos) << too_big->error();
+  EXPECT_TRUE(got.back().tokens.empty());
+}
+
+// An image encode runs one tower layer per step (vision_layers 1): a text request that arrives
+// while it runs is prefilled and gets its first token before the encode ends, and both give
+// their solo tokens and logits (the encode in pieces is bit-identical to the whole one; the
+// prefill shares its pass with the other sequence's decode row).
+TEST_F(EngineTest, TextArrivingDuringAnImageEncodeDoesNotWaitForIt) {
+  const Request img = request("Describe both.", 2, 21, 5), txt = request("Quick question", 0, 22, 5);
+  const Record solo_img = alone(img), solo_txt = alone(txt);
+  Record a, b;
+  Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 1, .vision_layers = 1});
+  auto sa = std::make_shared<Sequence>(*model_, img, record_into(a));
+  auto sb = std::make_shared<Sequence>(*model_, txt, record_into(b));
+  eng.add(sa);
+  eng.step();
+  ASSERT_EQ(sa->phase(), Phase::Encoding);
+  eng.add(sb);
+  int steps = 0;
+  while (b.tokens.empty() && !eng.idle()) {
+    const StepStats st = eng.step();
+    EXPECT_LE(st.images, 1);
+    ++steps;
+  }
+  EXPECT_EQ(sa->phase(), Phase::Encoding) << "the text request waited for the whole encode";
+  EXPECT_EQ(steps, 1);  // its prefill runs in the first step after it arrives, before that step's layer
+  eng.run_until_idle();
+  EXPECT_EQ(a.tokens, solo_img.tokens);
+  expect_logits_near(a, solo_img);
+  EXPECT_EQ(b.tokens, solo_txt.tokens);
+  expect_logits_near(b, solo_txt);
 }
 
 }  // namespace

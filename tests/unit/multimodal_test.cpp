@@ -122,15 +122,15 @@ TEST_F(HostTest, ContextOverflowAndShortPadRefused) {
   EXPECT_NE(error_of(ids, o).find("shorter than the prompt"), std::string::npos);
 }
 
-// A request without images on a VLM is the text path: same rows, same masks as
-// text_prefill (the hf mode has no image block to open), so the same logits.
+// A request without images on a VLM is the text path: in the hf mode with no image block to
+// open, the same rows and masks as the plain causal mode, so the same logits.
 TEST_F(HostTest, NoImagePrefillEqualsTextPrefill) {
   const std::vector<int32_t> ids = {2, 105, 2364, 107, 9259, 236764, 1041, 4799, 563, 12864, 106, 107};
   HostOptions o;
   o.mask_mode = MaskMode::Hf;
   const MultimodalPrefill mm = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, o, *pool_);
-  const TextConfig& t = model_->config();
-  const PrefillInput txt = text_prefill(model_->embedder(), ids, int(ids.size()), t.sliding_window, 0);
+  o.mask_mode = MaskMode::Causal;
+  const PrefillInput txt = build_prefill(*model_, ckpt_->config(), nullptr, ids, {}, o, *pool_).input;
   EXPECT_EQ(mm.input.embeds, txt.embeds);
   EXPECT_EQ(mm.input.mask_global, txt.mask_global);
   EXPECT_EQ(mm.input.mask_sliding, txt.mask_sliding);

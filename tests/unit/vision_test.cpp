@@ -207,5 +207,31 @@ TEST(VisionEncoder, EncodesTinyImage) {
   EXPECT_EQ(enc.encode({}, pool).pixels.count, 0);
 }
 
+// The encode in pieces (what the engine runs between other sequences' steps) is the same
+// operations in the same order: bit-identical tower output and features, one layer at a time.
+TEST(VisionEncoder, InPiecesEqualsWholeBitForBit) {
+  const char* fx = std::getenv("VLM_FIXTURES");
+  if (!fx) GTEST_SKIP() << "VLM_FIXTURES not set";
+  Checkpoint ck = models::gemma3::open_checkpoint(std::filesystem::path(fx) / "tiny-f32");
+  VisionEncoder enc(ck);
+  ThreadPool pool(2);
+  const std::vector<RgbImage> images{gray_row({0, 50, 100, 200}, 3), gray_row({250, 10, 90}, 5)};
+  const ImageEncoding whole = enc.encode(images, pool);
+  VisionEncoder::Job job = enc.start(images, pool);
+  size_t ran = 0, calls = 0;
+  while (!job.done) {
+    const size_t r = enc.advance(job, 1, pool);
+    ASSERT_EQ(r, 1u);
+    ran += r;
+    ++calls;
+  }
+  EXPECT_EQ(ran, size_t(enc.tower().num_layers()));
+  EXPECT_GE(calls, 2u);
+  EXPECT_EQ(enc.advance(job, 1, pool), 0u);
+  EXPECT_EQ(job.result.vision_raw, whole.vision_raw);
+  EXPECT_EQ(job.result.features, whole.features);
+  EXPECT_THROW(enc.tower().finish(enc.tower().begin(whole.pixels.values.data(), 1, pool), pool), Error);
+}
+
 }  // namespace
 }  // namespace vlm::vision

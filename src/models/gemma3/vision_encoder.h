@@ -36,6 +36,18 @@ class VisionEncoder {
   ImageEncoding encode(const std::vector<RgbImage>& images, const kernels::Exec& ex,
                        std::optional<bool> pan_and_scan = std::nullopt) const;
 
+  // encode() in pieces (the engine runs other sequences' steps between them): start()
+  // preprocesses and embeds the patches, advance() runs up to `layers` tower layers and returns
+  // how many ran, and once the tower is done it runs the projector and `job.result` is complete.
+  struct Job {
+    ImageEncoding result;
+    SiglipTower::Pass pass;
+    bool done = false;
+  };
+  Job start(const std::vector<RgbImage>& images, const kernels::Exec& ex,
+            std::optional<bool> pan_and_scan = std::nullopt) const;
+  size_t advance(Job& job, size_t layers, const kernels::Exec& ex) const;
+
  private:
   PreprocessorConfig pp_;
   SiglipTower tower_;
