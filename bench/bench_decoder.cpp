@@ -3,7 +3,7 @@
 // fraction of the memory-bandwidth limit: every decode step streams all decoder
 // matrices and the tied output head once, so the limit is
 //   read bandwidth (measured in this run) / weight bytes per token.
-// Usage: bench_decoder [MODEL_DIR] [PROMPT_TOKENS] [DECODE_TOKENS]
+// Usage: bench_decoder [MODEL_DIR | MODEL.gguf] [PROMPT_TOKENS] [DECODE_TOKENS]
 //   (defaults build/ckpt/gemma3-4b, 128, 16; make the folder with
 //   tools/make_checkpoint.py --preset gemma3-4b). Random weights: tokens are meaningless.
 #include <fmt/format.h>
@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   const char* env = std::getenv("VLM_THREADS");
   const int threads = env ? std::max(1, std::atoi(env)) : 2;
   try {
-    if (!std::filesystem::exists(dir / "config.json"))
+    if (!std::filesystem::exists(dir / "config.json") && dir.extension() != ".gguf")
       fail("{}: no checkpoint here; make one with tools/make_checkpoint.py --preset gemma3-4b", dir.string());
     if (n_prompt < 1 || n_decode < 1) fail("prompt and decode token counts must be positive");
     Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false});

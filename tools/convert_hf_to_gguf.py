@@ -246,7 +246,7 @@ def vision_name(c):
     raise SystemExit(f"convert_hf_to_gguf: no GGUF name for vision tensor '{c}'")
 
 
-def write_mmproj(d, cfg, tensors, out, gtype):
+def write_mmproj(d, cfg, tensors, out, gtype, projection_type="f16"):
     v = cfg["vision_config"]
     H = cfg["text_config"]["hidden_size"]
     w = gguf_writer.GGUFWriter()
@@ -282,7 +282,7 @@ def write_mmproj(d, cfg, tensors, out, gtype):
         if ".embeddings." in c:
             t = "f32"
         elif name == "mm.input_projection.weight":
-            t = "f16"
+            t = projection_type
         else:
             t = storage_type(x, gtype, "f16")
         w.add_tensor(name, x, t)
@@ -304,6 +304,8 @@ def main(argv=None):
     ap.add_argument("--fallback-type", default="f16", choices=["f32", "f16", "bf16"])
     ap.add_argument("--mmproj-out")
     ap.add_argument("--mmproj-type", default="f16", choices=sorted(gguf_writer.GGML_TYPES))
+    ap.add_argument("--projection-type", default="f16", choices=("f16", "f32"),
+                    help="mm.input_projection.weight (llama.cpp's converter: f16; f32 keeps an f32 checkpoint exact)")
     ap.add_argument("--vocab-only", action="store_true",
                     help="write only the tokenizer keys (DIR needs just tokenizer.json, tokenizer_config.json)")
     a = ap.parse_args(argv)
@@ -327,7 +329,7 @@ def main(argv=None):
     if a.mmproj_out:
         if "vision_config" not in cfg:
             raise SystemExit("convert_hf_to_gguf: --mmproj-out needs a Gemma3ForConditionalGeneration folder")
-        write_mmproj(a.dir, cfg, tensors, a.mmproj_out, a.mmproj_type)
+        write_mmproj(a.dir, cfg, tensors, a.mmproj_out, a.mmproj_type, a.projection_type)
 
 
 if __name__ == "__main__":

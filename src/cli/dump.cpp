@@ -39,7 +39,7 @@ int cmd_dump(int argc, char** argv) {
   ImageArgs ia;
   int pad_to = 0, steps = 32, threads = default_threads();
   std::vector<int> block_cell;
-  app.add_option("--model", model_dir, "checkpoint folder")->required();
+  app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
   pa.add(app);
   app.add_option("--out", out_dir, "output folder")->required();
   app.add_option("--pad-to", pad_to, "right-pad the prefill to this many positions")->check(CLI::Range(0, 1 << 30));

@@ -34,7 +34,8 @@ size_t kv_budget_bytes(const std::string& v) {
 }  // namespace
 
 void EngineArgs::add(CLI::App& app) {
-  app.add_option("--model", model_dir, "checkpoint folder")->required();
+  app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
+  app.add_option("--mmproj", mmproj, "GGUF models: the mmproj .gguf (default: the model folder's mmproj*.gguf)");
   app.add_option("--mask-mode", mask_mode, "prefill mask: hf, mlx or causal (default: hf for VLMs, causal for text)");
   add_precision_option(app, precision);
   app.add_option("--ctx", context, "context length per request (default: max_position_embeddings)")
@@ -61,6 +62,7 @@ engine::ModelOptions EngineArgs::model_options() const {
   o.precision = precision_of(precision);
   o.context = context;
   o.threads = threads;
+  o.mmproj = mmproj;
   return o;
 }
 

@@ -14,6 +14,7 @@ namespace vlm::cli {
 
 struct EngineArgs {
   std::string model_dir;
+  std::string mmproj;  // GGUF models: the mmproj file
   std::string mask_mode;  // empty: the checkpoint's default
   std::string precision;  // empty: the checkpoint's default
   int64_t context = 0;

@@ -40,6 +40,7 @@ void ImageArgs::add(CLI::App& app) {
   app.add_option("--mask-mode", mask_mode, "prefill mask: hf, mlx or causal (default: hf for VLMs, causal for text)");
   app.add_option("--image-scaling", image_scaling,
                  "reference (image rows unscaled) or mlx (pre-divided, then the whole sequence scaled)");
+  app.add_option("--mmproj", mmproj, "GGUF models: the mmproj .gguf (default: the model folder's mmproj*.gguf)");
   app.add_option("--layout", layout, "tokens around images: hf (string expansion) or google (token splice)");
   app.add_flag("--pan-and-scan", pan_and_scan, "Pan & Scan crops follow each image (docs/gemma3/preprocessing.md#pan-and-scan)");
 }
@@ -52,6 +53,7 @@ engine::ModelOptions ImageArgs::model_options() const {
   o.layout = layout == "google" ? text::ImageLayout::Google : text::ImageLayout::HF;
   if (pan_and_scan) o.pan_and_scan = true;
   o.vision = !files.empty();
+  o.mmproj = mmproj;
   // Kernel ISA path (tests and benchmarks compare paths) and the TEST-ONLY fault switches
   // (multimodal/host.h): read here, at the CLI's edge; the library reads no environment.
   if (const char* isa = std::getenv("VLM_ISA"); isa && *isa) o.isa = kernels::parse_isa(isa, "VLM_ISA");
@@ -66,6 +68,9 @@ engine::ModelOptions ImageArgs::model_options() const {
 
 std::vector<vision::RgbImage> ImageArgs::load(const std::filesystem::path& model_dir) const {
   if (files.empty()) return {};
+  // A safetensors folder is checked here, before the weights load (a GGUF model without an
+  // mmproj file is refused by the Model).
+  if (!std::filesystem::exists(model_dir / "config.json")) return vision::load_images(files);
   const ModelConfig mc = load_config(model_dir);
   if (!mc.is_vlm()) fail("--image: {} is a text-only checkpoint ({})", model_dir.string(), mc.architecture);
   return vision::load_images(files);

@@ -38,6 +38,7 @@ struct ImageArgs {
   std::string mask_mode;           // --mask-mode; empty = the checkpoint's default
   std::string image_scaling = "reference";
   std::string layout = "hf";
+  std::string mmproj;              // --mmproj: a GGUF model's vision tower + projector
   bool pan_and_scan = false;
   // Adds --image, --mask-mode, --image-scaling, --layout, --pan-and-scan.
   void add(CLI::App& app);

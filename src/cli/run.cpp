@@ -35,7 +35,7 @@ int cmd_run(int argc, char** argv) {
   int threads = default_threads();
   int64_t context = 0;
   bool print_ids = false;
-  app.add_option("--model", model_dir, "checkpoint folder")->required();
+  app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
   pa.add(app);
   app.add_flag("--ids", print_ids, "print generated token ids instead of text");
   app.add_option("--max-tokens", req.max_tokens, "most tokens to generate")->check(CLI::Range(0, 1 << 30));

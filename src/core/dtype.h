@@ -1,5 +1,7 @@
 // Storage dtypes of checkpoint tensors and exact scalar conversions.
-// Activations are f32; weights stay in their stored dtype.
+// Activations are f32; weights stay in their stored dtype: a float type or one of ggml's
+// block-quantized types (docs/gguf.md §2; blocks run along a row). Q8Act is not a storage
+// type: it is the int8 block format the quantized dot kernels want activations in.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,8 +10,10 @@
 
 namespace vlm {
 
-enum class DType : uint8_t { F32, F16, BF16 };
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q8Act };
 
+inline bool is_block_quantized(DType t) { return t != DType::F32 && t != DType::F16 && t != DType::BF16; }
+// Bytes per element of a float type (block types: kernels::format_of(t).row_bytes).
 inline size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
 
 inline std::string_view dtype_name(DType t) {
@@ -17,6 +21,11 @@ inline std::string_view dtype_name(DType t) {
     case DType::F32: return "F32";
     case DType::F16: return "F16";
     case DType::BF16: return "BF16";
+    case DType::Q8_0: return "Q8_0";
+    case DType::Q4_0: return "Q4_0";
+    case DType::Q4_K: return "Q4_K";
+    case DType::Q6_K: return "Q6_K";
+    case DType::Q8Act: return "Q8_ACT";
   }
   return "?";
 }

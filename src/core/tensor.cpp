@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/error.h"
+
 namespace vlm {
 
 float TensorView::at(int64_t i) const {
@@ -19,8 +21,9 @@ float TensorView::at(int64_t i) const {
       std::memcpy(&h, data + 2 * i, 2);
       return bf16_to_f32(h);
     }
+    default: break;
   }
-  return 0.f;
+  fail("tensor '{}' is stored {}: element access needs kernels::format_of(...).to_f32", name, dtype_name(dtype));
 }
 
 std::vector<float> TensorView::to_f32() const {

@@ -5,12 +5,13 @@
 
 #include "core/error.h"
 #include "models/gemma3/registry.h"
+#include "text/gguf_vocab.h"
 
 namespace vlm::engine {
 
 std::shared_ptr<const Model> Model::load(const std::filesystem::path& dir, const ModelOptions& opt) {
   if (opt.threads < 0) fail("threads must be >= 1, got {}", opt.threads);
-  Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = opt.vision});
+  Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = opt.vision}, opt.mmproj);
   return std::shared_ptr<const Model>(new Model(std::move(ck), opt));
 }
 
@@ -29,7 +30,10 @@ Model::Model(Checkpoint ck, const ModelOptions& opt) : ck_(std::move(ck)), opt_(
       default_precision(models::gemma3::layer_tensor(ck_, 0, models::gemma3::LayerTensor::Q).dtype), "precision"));
   add_precision(identity_, kernels::precision_name(precision));
   image_tokens_ = image_tokens_of(mc, opt.layout);
-  if (std::filesystem::exists(ck_.dir() / "tokenizer.json")) tok_.emplace(text::Tokenizer::load(ck_.dir()));
+  if (ck_.gguf())
+    tok_.emplace(text::tokenizer_from_gguf(*ck_.gguf()));
+  else if (std::filesystem::exists(ck_.dir() / "tokenizer.json"))
+    tok_.emplace(text::Tokenizer::load(ck_.dir()));
   if (opt.vision && mc.is_vlm()) enc_.emplace(ck_);
   pool_ = std::make_unique<ThreadPool>(opt.threads > 0 ? opt.threads : default_threads());
   exec_ = std::make_unique<const kernels::Exec>(*pool_, opt.isa.value_or(kernels::best_isa()), precision);

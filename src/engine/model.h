@@ -41,6 +41,7 @@ struct ModelOptions {
   // for a bf16 checkpoint, else f32). Part of the identity.
   std::optional<kernels::Precision> precision;
   int64_t context = 0;                 // 0: max_position_embeddings
+  std::filesystem::path mmproj;        // GGUF models: the mmproj file (empty: the folder's, if any)
 };
 
 class Model {

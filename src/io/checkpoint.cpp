@@ -1,12 +1,16 @@
 #include "io/checkpoint.h"
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
 
 #include "core/error.h"
 #include "io/file.h"
+#include "io/gguf.h"
+#include "io/gguf_config.h"
 #include "io/identity.h"
 #include "io/json.h"
 #include "io/safetensors.h"
@@ -17,6 +21,7 @@ namespace fs = std::filesystem;
 
 std::string_view naming_name(Naming n) {
   switch (n) {
+    case Naming::Gguf: return "gguf";
     case Naming::Old: return "old";
     case Naming::New: return "new";
     case Naming::CausalLM: return "causal_lm";
@@ -117,38 +122,6 @@ struct File {
   SafetensorsHeader header;
 };
 
-struct Found {
-  size_t file;
-  const SafetensorsEntry* entry;
-};
-
-// See Checkpoint::weights_fingerprint(). Read with pread, so unloaded parts count too.
-std::string fingerprint(const fs::path& dir, const std::vector<File>& files,
-                        const std::map<std::string, Found, std::less<>>& tensors) {
-  constexpr uint64_t kWhole = 64 << 10, kWindow = 4 << 10, kWindows = 8;
-  std::vector<std::unique_ptr<InputFile>> inputs(files.size());
-  std::vector<char> buf(kWhole);
-  uint64_t h = checksum64(nullptr, 0);
-  for (const auto& [name, f] : tensors) {
-    const SafetensorsEntry& t = *f.entry;
-    const std::string table = fmt::format("{}:{}:{}\n", name, dtype_name(t.dtype), shape_str(t.shape));
-    h = checksum64(table.data(), table.size(), h);
-    std::unique_ptr<InputFile>& in = inputs[f.file];
-    if (!in) in = std::make_unique<InputFile>(dir / files[f.file].name);
-    const uint64_t base = files[f.file].header.data_offset + t.begin, bytes = t.end - t.begin;
-    auto sample = [&](uint64_t off, uint64_t n) {
-      in->read_at(buf.data(), size_t(n), base + off);
-      h = checksum64(buf.data(), size_t(n), h);
-    };
-    if (bytes <= kWhole) {
-      sample(0, bytes);
-      continue;
-    }
-    for (uint64_t w = 0; w < kWindows; ++w) sample((bytes - kWindow) / (kWindows - 1) * w, kWindow);
-  }
-  return fmt::format("{:016x}", h);
-}
-
 std::vector<File> read_headers(const fs::path& dir) {
   std::vector<File> files;
   const fs::path index = dir / "model.safetensors.index.json";
@@ -193,6 +166,121 @@ std::vector<File> read_headers(const fs::path& dir) {
   return files;
 }
 
+// GGUF tensor names (docs/gguf.md §3, §5: llama.cpp's converter tables read backwards).
+struct NamePair {
+  std::string_view gguf, canonical;
+};
+constexpr NamePair kGgufFixed[] = {
+    {"token_embd.weight", "text.embed_tokens.weight"},
+    {"output_norm.weight", "text.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+    {"v.patch_embd.weight", "vision.embeddings.patch_embedding.weight"},
+    {"v.patch_embd.bias", "vision.embeddings.patch_embedding.bias"},
+    {"v.position_embd.weight", "vision.embeddings.position_embedding.weight"},
+    {"v.post_ln.weight", "vision.post_layernorm.weight"},
+    {"v.post_ln.bias", "vision.post_layernorm.bias"},
+    {"mm.input_projection.weight", "projector.mm_input_projection_weight"},
+    {"mm.soft_emb_norm.weight", "projector.mm_soft_emb_norm.weight"},
+};
+// After blk.N. / text.layers.N.
+constexpr NamePair kGgufLayer[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+};
+// After v.blk.N. / vision.encoder.layers.N., before .weight / .bias.
+constexpr NamePair kGgufVisionLayer[] = {
+    {"ln1", "layer_norm1"},           {"ln2", "layer_norm2"},          {"attn_q", "self_attn.q_proj"},
+    {"attn_k", "self_attn.k_proj"},   {"attn_v", "self_attn.v_proj"},  {"attn_out", "self_attn.out_proj"},
+    {"ffn_up", "mlp.fc1"},            {"ffn_down", "mlp.fc2"},
+};
+
+// "<prefix>N.<rest>" → N and rest; nullopt when name has another form.
+std::optional<std::pair<std::string, std::string_view>> split_layer(std::string_view name, std::string_view prefix) {
+  if (!name.starts_with(prefix)) return std::nullopt;
+  name.remove_prefix(prefix.size());
+  const size_t dot = name.find('.');
+  if (dot == 0 || dot == std::string_view::npos) return std::nullopt;
+  const std::string_view n = name.substr(0, dot);
+  if (!std::all_of(n.begin(), n.end(), [](char c) { return c >= '0' && c <= '9'; }) || (n.size() > 1 && n[0] == '0'))
+    return std::nullopt;
+  return std::pair{std::string(n), name.substr(dot + 1)};
+}
+
+// Both directions: GGUF → canonical (to_canon) or canonical → GGUF.
+std::optional<std::string> map_gguf_name(std::string_view name, bool to_canon) {
+  for (const NamePair& p : kGgufFixed)
+    if ((to_canon ? p.gguf : p.canonical) == name) return std::string(to_canon ? p.canonical : p.gguf);
+  const std::string_view text_from = to_canon ? "blk." : "text.layers.", text_to = to_canon ? "text.layers." : "blk.";
+  if (auto l = split_layer(name, text_from))
+    for (const NamePair& p : kGgufLayer)
+      if ((to_canon ? p.gguf : p.canonical) == l->second)
+        return std::string(text_to) + l->first + "." + std::string(to_canon ? p.canonical : p.gguf);
+  const std::string_view vis_from = to_canon ? "v.blk." : "vision.encoder.layers.",
+                         vis_to = to_canon ? "vision.encoder.layers." : "v.blk.";
+  if (auto l = split_layer(name, vis_from)) {
+    const size_t dot = l->second.rfind('.');
+    const std::string_view mod = l->second.substr(0, dot), kind = dot == std::string_view::npos ? "" : l->second.substr(dot);
+    if (kind == ".weight" || kind == ".bias")
+      for (const NamePair& p : kGgufVisionLayer)
+        if ((to_canon ? p.gguf : p.canonical) == mod)
+          return std::string(vis_to) + l->first + "." + std::string(to_canon ? p.canonical : p.gguf) + std::string(kind);
+  }
+  return std::nullopt;
+}
+
+// Gemma's RMSNorm weights, which GGUF stores as 1 + w (SigLIP's LayerNorms are plain).
+bool shifted_norm(std::string_view canonical) {
+  return part_of(canonical) != "vision" && canonical.ends_with("norm.weight");
+}
+
+}  // namespace
+
+struct Checkpoint::Found {
+  std::string file_name;  // name in its file
+  std::string file;       // file basename
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  bool shifted = false;                                 // stored as 1 + w (GGUF norms)
+  std::function<const std::byte*()> data;               // the bytes, mapping the file on first use
+  std::function<void(char*, size_t, uint64_t)> read;    // bytes [off, off + n) without mapping
+};
+
+namespace {
+
+// See Checkpoint::weights_fingerprint(). Read through Found::read, so unloaded parts count too.
+template <class FoundMap>
+std::string fingerprint(const FoundMap& tensors) {
+  constexpr uint64_t kWhole = 64 << 10, kWindow = 4 << 10, kWindows = 8;
+  std::vector<char> buf(kWhole);
+  uint64_t h = checksum64(nullptr, 0);
+  for (const auto& [name, f] : tensors) {
+    const std::string table = fmt::format("{}:{}:{}\n", name, dtype_name(f.dtype), shape_str(f.shape));
+    h = checksum64(table.data(), table.size(), h);
+    auto sample = [&](uint64_t off, uint64_t n) {
+      f.read(buf.data(), size_t(n), off);
+      h = checksum64(buf.data(), size_t(n), h);
+    };
+    if (f.nbytes <= kWhole) {
+      sample(0, f.nbytes);
+      continue;
+    }
+    for (uint64_t w = 0; w < kWindows; ++w) sample((f.nbytes - kWindow) / (kWindows - 1) * w, kWindow);
+  }
+  return fmt::format("{:016x}", h);
+}
+
 }  // namespace
 
 Checkpoint Checkpoint::open(const fs::path& dir, Parts parts, const TensorRegistry& registry) {
@@ -212,86 +300,188 @@ Checkpoint Checkpoint::open(const fs::path& dir, Parts parts, const TensorRegist
     for (const auto& t : f.header.tensors) names.push_back(t.name);
   ck.naming_ = detect_naming(cfg, names, dir);
 
-  std::map<std::string, Found, std::less<>> found;
+  std::vector<std::shared_ptr<MappedFile>> maps(files.size());
+  auto inputs = std::make_shared<std::vector<std::unique_ptr<InputFile>>>(files.size());
+  FoundMap found;
   for (size_t i = 0; i < files.size(); ++i) {
-    for (const auto& t : files[i].header.tensors) {
+    const File& file = files[i];
+    for (const auto& t : file.header.tensors) {
       const std::optional<std::string> canonical = to_canonical(ck.naming_, t.name);
       if (canonical && ignored(t.name, *canonical)) continue;
-      if (canonical && !found.emplace(*canonical, Found{i, &t}).second)
+      if (!canonical) {
+        ck.unknown_.push_back(t.name);
+        continue;
+      }
+      const uint64_t base = file.header.data_offset + t.begin;
+      Found f{t.name, file.name, t.dtype, t.shape, t.end - t.begin, false, {}, {}};
+      f.data = [&ck, &maps, &files, &dir, i, base] {
+        const File& file = files[i];
+        std::shared_ptr<MappedFile>& map = maps[i];
+        if (!map) {
+          map = std::make_shared<MappedFile>(dir / file.name);
+          if (map->size() != file.header.data_offset + file.header.data_size)
+            fail("{}: file changed size while loading", (dir / file.name).string());
+          ck.files_.push_back(map);
+        }
+        return map->data() + base;
+      };
+      f.read = [inputs, path = dir / file.name, i, base](char* dst, size_t n, uint64_t off) {
+        std::unique_ptr<InputFile>& in = (*inputs)[i];
+        if (!in) in = std::make_unique<InputFile>(path);
+        in->read_at(dst, n, base + off);
+      };
+      if (!found.emplace(*canonical, std::move(f)).second)
         fail("{}: tensor '{}' appears twice (as {})", dir.string(), *canonical, t.name);
-      if (!canonical) ck.unknown_.push_back(t.name);
     }
   }
+  const Naming naming = ck.naming_;
+  ck.finish(found, parts, registry, "config.json", [naming](std::string_view c) { return to_file_name(naming, c); });
+  return ck;
+}
 
+Checkpoint Checkpoint::open_gguf(const fs::path& model, const fs::path& mmproj, Parts parts,
+                                 const TensorRegistry& registry) {
+  Checkpoint ck;
+  ck.dir_ = model;
+  ck.naming_ = Naming::Gguf;
+  ck.gguf_ = std::make_shared<const GgufFile>(model);
+  if (!mmproj.empty()) ck.mmproj_ = std::make_shared<const GgufFile>(mmproj);
+  ck.config_ = config_from_gguf(ck.gguf_->header(), ck.mmproj_ ? &ck.mmproj_->header() : nullptr);
+  // llama.cpp ties the head to token_embd unless output.weight is present.
+  ck.config_.text.tie_word_embeddings = !ck.gguf_->header().tensor("output.weight");
+  if (!ck.config_.is_vlm()) parts.vision = false;
+
+  FoundMap found;
+  for (const std::shared_ptr<const GgufFile>& file : {ck.gguf_, ck.mmproj_}) {
+    if (!file) continue;
+    const std::string base = file->path().filename().string();
+    for (const GgufTensor& t : file->header().tensors) {
+      const std::optional<std::string> canonical = map_gguf_name(t.name, true);
+      if (!canonical) {
+        ck.unknown_.push_back(std::string(t.name));
+        continue;
+      }
+      const std::byte* bytes = file->data(t).data();
+      Found f{std::string(t.name), base, dtype_of(t.type), t.shape(), t.bytes, shifted_norm(*canonical), {}, {}};
+      f.data = [bytes] { return bytes; };
+      f.read = [bytes](char* dst, size_t n, uint64_t off) { std::memcpy(dst, bytes + off, n); };
+      if (!found.emplace(*canonical, std::move(f)).second)
+        fail("{}: tensor '{}' appears twice (as {})", file->path().string(), *canonical, t.name);
+    }
+  }
+  ck.finish(found, parts, registry, "the GGUF metadata",
+            [](std::string_view c) { return map_gguf_name(c, false).value_or(std::string(c)); });
+  return ck;
+}
+
+Checkpoint Checkpoint::open_path(const fs::path& path, const fs::path& mmproj, Parts parts,
+                                 const TensorRegistry& registry) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) {
+    if (path.extension() != ".gguf") fail("{}: not a .gguf file or a model folder", path.string());
+    return open_gguf(path, mmproj, parts, registry);
+  }
+  if (!fs::is_directory(path, ec)) fail("{}: not a directory (nor a .gguf file)", path.string());
+  if (fs::exists(path / "config.json")) {
+    if (!mmproj.empty()) fail("--mmproj {}: only GGUF models take an mmproj file ({} is a safetensors folder)",
+                              mmproj.string(), path.string());
+    return open(path, parts, registry);
+  }
+  std::vector<fs::path> models, projs;
+  for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
+    if (!e.is_regular_file() || e.path().extension() != ".gguf") continue;
+    (e.path().filename().string().starts_with("mmproj") ? projs : models).push_back(e.path());
+  }
+  std::sort(models.begin(), models.end());
+  std::sort(projs.begin(), projs.end());
+  if (models.empty()) fail("{}: not a model folder (no config.json and no model .gguf)", path.string());
+  if (models.size() > 1)
+    fail("{}: {} model .gguf files ({}, {}, ...); name one with --model", path.string(), models.size(),
+         models[0].filename().string(), models[1].filename().string());
+  if (mmproj.empty() && projs.size() > 1)
+    fail("{}: {} mmproj*.gguf files ({}, {}, ...); name one with --mmproj", path.string(), projs.size(),
+         projs[0].filename().string(), projs[1].filename().string());
+  return open_gguf(models[0], mmproj.empty() && !projs.empty() ? projs[0] : mmproj, parts, registry);
+}
+
+std::optional<std::string> gguf_name_of(std::string_view canonical) { return map_gguf_name(canonical, false); }
+
+const GgufHeader* Checkpoint::gguf() const { return gguf_ ? &gguf_->header() : nullptr; }
+
+void Checkpoint::finish(FoundMap& found, Parts parts, const TensorRegistry& registry, std::string_view config_name,
+                        const std::function<std::string(std::string_view)>& file_name) {
   std::map<std::string, TensorSpec, std::less<>> expected;
-  for (TensorSpec& t : registry(cfg)) expected.emplace(t.name, std::move(t));
+  for (TensorSpec& t : registry(config_)) expected.emplace(t.name, std::move(t));
   std::map<std::string, std::set<std::string>> dtypes;  // part -> dtype names
   for (auto it = found.begin(); it != found.end();) {
     if (!expected.count(it->first)) {
-      ck.unknown_.push_back(it->second.entry->name);
+      unknown_.push_back(it->second.file_name);
       it = found.erase(it);
       continue;
     }
-    dtypes[std::string(part_of(it->first))].insert(std::string(dtype_name(it->second.entry->dtype)));
+    dtypes[std::string(part_of(it->first))].insert(std::string(dtype_name(it->second.dtype)));
     ++it;
   }
-  std::sort(ck.unknown_.begin(), ck.unknown_.end());
-  ck.weights_fingerprint_ = fingerprint(dir, files, found);
+  std::sort(unknown_.begin(), unknown_.end());
+  weights_fingerprint_ = fingerprint(found);
 
   // Validate and map only the parts this run needs.
   auto wanted = [&](std::string_view canonical) { return part_of(canonical) == "text" ? parts.text : parts.vision; };
-  std::vector<std::shared_ptr<MappedFile>> maps(files.size());
   for (const auto& [name, exp] : expected) {
     if (!wanted(name)) continue;
     auto it = found.find(name);
     if (it == found.end()) {
       if (!exp.required) continue;
       if (name == "lm_head.weight")
-        fail("{}: tensor '{}' is missing and tie_word_embeddings is false", dir.string(),
-             to_file_name(ck.naming_, name));
-      fail("{}: missing tensor '{}' (expected shape {})", dir.string(), to_file_name(ck.naming_, name),
-           shape_str(exp.shape));
+        fail("{}: tensor '{}' is missing and tie_word_embeddings is false", dir_.string(), file_name(name));
+      fail("{}: missing tensor '{}' (expected shape {})", dir_.string(), file_name(name), shape_str(exp.shape));
     }
-    const File& file = files[it->second.file];
-    const SafetensorsEntry& t = *it->second.entry;
+    const Found& t = it->second;
+    const std::string where = naming_ == Naming::Gguf ? t.file : (dir_ / t.file).string();
     if (t.shape != exp.shape)
-      fail("{}: tensor '{}' has shape {}, expected {} from config.json", (dir / file.name).string(), t.name,
-           shape_str(t.shape), shape_str(exp.shape));
-    std::shared_ptr<MappedFile>& map = maps[it->second.file];
-    if (!map) {
-      map = std::make_shared<MappedFile>(dir / file.name);
-      if (map->size() != file.header.data_offset + file.header.data_size)
-        fail("{}: file changed size while loading", (dir / file.name).string());
-      ck.files_.push_back(map);
-    }
+      fail("{}: tensor '{}' has shape {}, expected {} from {}", where, t.file_name, shape_str(t.shape),
+           shape_str(exp.shape), config_name);
     TensorView v;
     v.name = name;
     v.dtype = t.dtype;
     v.shape = t.shape;
-    v.data = map->data() + file.header.data_offset + t.begin;
-    v.nbytes = size_t(t.end - t.begin);
+    v.data = t.data();
+    v.nbytes = size_t(t.nbytes);
+    if (t.shifted) {
+      // GGUF holds f32(1 + w); the models multiply by 1 + w themselves, so they get w back:
+      // for stored values in [0.5, 2] the subtraction is exact (Sterbenz) and 1 + w is the
+      // stored value again, bit for bit (docs/gguf.md §7).
+      if (v.shape.size() != 1 || is_block_quantized(v.dtype))
+        fail("{}: norm tensor '{}' is stored {} with shape {}; expected a float vector", where, t.file_name,
+             dtype_name(v.dtype), shape_str(v.shape));
+      auto w = std::make_shared<std::vector<float>>(v.to_f32());
+      for (float& x : *w) x -= 1.0f;
+      v.dtype = DType::F32;
+      v.data = reinterpret_cast<const std::byte*>(w->data());
+      v.nbytes = w->size() * 4;
+      owned_.push_back(std::move(w));
+    }
     // The decoder's norm weights are small and scale whole rows: one NaN or Inf there turns
     // every logit into NaN, so they are checked here (large matrices are not read at load;
     // the vision tower's output is checked where it joins the prompt: Engine::forward).
     if (v.shape.size() == 1 && part_of(name) == "text")
       if (const std::vector<float> f = v.to_f32(); first_non_finite(f) < f.size())
-        fail("{}: tensor '{}' holds a non-finite value (NaN or Inf) at index {}", (dir / file.name).string(),
-             t.name, first_non_finite(f));
-    ck.tensors_.emplace(name, std::move(v));
-    ck.origins_.emplace(name, Origin{t.name, file.name});
+        fail("{}: tensor '{}' holds a non-finite value (NaN or Inf) at index {}", where, t.file_name,
+             first_non_finite(f));
+    tensors_.emplace(name, std::move(v));
+    origins_.emplace(name, Origin{t.file_name, t.file});
   }
 
   std::set<std::string> all;
   for (const auto& [part, ds] : dtypes) all.insert(ds.begin(), ds.end());
   if (all.size() == 1) {
-    ck.weight_dtypes_ = *all.begin();
+    weight_dtypes_ = *all.begin();
   } else {
     std::vector<std::string> per_part;
     for (const char* part : {"text", "vision", "projector"})
       if (dtypes.count(part)) per_part.push_back(fmt::format("{}={}", part, fmt::join(dtypes[part], "+")));
-    ck.weight_dtypes_ = fmt::format("{}", fmt::join(per_part, ","));
+    weight_dtypes_ = fmt::format("{}", fmt::join(per_part, ","));
   }
-  return ck;
 }
 
 const TensorView* Checkpoint::find(std::string_view canonical) const {

@@ -190,6 +190,26 @@ uint64_t pad_to(uint64_t x, uint64_t a, const std::string& where) {
 
 GgmlTypeTraits ggml_traits(GgmlType t) { return type_row(uint32_t(t))->traits; }
 
+DType dtype_of(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: return DType::F32;
+    case GgmlType::F16: return DType::F16;
+    case GgmlType::BF16: return DType::BF16;
+    case GgmlType::Q8_0: return DType::Q8_0;
+    case GgmlType::Q4_0: return DType::Q4_0;
+    case GgmlType::Q4_K: return DType::Q4_K;
+    case GgmlType::Q6_K: return DType::Q6_K;
+  }
+  fail("gguf: no weight format for ggml type {}", uint32_t(t));
+}
+
+GgmlType ggml_type_of(DType t) {
+  for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K,
+                     GgmlType::Q6_K})
+    if (dtype_of(g) == t) return g;
+  fail("gguf: weight format {} has no ggml type", dtype_name(t));
+}
+
 std::string_view ggml_type_name(GgmlType t) { return type_row(uint32_t(t))->name; }
 
 std::string ggml_type_id_name(uint32_t id) {

@@ -36,6 +36,9 @@ GgmlTypeTraits ggml_traits(GgmlType t);
 std::string_view ggml_type_name(GgmlType t);
 // Name of any ggml type id (known but unsupported ones by their ggml name), for messages.
 std::string ggml_type_id_name(uint32_t id);
+// The weight format (DType) of a GGUF tensor type and back (every GgmlType vlm reads has one).
+DType dtype_of(GgmlType t);
+GgmlType ggml_type_of(DType t);  // throws for DType::Q8Act (activations only)
 // Parses "f32", "Q8_0", ... (case-insensitive); nullopt when not a supported type.
 std::optional<GgmlType> ggml_type_from_name(std::string_view name);
 

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/quant.h"
 #include "kernels/simd_scalar.h"
 
 namespace vlm::kernels {
@@ -45,17 +46,57 @@ Format plain_format(const char* name, FormatKernels detail::IsaKernels::*member)
                 {kernels_for(Isa::Scalar).*member, kernels_for(Isa::Avx2).*member,
                  kernels_for(Isa::Avx512).*member}};
 }
+template <GgmlType G>
+void dequantize(const std::byte* src, float* dst, size_t n) {
+  dequantize_row(G, src, dst, n);
+}
+
+// ggml's block formats: integer dot kernels on activations quantized per 32 (Q8Act), [N, K]
+// layout only. Without AVX512-VNNI the Avx512 row runs the AVX2 kernels.
+template <GgmlType G>
+Format block_format(const char* name, FormatKernels detail::QuantKernels::*member) {
+  using namespace detail;
+  const QuantKernels& wide = quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2;
+  return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
+                &dequantize<G>, DType::Q8Act, nullptr, false,
+                {kQuantScalar.*member, kQuantAvx2.*member, wide.*member}};
+}
+
+void q8act_to_f32(const std::byte* src, float* dst, size_t n) {
+  for (size_t b = 0; b < n / 32; ++b) {
+    QBlock8 blk;
+    std::memcpy(&blk, src + b * sizeof(QBlock8), sizeof blk);
+    for (int j = 0; j < 32; ++j) dst[b * 32 + size_t(j)] = blk.d * float(blk.q[j]);
+  }
+}
+
+void q8act_from_f32(const float* src, std::byte* dst, size_t n) {
+  quantize_activations(src, n, reinterpret_cast<QBlock8*>(dst));
+}
 }  // namespace
 
 const Format& format_of(DType type) {
   using K = detail::IsaKernels;
+  using Q = detail::QuantKernels;
   static const Format f32 = plain_format<DType::F32>("f32", &K::f32);
   static const Format f16 = plain_format<DType::F16>("f16", &K::f16);
   static const Format bf16 = plain_format<DType::BF16>("bf16", &K::bf16);
+  static const Format q8_0 = block_format<GgmlType::Q8_0>("q8_0", &Q::q8_0);
+  static const Format q4_0 = block_format<GgmlType::Q4_0>("q4_0", &Q::q4_0);
+  static const Format q4_k = block_format<GgmlType::Q4_K>("q4_k", &Q::q4_k);
+  static const Format q6_k = block_format<GgmlType::Q6_K>("q6_k", &Q::q6_k);
+  // Activations only: no weight kernels.
+  static const Format q8act{DType::Q8Act, "q8_act", 32, sizeof(QBlock8), &q8act_to_f32, DType::F32, &q8act_from_f32,
+                            false, {}};
   switch (type) {
     case DType::F32: return f32;
     case DType::F16: return f16;
     case DType::BF16: return bf16;
+    case DType::Q8_0: return q8_0;
+    case DType::Q4_0: return q4_0;
+    case DType::Q4_K: return q4_k;
+    case DType::Q6_K: return q6_k;
+    case DType::Q8Act: return q8act;
   }
   fail("matmul: no kernels for weight format {}", int(type));
 }

@@ -2,12 +2,14 @@
 
 #include <cpuid.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/matmul_isa.h"
 #include "kernels/quant_blocks.h"
 
 namespace vlm::kernels {
@@ -100,6 +102,107 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
   }
 }
 
+namespace {
+
+void store_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// Q4_K: each sub-block of 32 gets scale (max − min)/15 and offset −min (min ≤ 0), quantized to
+// 6 bits against the super-block's f16 d and dmin.
+void q4_k_block(const float* x, std::byte* out) {
+  auto* b = reinterpret_cast<BlockQ4_K*>(out);
+  float scale[8], mins[8], smax = 0, mmax = 0;
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0, hi = x[32 * j];
+    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * j + l]), hi = std::max(hi, x[32 * j + l]);
+    scale[j] = (hi - lo) / 15.0f;
+    mins[j] = -lo;
+    smax = std::max(smax, scale[j]);
+    mmax = std::max(mmax, mins[j]);
+  }
+  b->d = f32_to_f16(smax / 63.0f);
+  b->dmin = f32_to_f16(mmax / 63.0f);
+  const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = d > 0 ? uint8_t(std::clamp(std::nearbyint(scale[j] / d), 0.0f, 63.0f)) : 0;
+    m[j] = dmin > 0 ? uint8_t(std::clamp(std::nearbyint(mins[j] / dmin), 0.0f, 63.0f)) : 0;
+  }
+  for (int j = 0; j < 4; ++j) {
+    b->scales[j] = uint8_t((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    b->scales[j + 4] = uint8_t((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+    b->scales[j + 8] = uint8_t((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+  }
+  for (int j = 0; j < 8; ++j) {
+    const float ed = d * float(sc[j]), em = dmin * float(m[j]);
+    for (int l = 0; l < 32; ++l) {
+      const int q = ed > 0 ? int(std::clamp(std::nearbyint((x[32 * j + l] + em) / ed), 0.0f, 15.0f)) : 0;
+      uint8_t& byte = b->qs[32 * (j / 2) + l];
+      byte = (j & 1) ? uint8_t((byte & 0x0F) | (q << 4)) : uint8_t(q);
+    }
+  }
+}
+
+void q6_k_block(const float* x, std::byte* out) {
+  auto* b = reinterpret_cast<BlockQ6_K*>(out);
+  float scale[16], smax = 0;
+  for (int j = 0; j < 16; ++j) {
+    float amax = 0;
+    for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(x[16 * j + l]));
+    scale[j] = amax / 31.0f;
+    smax = std::max(smax, scale[j]);
+  }
+  b->d = f32_to_f16(smax / 127.0f);
+  const float d = f16_to_f32(b->d);
+  for (int j = 0; j < 16; ++j) b->scales[j] = d > 0 ? int8_t(std::clamp(std::nearbyint(scale[j] / d), -128.0f, 127.0f)) : 0;
+  std::memset(b->ql, 0, sizeof b->ql);
+  std::memset(b->qh, 0, sizeof b->qh);
+  for (int e = 0; e < 256; ++e) {
+    const float ed = d * float(b->scales[e / 16]);
+    const int q = (ed != 0 ? int(std::clamp(std::nearbyint(x[e] / ed), -32.0f, 31.0f)) : 0) + 32;
+    // value l + 32k of half h: low 4 bits in ql (k odd: +32; k ≥ 2: high nibble), high 2 bits in qh[l] at 2k
+    const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+    uint8_t& lo = b->ql[64 * half + l + 32 * (k & 1)];
+    lo = uint8_t(lo | ((q & 15) << (k < 2 ? 0 : 4)));
+    b->qh[32 * half + l] = uint8_t(b->qh[32 * half + l] | ((q >> 4) << (2 * k)));
+  }
+}
+
+}  // namespace
+
+void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
+  const size_t be = size_t(ggml_traits(t).block_elems), bb = ggml_traits(t).block_bytes;
+  if (n % be) fail("quantize: {} values are not whole {} blocks of {}", n, ggml_type_name(t), be);
+  for (size_t i = 0; i < n / be; ++i, x += be, dst += bb) {
+    switch (t) {
+      case GgmlType::F32: std::memcpy(dst, x, 4); break;
+      case GgmlType::F16: store_u16(dst, f32_to_f16(x[0])); break;
+      case GgmlType::BF16: store_u16(dst, f32_to_bf16(x[0])); break;
+      case GgmlType::Q8_0: {
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        store_u16(dst, f32_to_f16(d));
+        for (int j = 0; j < 32; ++j) dst[2 + j] = std::byte(uint8_t(int8_t(std::round(x[j] * id))));
+        break;
+      }
+      case GgmlType::Q4_0: {
+        float amax = 0, mx = 0;
+        for (int j = 0; j < 32; ++j)
+          if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), mx = x[j];
+        const float d = mx / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        store_u16(dst, f32_to_f16(d));
+        for (int j = 0; j < 16; ++j) {
+          const int a = std::min(15, int(int8_t(x[j] * id + 8.5f))), b = std::min(15, int(int8_t(x[j + 16] * id + 8.5f)));
+          dst[2 + j] = std::byte(uint8_t(a | (b << 4)));
+        }
+        break;
+      }
+      case GgmlType::Q4_K: q4_k_block(x, dst); break;
+      case GgmlType::Q6_K: q6_k_block(x, dst); break;
+    }
+  }
+}
+
 void quantize_activations(const float* x, size_t K, QBlock8* out) {
   for (size_t b = 0; b < K / 32; ++b, x += 32) {
     float amax = 0;
@@ -122,98 +225,79 @@ namespace {
 
 // The scalar reference: the same integer sums and the same per-block scale products as the
 // SIMD paths, in plain loops.
-float dot_row(const QuantWeight& w, const std::byte* row, const QBlock8* a) {
-  const size_t K = w.cols;
+template <GgmlType T>
+float dot_row(const std::byte* row, const QBlock8* a, size_t K) {
   float acc = 0;
-  switch (w.type) {
-    case GgmlType::Q8_0:
-      for (size_t i = 0; i < K / 32; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + i;
+  if constexpr (T == GgmlType::Q8_0) {
+    for (size_t i = 0; i < K / 32; ++i) {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + i;
+      int s = 0;
+      for (int j = 0; j < 32; ++j) s += int(b->qs[j]) * a[i].q[j];
+      acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+    }
+  } else if constexpr (T == GgmlType::Q4_0) {
+    for (size_t i = 0; i < K / 32; ++i) {
+      const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
+      int s = 0;
+      for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * a[i].q[j] + (b->qs[j] >> 4) * a[i].q[j + 16];
+      s -= 8 * (a[i].sum[0] + a[i].sum[1]);
+      acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+    }
+  } else if constexpr (T == GgmlType::Q4_K) {
+    for (size_t i = 0; i < K / 256; ++i) {
+      const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
+      const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+      for (int j = 0; j < 8; ++j) {
+        const QBlock8& ab = a[i * 8 + size_t(j)];
+        uint8_t sc, m;
+        scale_min_k4(j, b->scales, sc, m);
+        const uint8_t* q = b->qs + 32 * (j / 2);
         int s = 0;
-        for (int j = 0; j < 32; ++j) s += int(b->qs[j]) * a[i].q[j];
-        acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+        for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * ab.q[l];
+        acc += float(s) * (d * float(sc) * ab.d) - dmin * float(m) * ab.d * float(ab.sum[0] + ab.sum[1]);
       }
-      return acc;
-    case GgmlType::Q4_0:
-      for (size_t i = 0; i < K / 32; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
-        int s = 0;
-        for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * a[i].q[j] + (b->qs[j] >> 4) * a[i].q[j + 16];
-        s -= 8 * (a[i].sum[0] + a[i].sum[1]);
-        acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+    }
+  } else {
+    static_assert(T == GgmlType::Q6_K);
+    for (size_t i = 0; i < K / 256; ++i) {
+      const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
+      const float d = f16_to_f32(b->d);
+      for (int c = 0; c < 8; ++c) {  // 32-value chunks: half c/4, chunk c%4 of it
+        const QBlock8& ab = a[i * 8 + size_t(c)];
+        const int half = c / 4, k = c % 4;
+        int s[2] = {0, 0};
+        for (int l = 0; l < 32; ++l) s[l / 16] += q6_value(b, half, k, l) * ab.q[l];
+        const int8_t* sc = b->scales + 8 * half + 2 * k;
+        acc += (float(s[0]) * float(sc[0]) + float(s[1]) * float(sc[1])) * (d * ab.d);
       }
-      return acc;
-    case GgmlType::Q4_K:
-      for (size_t i = 0; i < K / 256; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
-        const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
-        for (int j = 0; j < 8; ++j) {
-          const QBlock8& ab = a[i * 8 + size_t(j)];
-          uint8_t sc, m;
-          scale_min_k4(j, b->scales, sc, m);
-          const uint8_t* q = b->qs + 32 * (j / 2);
-          int s = 0;
-          for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * ab.q[l];
-          acc += float(s) * (d * float(sc) * ab.d) - dmin * float(m) * ab.d * float(ab.sum[0] + ab.sum[1]);
-        }
-      }
-      return acc;
-    case GgmlType::Q6_K:
-      for (size_t i = 0; i < K / 256; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
-        const float d = f16_to_f32(b->d);
-        for (int c = 0; c < 8; ++c) {  // 32-value chunks: half c/4, chunk c%4 of it
-          const QBlock8& ab = a[i * 8 + size_t(c)];
-          const int half = c / 4, k = c % 4;
-          int s[2] = {0, 0};
-          for (int l = 0; l < 32; ++l) s[l / 16] += q6_value(b, half, k, l) * ab.q[l];
-          const int8_t* sc = b->scales + 8 * half + 2 * k;
-          acc += (float(s[0]) * float(sc[0]) + float(s[1]) * float(sc[1])) * (d * ab.d);
-        }
-      }
-      return acc;
-    default:
-      fail("quant_matmul: {} is not a block-quantized type", ggml_type_name(w.type));
+    }
   }
+  return acc;
 }
 
-void rows_scalar(const QuantWeight& w, const QBlock8* act, size_t M, size_t n0, size_t n1, float* y, size_t ldy) {
-  const size_t rb = quant_row_bytes(w.type, w.cols), kb = w.cols / 32;
+template <GgmlType T>
+void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
   for (size_t n = n0; n < n1; ++n)
-    for (size_t m = 0; m < M; ++m) y[m * ldy + n] = dot_row(w, w.data + n * rb, act + m * kb);
-}
-
-bool has_vnni() {
-  unsigned a, b, c, d;
-  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 11 & 1u);  // CPUID.(7,0):ECX[11] AVX512_VNNI
+    for (size_t m = 0; m < a.M; ++m) {
+      float v = dot_row<T>(a.w + n * a.ldw_bytes, reinterpret_cast<const QBlock8*>(a.xq + m * a.ldxq), a.K);
+      if (a.bias) v += a.bias[n];
+      a.y[m * a.ldy + n] = v;
+    }
 }
 
 }  // namespace
 
 namespace detail {
-const QuantRowsFn kQuantRowsScalar = rows_scalar;
-}
+const QuantKernels kQuantScalar = {{&dot_scalar<GgmlType::Q8_0>}, {&dot_scalar<GgmlType::Q4_0>},
+                                   {&dot_scalar<GgmlType::Q4_K>}, {&dot_scalar<GgmlType::Q6_K>}};
+}  // namespace detail
 
-bool quant_isa_supported(Isa isa) {
-  if (isa == Isa::Avx512) return isa_supported(Isa::Avx512) && has_vnni();
-  return isa_supported(isa);
-}
-
-void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, const Exec& exec) {
-  const Isa isa = exec.isa;
-  switch (w.type) {
-    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_K: case GgmlType::Q6_K: break;
-    default: fail("quant_matmul: {} is not a block-quantized type", ggml_type_name(w.type));
-  }
-  quant_row_bytes(w.type, w.cols);  // checks whole blocks
-  if (!quant_isa_supported(isa)) fail("quant_matmul: this CPU does not support the {} path", isa_name(isa));
-  const size_t kb = w.cols / 32;
-  std::vector<QBlock8> act(M * kb);
-  for (size_t m = 0; m < M; ++m) quantize_activations(x + m * w.cols, w.cols, act.data() + m * kb);
-  const detail::QuantRowsFn fn = isa == Isa::Avx512 ? detail::kQuantRowsAvx512
-                                 : isa == Isa::Avx2 ? detail::kQuantRowsAvx2
-                                                    : detail::kQuantRowsScalar;
-  exec.threads().parallel_for(w.rows, [&](size_t n0, size_t n1) { fn(w, act.data(), M, n0, n1, y, w.rows); });
+bool quant_vnni_supported() {
+  static const bool ok = [] {
+    unsigned a, b, c, d;  // CPUID.(7,0):ECX[11] AVX512_VNNI
+    return isa_supported(Isa::Avx512) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 11 & 1u);
+  }();
+  return ok;
 }
 
 }  // namespace vlm::kernels

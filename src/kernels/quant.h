@@ -1,8 +1,9 @@
 // ggml block-quantized weights (Q8_0, Q4_0, Q4_K, Q6_K) and the GGUF float types.
 //
 // dequantize_row() is bit-exact to ggml's dequantize_row_* (the same f32 operations in the
-// same order; docs/gguf.md gives each block layout). quant_matmul() works on the blocks
-// directly, the way ggml's vec_dot does: the activations are quantized per 32 values to
+// same order; docs/gguf.md gives each block layout). The formats are rows of the weight-format
+// table (format.h: DType::Q8_0 ...), so kernels::matmul() runs them; its dot kernels work on
+// the blocks directly, the way ggml's vec_dot does: the activations are quantized per 32 values to
 // int8 with one f32 scale (QBlock8), and each weight block meets its activation block in an
 // integer dot product; the f32 scales are applied per block (per 16 or 32 values for the
 // K-quants' sub-block scales). Its error against dequantize-then-f32 is therefore the
@@ -11,8 +12,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "io/gguf.h"
 #include "kernels/exec.h"
+#include "kernels/format.h"
 
 namespace vlm::kernels {
 
@@ -21,6 +24,14 @@ size_t quant_row_bytes(GgmlType t, size_t cols);
 
 // n values (a multiple of the block size) from `src` blocks into dst.
 void dequantize_row(GgmlType t, const std::byte* src, float* dst, size_t n);
+
+// n values (a multiple of the block size) of x into `dst` blocks of type t. Q8_0 and Q4_0
+// follow ggml's reference quantizers (quantize_row_q8_0_ref: d = amax/127, round half away;
+// quantize_row_q4_0_ref: the value of largest magnitude, sign kept, maps to −8). Q4_K and Q6_K
+// fit each sub-block's scale (and Q4_K's min) from its range, then the super-block's f16
+// scales from those (not ggml's iterative search: valid blocks, a little more error).
+// F32/F16/BF16 round to nearest even.
+void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n);
 
 // 32 activations as int8 with scale d (value ≈ d·q), and the sums of q over each half
 // (the offset formats subtract offset·Σq; Q6_K's sub-blocks are 16 long).
@@ -32,24 +43,18 @@ struct QBlock8 {
 // K a multiple of 32: d = amax/127, q = round-half-away(x/d) (ggml's quantize_row_q8_0).
 void quantize_activations(const float* x, size_t K, QBlock8* out);
 
-// A quantized weight [rows = N outputs, cols = K inputs], rows stored back to back.
-struct QuantWeight {
-  const std::byte* data = nullptr;
-  GgmlType type = GgmlType::Q8_0;
-  size_t rows = 0, cols = 0;
-};
-
-// y[M, N] = x[M, K] · Wᵀ with integer block dot products, rows of W split over exec's pool;
-// exec.isa picks the path (Avx512 needs AVX512-VNNI as well; exec.precision does not apply:
-// the activations are always int8 per block). Only Q8_0, Q4_0, Q4_K and Q6_K are accepted.
-void quant_matmul(const float* x, size_t M, const QuantWeight& w, float* y, const Exec& exec);
-bool quant_isa_supported(Isa isa);
+// True when the Avx512 path may use AVX512-VNNI (vpdpbusd); without it the block formats'
+// Avx512 row of the format table holds the AVX2 kernels.
+bool quant_vnni_supported();
 
 namespace detail {
-// The per-ISA row kernels: y[m·ldy + n] for n in [n0, n1), all m < M.
-using QuantRowsFn = void (*)(const QuantWeight& w, const QBlock8* act, size_t M, size_t n0, size_t n1, float* y,
-                             size_t ldy);
-extern const QuantRowsFn kQuantRowsScalar, kQuantRowsAvx2, kQuantRowsAvx512;
+// One ISA's dot kernels for the block formats (rows of format.h's table): y[m, n] for n in
+// [n0, n1) and every m, from weight rows in GemmArgs::w and activation rows as QBlock8 in
+// GemmArgs::xq (quantized once per call by matmul()).
+struct QuantKernels {
+  FormatKernels q8_0, q4_0, q4_k, q6_k;
+};
+extern const QuantKernels kQuantScalar, kQuantAvx2, kQuantAvx512;
 }  // namespace detail
 
 }  // namespace vlm::kernels

@@ -12,5 +12,5 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #include "kernels/quant_impl.h"
 
 namespace vlm::kernels::detail {
-const QuantRowsFn kQuantRowsAvx2 = quant_rows;
+const QuantKernels kQuantAvx2 = make_quant_kernels();
 }  // namespace vlm::kernels::detail

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include "core/dtype.h"
+#include "kernels/matmul_isa.h"
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
 
@@ -103,24 +104,28 @@ QTARGET inline float dot_q6_k(const std::byte* row, const QBlock8* a, size_t nb)
   return hsum(acc) - off;
 }
 
-QTARGET void quant_rows(const QuantWeight& w, const QBlock8* act, size_t M, size_t n0, size_t n1, float* y,
-                        size_t ldy) {
-  const size_t rb = quant_row_bytes(w.type, w.cols), kb = w.cols / 32;
+// y[m, n] for n in [n0, n1), every m: each weight row stays in L1 while it meets every
+// activation row.
+template <GgmlType T>
+QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
   for (size_t n = n0; n < n1; ++n) {
-    const std::byte* row = w.data + n * rb;
-    for (size_t m = 0; m < M; ++m) {
-      const QBlock8* x = act + m * kb;
-      float v = 0;
-      switch (w.type) {
-        case GgmlType::Q8_0: v = dot_q8_0(row, x, kb); break;
-        case GgmlType::Q4_0: v = dot_q4_0(row, x, kb); break;
-        case GgmlType::Q4_K: v = dot_q4_k(row, x, w.cols / 256); break;
-        case GgmlType::Q6_K: v = dot_q6_k(row, x, w.cols / 256); break;
-        default: break;  // refused by quant_matmul
-      }
-      y[m * ldy + n] = v;
+    const std::byte* row = a.w + n * a.ldw_bytes;
+    for (size_t m = 0; m < a.M; ++m) {
+      const auto* x = reinterpret_cast<const QBlock8*>(a.xq + m * a.ldxq);
+      float v;
+      if constexpr (T == GgmlType::Q8_0) v = dot_q8_0(row, x, a.K / 32);
+      else if constexpr (T == GgmlType::Q4_0) v = dot_q4_0(row, x, a.K / 32);
+      else if constexpr (T == GgmlType::Q4_K) v = dot_q4_k(row, x, a.K / 256);
+      else v = dot_q6_k(row, x, a.K / 256);
+      if (a.bias) v += a.bias[n];
+      a.y[m * a.ldy + n] = v;
     }
   }
+}
+
+constexpr QuantKernels make_quant_kernels() {
+  return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q4_K>},
+          {&quant_dot<GgmlType::Q6_K>}};
 }
 
 }  // namespace

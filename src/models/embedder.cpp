@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/format.h"
 
 namespace vlm {
 
@@ -50,6 +51,12 @@ void TextEmbedder::embed(std::span<const int32_t> ids, float* rows) const {
           const float p = f16_to_f32(w[i]) * scale_;
           out[i] = ref ? f16_to_f32(f32_to_f16(p)) : p;
         }
+        break;
+      }
+      default: {  // block-quantized (GGUF): the row's dequantized values, scaled in f32
+        const kernels::Format& f = kernels::format_of(t.dtype);
+        f.to_f32(t.data + size_t(id) * f.row_bytes(hidden_), out, hidden_);
+        for (size_t i = 0; i < hidden_; ++i) out[i] *= scale_;
         break;
       }
     }

@@ -10,7 +10,11 @@
   safetensors folder (the checkpoint is built so llama.cpp's fixed Gemma 3 rules hold for it:
   global layer every 6th, query_pre_attn_scalar = head_dim);
 * vlm's own tokenizer from the GGUF keys (text::tokenizer_from_gguf, run through vlm_tests) on
-  the same corpus.
+  the same corpus;
+* vlm runs the GGUF files: `vlm dump` logits on f32/bf16 files equal the safetensors folder's
+  (1e-5), Q8_0 within the bound of docs/gguf.md §7, images through --mmproj equal the folder's
+  image rows; a folder holding the files works; a missing tensor, a wrong shape or an unknown
+  quantization type is a one-line error; a prompt cache from another quantization is refused.
 """
 import json
 import math
@@ -88,6 +92,46 @@ def vlm_greedy(model_dir, ids, n):
     if r.returncode != 0:
         raise AssertionError(r.stderr)
     return [int(t) for t in r.stdout.split("\n")[0].split()]
+
+
+def vlm_dump(model, out, *args):
+    r = subprocess.run([BIN, "dump", "--model", *model, "--out", out, "--steps", "0", *args], capture_output=True,
+                       text=True, timeout=600)
+    if r.returncode != 0:
+        raise AssertionError(r.stderr)
+    return out
+
+
+def refused(tc, args, *fragments):
+    """`vlm args` exits 1 with one short stderr line holding every fragment."""
+    r = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120)
+    err = r.stderr.strip()
+    tc.assertEqual(r.returncode, 1, err)
+    tc.assertEqual(len(err.splitlines()), 1, err[:2000])
+    for f in fragments:
+        tc.assertIn(f, err)
+    return err
+
+
+def patch_tensor_info(src, dst, name, new_name=None, ne1=None, type_id=None):
+    """A copy of GGUF file src with tensor `name`'s info edited in place: renamed (same length), its ne[1]
+    changed, or its ggml type id changed (the data stay as they are)."""
+    with open(src, "rb") as f:
+        buf = bytearray(f.read())
+    key = len(name).to_bytes(8, "little") + name.encode()
+    at = buf.index(key) + 8
+    if new_name:
+        assert len(new_name) == len(name)
+        buf[at:at + len(name)] = new_name.encode()
+    at += len(name)
+    n_dims = int.from_bytes(buf[at:at + 4], "little")
+    if ne1 is not None:
+        buf[at + 12:at + 20] = ne1.to_bytes(8, "little")
+    if type_id is not None:
+        buf[at + 4 + 8 * n_dims:at + 8 + 8 * n_dims] = type_id.to_bytes(4, "little")
+    with open(dst, "wb") as f:
+        f.write(buf)
+    return dst
 
 
 def st_tensors(path):
@@ -255,6 +299,133 @@ class Gguf(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-2000:])
         self.assertIn("[  PASSED  ] 1 test", r.stdout)
         self.assertNotIn("SKIPPED", r.stdout)
+
+    # ---- vlm on GGUF files ----
+    def test_vlm_gguf_logits_equal_the_folder(self):
+        prompt = json.dumps([2] + [1000 + 37 * i % 7000 for i in range(29)])
+        got = {}
+        for name, model in (("st-f32", self.lc["f32"]), ("st-bf16", self.lc["bf16"]), ("f32", self.files["f32"]),
+                            ("bf16", self.files["bf16"]), ("q8_0", self.files["q8_0"])):
+            out = vlm_dump([model], os.path.join(self.tmp, f"vd-{name}"), "--tokens", prompt)
+            got[name] = np.load(os.path.join(out, "logits.npy"))
+        # The GGUF norms are 1 + w; vlm gets w back exactly (docs/gguf.md §7.3), so f32 and bf16 agree to
+        # rounding noise only (measured 0.0).
+        self.assertLessEqual(float(np.abs(got["f32"] - got["st-f32"]).max()), 1e-5)
+        self.assertLessEqual(float(np.abs(got["bf16"] - got["st-bf16"]).max()), 1e-5)
+        ids = json.loads(prompt)
+        self.assertEqual(vlm_greedy(self.files["f32"], ids, 8), vlm_greedy(self.lc["f32"], ids, 8))
+        # Q8_0 (docs/gguf.md §7): each rounding (weights and int8 activations, per 32) has rms error
+        # amax/(127*sqrt(12)) ~ 0.5% of a Gaussian block; two per matmul, 4 matmul stages per layer and the head
+        # (25 here) add to ~3.4% rms relative; the bound is 5% of the largest logit, and top-1 equal nearly
+        # everywhere (measured: 0.215 at logits of ~19, 1.1%; top-1 30/30).
+        ref, q = got["st-f32"], got["q8_0"]
+        self.assertLessEqual(float(np.abs(q - ref).max()), 0.05 * float(np.abs(ref).max()))
+        self.assertGreaterEqual(int((q.argmax(-1) == ref.argmax(-1)).sum()), len(ids) - 1)
+        print(f"\nvlm Q8_0 GGUF vs the f32 folder: max |dlogit| {float(np.abs(q - ref).max()):.4f}", file=sys.stderr)
+
+    def test_vlm_images_through_mmproj_equal_the_folder(self):
+        src = os.path.join(FIX, "tiny-f32")
+        model, mmproj = os.path.join(self.tmp, "tiny-f32.gguf"), os.path.join(self.tmp, "mmproj-tiny-f32.gguf")
+        convert(src, model, "f32", "--mmproj-out", mmproj, "--mmproj-type", "f32", "--projection-type", "f32")
+        from PIL import Image
+        img = os.path.join(self.tmp, "img.png")
+        Image.fromarray((np.random.default_rng(3).random((40, 56, 3)) * 255).astype("uint8")).save(img)
+        args = ("--image", img, "--prompt", "Describe")
+        a = vlm_dump([src], os.path.join(self.tmp, "img-st"), *args)
+        b = vlm_dump([model, "--mmproj", mmproj], os.path.join(self.tmp, "img-gguf"), *args)
+        # The folder holding the model and its mmproj file opens the same way.
+        folder = os.path.join(self.tmp, "tiny-f32-gguf")
+        os.makedirs(folder)
+        for f in (model, mmproj):
+            os.symlink(f, os.path.join(folder, os.path.basename(f)))
+        c = vlm_dump([folder], os.path.join(self.tmp, "img-folder"), *args)
+        with open(os.path.join(a, "tokens.json")) as f:
+            tokens = json.load(f)
+        self.assertIn(262144, tokens)  # image rows are there
+        ea = np.load(os.path.join(a, "inputs_embeds.npy"))
+        for out in (b, c):
+            with open(os.path.join(out, "tokens.json")) as f:
+                self.assertEqual(json.load(f), tokens)
+            # Image rows (SigLIP + projector from the mmproj) and text rows: the decoder config differs (tiny-f32's
+            # layer pattern is not llama.cpp's), so the merged embeddings are what is compared.
+            self.assertLessEqual(float(np.abs(np.load(os.path.join(out, "inputs_embeds.npy")) - ea).max()), 1e-5)
+
+    def test_refusals_name_the_tensor(self):
+        ids = ["--tokens", "[2, 1000, 1001]", "--ids", "--max-tokens", "2"]
+        f32, q8 = self.files["f32"], self.files["q8_0"]
+        missing = patch_tensor_info(f32, os.path.join(self.tmp, "missing.gguf"), "blk.3.ffn_up.weight",
+                                    new_name="blk.3.ffn_xx.weight")
+        refused(self, ["run", "--model", missing, *ids], "missing tensor 'blk.3.ffn_up.weight'")
+        shape = patch_tensor_info(f32, os.path.join(self.tmp, "shape.gguf"), "blk.2.attn_q.weight", ne1=255)
+        refused(self, ["run", "--model", shape, *ids], "blk.2.attn_q.weight", "has shape [255, 256]")
+        q5 = patch_tensor_info(q8, os.path.join(self.tmp, "q5_k.gguf"), "blk.1.ffn_down.weight", type_id=13)
+        refused(self, ["run", "--model", q5, *ids], "blk.1.ffn_down.weight", "Q5_K")
+        two = os.path.join(self.tmp, "two")
+        os.makedirs(two)
+        for t in ("f32", "q8_0"):
+            os.symlink(self.files[t], os.path.join(two, os.path.basename(self.files[t])))
+        refused(self, ["run", "--model", two, *ids], "2 model .gguf files")
+
+    def test_prompt_cache_from_another_quantization_refused(self):
+        cache = os.path.join(self.tmp, "q8.cache")
+        run = ["run", "--tokens", "[2, 1000, 1001, 1002]", "--ids", "--max-tokens", "2", "--prompt-cache", cache]
+        r = subprocess.run([BIN, *run[:1], "--model", self.files["q8_0"], *run[1:]], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = subprocess.run([BIN, *run[:1], "--model", self.files["q8_0"], *run[1:]], capture_output=True, text=True)
+        self.assertIn("reusing", r.stderr)
+        refused(self, [*run[:1], "--model", self.files["q4_k"], *run[1:]], "another model identity",
+                "weight_dtypes (text=F32+Q8_0 vs text=F32+Q4_K)")
+
+    # ---- vlm quantize ----
+    def test_vlm_quantize_q8_0_equals_the_converter(self):
+        out = os.path.join(self.tmp, "vq-q8_0.gguf")
+        r = subprocess.run([BIN, "quantize", "--model", self.lc["f32"], "--type", "q8_0", "--out", out],
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # Q8_0 is ggml's reference rule in both writers: every tensor and key byte for byte the same.
+        meta, ts = gguf_writer.read(out)
+        want_meta, want = gguf_writer.read(self.files["q8_0"])
+        self.assertEqual(set(ts), set(want))
+        for k in want:
+            self.assertEqual(ts[k], want[k], k)
+        self.assertEqual({k: v for k, v in meta.items() if k != "general.name"},
+                         {k: v for k, v in want_meta.items() if k != "general.name"})
+
+    @unittest.skipUnless(os.path.isdir(NODE_LLAMA), "node-llama-cpp not installed (npm install in tools/npm)")
+    def test_vlm_quantize_files_run_in_llama_cpp_like_in_vlm(self):
+        prompt = [2] + [1000 + 37 * i % 7000 for i in range(29)]
+        n = 12
+        report = {}
+        for t in ("q8_0", "q4_0", "q4_k_m"):
+            path = os.path.join(self.tmp, f"vq-{t}.gguf")
+            r = subprocess.run([BIN, "quantize", "--model", self.lc["f32"], "--type", t, "--out", path],
+                               capture_output=True, text=True, timeout=600)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            meta, ts = gguf_writer.read(path)
+            kinds = {v[0] for k, v in ts.items() if len(v[1]) == 2}
+            # llama.cpp's mixes: Q4_K_M = Q4_K with Q6_K for the head and attn_v/ffn_down of layers 2 and 5 of 6
+            want = {"q8_0": {"q8_0"}, "q4_0": {"q4_0", "q6_k"}, "q4_k_m": {"q4_k", "q6_k"}}[t]
+            self.assertEqual(kinds, want, t)
+            if t == "q4_k_m":
+                six = sorted(k for k, v in ts.items() if v[0] == "q6_k")
+                self.assertEqual(six, ["blk.2.attn_v.weight", "blk.2.ffn_down.weight", "blk.5.attn_v.weight",
+                                       "blk.5.ffn_down.weight", "token_embd.weight"])
+            lc = llama(path, {"logits": [prompt], "generate": [{"ids": prompt, "n": n}]})
+            out = vlm_dump([path], os.path.join(self.tmp, f"vq-dump-{t}"), "--tokens", json.dumps(prompt))
+            mine = np.load(os.path.join(out, "logits.npy"))
+            theirs = np.array(lc["logits"][0], dtype=np.float64)
+            diff = float(np.abs(mine - theirs).max())
+            report[t] = (round(diff, 4), int((mine.argmax(-1) == theirs.argmax(-1)).sum()),
+                         lc["generate"][0] == vlm_greedy(path, prompt, n))
+        print(f"\nvlm vs llama.cpp on vlm quantize's files (max |dlogit|, top-1 of {len(prompt)}, greedy equal): "
+              f"{report}", file=sys.stderr)
+        for t, (diff, top1, greedy) in report.items():
+            # Same weights on both sides; what differs is the activation rounding (vlm: int8 per 32; llama.cpp:
+            # Q8_0 per 32, Q8_K per 256 for the K-quants) and ggml's f16 GELU table. Bound: 0.5 at logits of ~20
+            # (2.5%), a fifth of what Q4 quantization itself moves them (docs/gguf.md §6: 2.5 vs f32).
+            self.assertLess(diff, 0.5, t)
+            self.assertEqual(top1, len(prompt), t)
+            self.assertTrue(greedy, t)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 #include "kernels/quant.h"
+#include "kernels/matmul.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -155,13 +157,13 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
           for (size_t m = 0; m < M; ++m) quantize_activations(&x[m * K], K, &act[m * K / 32]);
           for (size_t i = 0; i < xq.size(); ++i) xq[i] = act[i / 32].d * float(act[i / 32].q[i % 32]);
           for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
-            if (!quant_isa_supported(isa)) {
+            if (!isa_supported(isa) || (isa == Isa::Avx512 && !quant_vnni_supported())) {
               ADD_FAILURE() << "this CPU lacks the " << isa_name(isa) << " path: not tested";
               continue;
             }
             std::vector<float> y(M * N);
-            const QuantWeight w{wb.data(), t, N, K};
-            quant_matmul(x.data(), M, w, y.data(), Exec(pool, isa));
+            // Through the weight-format table, as the models call it.
+            matmul(x.data(), M, Weight{wb.data(), dtype_of(t), N, K}, y.data(), Exec(pool, isa));
             for (size_t m = 0; m < M; ++m)
               for (size_t n = 0; n < N; ++n) {
                 double exact = 0, mag = 0, ref = 0, err_bound = 0;
@@ -182,11 +184,83 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
   }
 }
 
-TEST(Quant, MatmulRefusesFloatTypes) {
-  float x[32] = {}, y[1];
-  std::vector<std::byte> w(128);
+// Strided rows (a wider stored row), strided x/y and a bias: the same numbers as the dense
+// product plus the bias, on every ISA.
+TEST(Quant, StridedRowsAndBiasOnEveryIsa) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  ThreadPool pool(2);
+  for (GgmlType t : kBlockTypes) {
+    const size_t K = 2 * size_t(ggml_traits(t).block_elems), N = 9, M = 4, pad = quant_row_bytes(t, K) / 2;
+    const size_t rb = quant_row_bytes(t, K);
+    const std::vector<std::byte> dense = random_rows(t, N, K, rng);
+    std::vector<std::byte> wide(N * (rb + pad));
+    for (size_t n = 0; n < N; ++n) std::memcpy(&wide[n * (rb + pad)], &dense[n * rb], rb);
+    std::vector<float> x(M * (K + 3)), bias(N), y0(M * N), y1(M * (N + 5));
+    for (auto& v : x) v = normal(rng);
+    for (auto& v : bias) v = normal(rng);
+    for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
+      if (!isa_supported(isa)) continue;
+      const Exec ex(pool, isa);
+      matmul_strided(x.data(), K + 3, M, Weight{dense.data(), dtype_of(t), N, K}, Layout::NK, nullptr, y0.data(), N, ex);
+      matmul_strided(x.data(), K + 3, M, Weight{wide.data(), dtype_of(t), N, K, rb + pad}, Layout::NK, bias.data(),
+                     y1.data(), N + 5, ex);
+      for (size_t m = 0; m < M; ++m)
+        for (size_t n = 0; n < N; ++n)
+          ASSERT_EQ(y1[m * (N + 5) + n], y0[m * N + n] + bias[n]) << ggml_type_name(t) << " " << isa_name(isa);
+    }
+  }
+}
+
+// quantize_row then dequantize_row: every value within its format's step (Q8_0 amax/127 of the
+// block, Q4_0 amax/8, Q4_K (max − min)/15 of the sub-block plus the 6-bit scale/min rounding,
+// Q6_K amax/31 of the sub-block plus the scale rounding), and Q8_0 exactly ggml's rule.
+TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (GgmlType t : kBlockTypes) {
+    const size_t n = 4 * 256;
+    std::vector<float> x(n), y(n);
+    for (auto& v : x) v = normal(rng) * ((rng() & 3) ? 1.f : 0.01f);
+    std::vector<std::byte> q(quant_row_bytes(t, n));
+    quantize_row(t, x.data(), q.data(), n);
+    dequantize_row(t, q.data(), y.data(), n);
+    const size_t group = t == GgmlType::Q6_K ? 16 : 32;
+    for (size_t g = 0; g < n; g += group) {
+      float amax = 0, lo = 0, hi = x[g];
+      for (size_t i = g; i < g + group; ++i) amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+      float step = t == GgmlType::Q8_0 ? amax / 127 : t == GgmlType::Q4_0 ? amax / 8 : t == GgmlType::Q4_K ? (hi - lo) / 15 : amax / 31;
+      // the super-block's 6-bit (Q4_K) / 8-bit (Q6_K) sub-block scales add up to half a scale unit per code
+      float sb = 0;
+      for (size_t i = g / 256 * 256; i < g / 256 * 256 + 256; ++i) sb = std::max(sb, std::fabs(x[i]));
+      if (t == GgmlType::Q4_K) step += 2 * sb / 63;
+      if (t == GgmlType::Q6_K) step += 32 * sb / 31 / 127;
+      // half a step (Q4_0: a whole one, its codes reach −8·d but only +7·d) + the f16 rounding of
+      // the block scale (relative 2^-11, at most amax away)
+      const float half = t == GgmlType::Q4_0 ? 1.f : 0.5f;
+      for (size_t i = g; i < g + group; ++i)
+        ASSERT_LE(std::fabs(y[i] - x[i]), step * half * 1.01f + amax / 1024 + 1e-6f) << ggml_type_name(t) << " value " << i;
+    }
+  }
+  // Q8_0: d = f16(amax/127), q = round-half-away(x·127/amax).
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = float(j - 16) / 4;  // amax 4
+  std::byte b[34];
+  quantize_row(GgmlType::Q8_0, x, b, 32);
+  uint16_t d;
+  std::memcpy(&d, b, 2);
+  EXPECT_EQ(d, f32_to_f16(4.0f / 127));
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(int8_t(b[2 + j]), int8_t(std::round(x[j] * (127 / 4.0f)))) << j;
+}
+
+TEST(Quant, MatmulRefusesPartialBlocksAndKnLayout) {
+  float x[64] = {}, y[4];
+  std::vector<std::byte> w(1024);
   ThreadPool pool(1);
-  EXPECT_THROW(quant_matmul(x, 1, {w.data(), GgmlType::F32, 1, 32}, y, Exec(pool, Isa::Scalar)), Error);
+  const Exec ex(pool, Isa::Scalar);
+  EXPECT_THROW(matmul(x, 1, Weight{w.data(), DType::Q8_0, 1, 48}, y, ex), Error);
+  EXPECT_THROW(matmul_kn(x, 1, Weight{w.data(), DType::Q8_0, 32, 32}, y, ex), Error);
+  EXPECT_THROW(matmul(x, 1, Weight{w.data(), DType::Q8Act, 1, 32}, y, ex), Error);
 }
 
 }  // namespace

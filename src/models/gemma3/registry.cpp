@@ -68,8 +68,8 @@ std::vector<TensorSpec> tensor_registry(const ModelConfig& c) {
   return e;
 }
 
-Checkpoint open_checkpoint(const std::filesystem::path& dir, Parts parts) {
-  return Checkpoint::open(dir, parts, tensor_registry);
+Checkpoint open_checkpoint(const std::filesystem::path& path, Parts parts, const std::filesystem::path& mmproj) {
+  return Checkpoint::open_path(path, mmproj, parts, tensor_registry);
 }
 
 const TensorView& registry_tensor(const Checkpoint& ck, std::string_view name) {

@@ -24,8 +24,10 @@ std::vector<int64_t> layer_tensor_shape(const TextConfig& c, LayerTensor t);
 // and the projector's.
 std::vector<TensorSpec> tensor_registry(const ModelConfig& c);
 
-// Opens a Gemma 3 checkpoint folder, validated against tensor_registry().
-Checkpoint open_checkpoint(const std::filesystem::path& dir, Parts parts = {});
+// Opens a Gemma 3 checkpoint (safetensors folder, GGUF file or GGUF folder; `mmproj`: a GGUF
+// mmproj file), validated against tensor_registry().
+Checkpoint open_checkpoint(const std::filesystem::path& path, Parts parts = {},
+                           const std::filesystem::path& mmproj = {});
 
 // A tensor from the checkpoint, shape-checked against the registry.
 const TensorView& registry_tensor(const Checkpoint& ck, std::string_view name);
