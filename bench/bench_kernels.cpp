@@ -291,6 +291,12 @@ int main(int argc, char** argv) {
       fmt::print("  M={:3} {:8.3f} ms  {:6.1f} GB/s weights  {:7.1f} GFLOP/s\n", M, t * 1e3,
                  double(b.bytes.size()) / t / 1e9, flop / t / 1e9);
     }
+    if (dot_ok) {  // decode under --precision bf16: x rounded, then the same GEMV
+      const Exec ex(pool, best, Precision::Bf16);
+      std::vector<float> x(2560, 0.25f), y(10240);
+      const double t = best_time(3, [&] { matmul(x.data(), 1, b.w, y.data(), ex); });
+      fmt::print("  M=  1 bf16dot {:8.3f} ms  {:6.1f} GB/s weights\n", t * 1e3, double(b.bytes.size()) / t / 1e9);
+    }
   }
   {
     // Element-wise ops at vision-encoder sizes, one thread (callers split rows).

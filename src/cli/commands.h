@@ -17,6 +17,7 @@ int cmd_run(int argc, char** argv);
 int cmd_dump(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_batch(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 
 }  // namespace vlm::cli

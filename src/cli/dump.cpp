@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/engine.h"
@@ -33,7 +34,7 @@ void write_json(const std::filesystem::path& p, const nlohmann::json& j) { write
 
 int cmd_dump(int argc, char** argv) {
   CLI::App app{"Write a prefill's intermediates and greedy decode as .npy/.json"};
-  std::string model_dir, out_dir, scaling = "reference", identity_file;
+  std::string model_dir, out_dir, scaling = "reference", identity_file, precision;
   PromptArgs pa;
   ImageArgs ia;
   int pad_to = 0, steps = 32, threads = default_threads();
@@ -45,6 +46,7 @@ int cmd_dump(int argc, char** argv) {
   app.add_option("--steps", steps, "greedy tokens to generate")->check(CLI::Range(0, 1 << 20));
   app.add_option("--embed-scaling", scaling, "reference (HF, weight dtype) or f32");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
+  add_precision_option(app, precision);
   app.add_option("--check-identity", identity_file,
                  "identity.json of an earlier dump: refuse (naming the fields) unless this run's identity matches");
   app.add_option("--block-cell", block_cell,
@@ -58,6 +60,7 @@ int cmd_dump(int argc, char** argv) {
   engine::ModelOptions mo = ia.model_options();
   mo.embed_scaling = scaling == "f32" ? EmbedScaling::F32 : EmbedScaling::Reference;
   mo.threads = threads;
+  mo.precision = precision_of(precision);
   const std::vector<vision::RgbImage> images = ia.load(model_dir);
   const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
   if (!identity_file.empty()) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "cli/options.h"
 #include "core/error.h"
 #include "models/mask.h"
 
@@ -36,6 +37,7 @@ void EngineArgs::add(CLI::App& app) {
   app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
   app.add_option("--mmproj", mmproj, "GGUF models: the mmproj .gguf (default: the model folder's mmproj*.gguf)");
   app.add_option("--mask-mode", mask_mode, "prefill mask: hf, mlx or causal (default: hf for VLMs, causal for text)");
+  add_precision_option(app, precision);
   app.add_option("--ctx", context, "context length per request (default: max_position_embeddings)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
   app.add_option("--threads", threads, "compute threads (default: the cores)")->check(CLI::Range(0, 1024));
@@ -57,6 +59,7 @@ void EngineArgs::add(CLI::App& app) {
 engine::ModelOptions EngineArgs::model_options() const {
   engine::ModelOptions o;
   if (!mask_mode.empty()) o.mask_mode = parse_mask_mode(mask_mode);
+  o.precision = precision_of(precision);
   o.context = context;
   o.threads = threads;
   o.mmproj = mmproj;

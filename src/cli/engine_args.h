@@ -16,6 +16,7 @@ struct EngineArgs {
   std::string model_dir;
   std::string mmproj;  // GGUF models: the mmproj file
   std::string mask_mode;  // empty: the checkpoint's default
+  std::string precision;  // empty: the checkpoint's default
   int64_t context = 0;
   int threads = 0;
   int max_seqs = 8;
@@ -25,7 +26,7 @@ struct EngineArgs {
   int images_per_step = 1;
   int vision_layers = 2;
   int max_images = 8;
-  // Adds --model, --mask-mode, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
+  // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
   // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images.
   void add(CLI::App& app);
   engine::ModelOptions model_options() const;

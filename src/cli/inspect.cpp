@@ -156,8 +156,8 @@ int cmd_inspect(int argc, char** argv) {
 
   const Checkpoint ck = models::gemma3::open_checkpoint(model, Parts{true, !text_only});
   const ModelConfig& c = ck.config();
-  const Identity id = make_identity(ck, default_mask_mode(c),
-                                    default_scaling_policy(ck.get("text.embed_tokens.weight").dtype));
+  Identity id = make_identity(ck, default_mask_mode(c), default_scaling_policy(ck.get("text.embed_tokens.weight").dtype));
+  add_precision(id, default_precision(models::gemma3::layer_tensor(ck, 0, models::gemma3::LayerTensor::Q).dtype));
   if (json)
     std::printf("%s\n", to_json(ck, id, checksums).dump(1).c_str());
   else

@@ -26,6 +26,8 @@ const Command kCommands[] = {
     {"dump", "write prefill intermediates and greedy decode as .npy", vlm::cli::cmd_dump},
     {"serve", "OpenAI-compatible HTTP server with continuous batching", vlm::cli::cmd_serve},
     {"batch", "run a JSONL file of chat requests (continuous batching, resumable)", vlm::cli::cmd_batch},
+    {"bench", "measure prefill, decode, batched decode and image speed against the machine's limits",
+     vlm::cli::cmd_bench},
     {"quantize", "write a checkpoint folder as a Q8_0 / Q4_0 / Q4_K_M GGUF (and mmproj) file", vlm::cli::cmd_quantize},
 };
 

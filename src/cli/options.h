@@ -4,7 +4,10 @@
 
 #include <charconv>
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "kernels/exec.h"
 
 namespace vlm::cli {
 
@@ -21,6 +24,19 @@ inline CLI::Validator unsigned64() {
         return {};
       },
       "UINT64");
+}
+
+// --precision bf16|f32 (kernels/exec.h) into `value`; empty (not given): the checkpoint's
+// default, nullopt from precision_of.
+inline void add_precision_option(CLI::App& app, std::string& value) {
+  app.add_option("--precision", value,
+                 "matrix products: bf16 (inputs rounded to bf16, f32 sums) or f32 (exact); default: bf16 for a "
+                 "bf16 checkpoint, else f32")
+      ->check(CLI::IsMember({"bf16", "f32"}));
+}
+inline std::optional<kernels::Precision> precision_of(const std::string& value) {
+  if (value.empty()) return std::nullopt;
+  return kernels::parse_precision(value, "--precision");
 }
 
 }  // namespace vlm::cli

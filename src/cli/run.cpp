@@ -27,7 +27,7 @@ extern "C" void on_sigint(int) {
 
 int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate text from a prompt"};
-  std::string model_dir, cache_file;
+  std::string model_dir, cache_file, precision;
   PromptArgs pa;
   ImageArgs ia;
   engine::Request req;
@@ -51,6 +51,7 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--context", context, "context limit (default: max_position_embeddings)")
       ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
+  add_precision_option(app, precision);
   ia.add(app);
   app.add_option("--prompt-cache", cache_file,
                  "file with this request's prefill (KV cache): reused when the model identity and the "
@@ -62,6 +63,7 @@ int cmd_run(int argc, char** argv) {
   engine::ModelOptions mo = ia.model_options();
   mo.threads = threads;
   mo.context = context;
+  mo.precision = precision_of(precision);
   req.images = ia.load(model_dir);
   const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
   req.prompt = pa.ids(*model, req.images);

@@ -26,6 +26,9 @@ Model::Model(Checkpoint ck, const ModelOptions& opt) : ck_(std::move(ck)), opt_(
   host_.context = context_;
   host_.fault = opt.fault;
   identity_ = request_identity(ck_, host_, opt.embed_scaling);
+  const kernels::Precision precision = opt.precision.value_or(kernels::parse_precision(
+      default_precision(models::gemma3::layer_tensor(ck_, 0, models::gemma3::LayerTensor::Q).dtype), "precision"));
+  add_precision(identity_, kernels::precision_name(precision));
   image_tokens_ = image_tokens_of(mc, opt.layout);
   if (ck_.gguf())
     tok_.emplace(text::tokenizer_from_gguf(*ck_.gguf()));
@@ -33,7 +36,7 @@ Model::Model(Checkpoint ck, const ModelOptions& opt) : ck_(std::move(ck)), opt_(
     tok_.emplace(text::Tokenizer::load(ck_.dir()));
   if (opt.vision && mc.is_vlm()) enc_.emplace(ck_);
   pool_ = std::make_unique<ThreadPool>(opt.threads > 0 ? opt.threads : default_threads());
-  exec_ = std::make_unique<const kernels::Exec>(*pool_, opt.isa.value_or(kernels::best_isa()), opt.precision);
+  exec_ = std::make_unique<const kernels::Exec>(*pool_, opt.isa.value_or(kernels::best_isa()), precision);
   decoder_ = std::make_unique<const models::gemma3::Decoder>(ck_, *exec_, opt.embed_scaling);
 }
 

@@ -37,7 +37,9 @@ struct ModelOptions {
   Fault fault = Fault::None;           // TEST-ONLY (multimodal/host.h); the CLI maps VLM_FAULT
   int threads = 0;                     // 0: default_threads()
   std::optional<kernels::Isa> isa;     // kernel ISA path; nullopt: the best this CPU has
-  kernels::Precision precision = kernels::Precision::F32;
+  // Matrix-product precision; nullopt: default_precision of the decoder's matrices (bf16
+  // for a bf16 checkpoint, else f32). Part of the identity.
+  std::optional<kernels::Precision> precision;
   int64_t context = 0;                 // 0: max_position_embeddings
   std::filesystem::path mmproj;        // GGUF models: the mmproj file (empty: the folder's, if any)
 };
@@ -91,6 +93,7 @@ class Model {
   // How the decoder and the vision tower run their kernels (threads, ISA, precision). The pool
   // runs one job at a time: one Engine drives a Model.
   const kernels::Exec& exec() const { return *exec_; }
+  kernels::Precision precision() const { return exec_->precision; }
 
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

@@ -52,6 +52,14 @@ std::string default_scaling_policy(DType embedding_dtype) {
   return embedding_dtype == DType::BF16 ? "bf16-normalizer" : "f32-normalizer";
 }
 
+std::string default_precision(DType matrix_dtype) { return matrix_dtype == DType::BF16 ? "bf16" : "f32"; }
+
+void add_precision(Identity& id, std::string_view precision) {
+  auto it = id.fields.begin();
+  while (it != id.fields.end() && it->first != "scaling_policy") ++it;
+  id.fields.emplace(it == id.fields.end() ? it : it + 1, "precision", std::string(precision));
+}
+
 Identity make_identity(const ModelConfig& c, const std::string& weight_dtypes, std::string_view mask_mode,
                        std::string_view scaling_policy, std::string_view weights) {
   Identity id;

@@ -17,7 +17,7 @@
 namespace vlm {
 
 // Bump when canonical names or the meaning of a field change.
-constexpr int kIdentityLayoutVersion = 2;
+constexpr int kIdentityLayoutVersion = 3;  // 3: the precision field
 
 struct Identity {
   std::vector<std::pair<std::string, std::string>> fields;  // in a fixed order
@@ -32,6 +32,12 @@ struct Identity {
 // embedding matrix is bf16 (docs/gemma3/merge-and-scaling.md#text).
 std::string default_mask_mode(const ModelConfig& c);
 std::string default_scaling_policy(DType embedding_dtype);
+// The matrix-product precision (kernels/exec.h): "bf16" when the decoder's matrices are
+// stored in bf16 (what the checkpoint was trained to run in), else "f32".
+std::string default_precision(DType matrix_dtype);
+// Adds the run's precision ("f32" or "bf16") as the field "precision", after the other run
+// options: the same weights give other numbers at another precision.
+void add_precision(Identity& id, std::string_view precision);
 
 // `weights` is Checkpoint::weights_fingerprint(); "none" when only a config is at hand.
 Identity make_identity(const ModelConfig& c, const std::string& weight_dtypes, std::string_view mask_mode,

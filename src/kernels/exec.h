@@ -25,7 +25,8 @@ Isa parse_isa(std::string_view name, std::string_view what);
 //   Bf16: the activations (x) are rounded to bf16 (nearest even) first, then multiplied
 //         by the stored weights exactly and summed in f32 — what a bf16 checkpoint run in
 //         bf16 computes. AVX512-BF16 does it with vdpbf16ps; elsewhere the kernels round x
-//         and run the f32 path, which gives the same products.
+//         and run the f32 path, which gives the same products. Attention's products of
+//         activations with activations (scores, weighted values) run as F32 (exact()).
 enum class Precision { F32, Bf16 };
 const char* precision_name(Precision p);  // "f32", "bf16"
 Precision parse_precision(std::string_view name, std::string_view what);
@@ -44,6 +45,12 @@ struct Exec {
   Exec(ThreadPool& p, Isa i, Precision pr = Precision::F32);
 
   ThreadPool& threads() const { return *pool; }
+  // The same threads and ISA with exact f32 products.
+  Exec exact() const {
+    Exec e = *this;
+    e.precision = Precision::F32;
+    return e;
+  }
 };
 
 }  // namespace vlm::kernels

@@ -142,6 +142,25 @@ void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me,
 
 }  // namespace
 
+double bf16_dot_loop(size_t iters) {
+  constexpr int N = 12;  // independent chains: more than latency × throughput of vdpbf16ps
+  const __m512i ones = _mm512_set1_epi16(0x3A83);  // bf16 ≈ 1e-3: the sums stay small
+  const __m512bh a = reinterpret_cast<const __m512bh&>(ones);
+  __m512 acc[N];
+  VLM_UNROLL
+  for (int i = 0; i < N; ++i) acc[i] = _mm512_set1_ps(float(i));
+  for (size_t it = 0; it < iters; ++it) {
+    VLM_UNROLL
+    for (int i = 0; i < N; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, a);
+  }
+  __m512 s = acc[0];
+  VLM_UNROLL
+  for (int i = 1; i < N; ++i) s = _mm512_add_ps(s, acc[i]);
+  volatile float sink = _mm512_reduce_add_ps(s);
+  (void)sink;
+  return 64.0 * double(iters) * N;  // 16 lanes × 2 products × (multiply + add)
+}
+
 const IsaKernels kAvx512Kernels = make_kernels<S512>("avx512", &gemm_bf16dot);
 
 }  // namespace vlm::kernels::detail

@@ -46,6 +46,9 @@ struct IsaKernels {
   float (*read_loop)(const float* p, size_t n);
 };
 
+// AVX512-BF16 only: a register-resident vdpbf16ps loop (the bf16 dot peak); FLOPs done.
+double bf16_dot_loop(size_t iters);
+
 extern const IsaKernels kScalarKernels;
 extern const IsaKernels kAvx2Kernels;
 extern const IsaKernels kAvx512Kernels;

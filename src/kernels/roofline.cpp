@@ -38,26 +38,46 @@ double measure_read_bandwidth(int threads, size_t bytes, Isa isa) {
     std::memset(static_cast<void*>(p + b), 1, (e - b) * 4);
   });
   const size_t grain = floats / (4 * size_t(threads));
+  const size_t share = floats / size_t(threads);
+  constexpr size_t kBlock = 1024;  // floats one stream reads before the next stream's turn
   double best = 0;
   std::atomic<float> sink{0};
-  for (size_t pass = 0; pass < 4 * windows; ++pass) {
-    const float* w = p + (pass % windows) * floats;
-    const auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(floats, [&](size_t b, size_t e) { sink = sink + k.read_loop(w + b, e - b); }, grain);
-    best = std::max(best, double(kWindow) / seconds_since(t0));
+  for (size_t streams : {1, 2, 4, 8}) {
+    for (size_t pass = 0; pass < 2 * windows; ++pass) {
+      const float* w = p + (pass % windows) * floats;
+      const auto t0 = std::chrono::steady_clock::now();
+      if (streams == 1) {
+        pool.parallel_for(floats, [&](size_t b, size_t e) { sink = sink + k.read_loop(w + b, e - b); }, grain);
+      } else {
+        pool.parallel_for(size_t(threads), [&](size_t i0, size_t i1) {
+          float s = 0;
+          for (size_t t = i0; t < i1; ++t) {
+            const float* base = w + t * share;
+            const size_t len = share / streams;
+            for (size_t off = 0; off < len; off += kBlock)
+              for (size_t j = 0; j < streams; ++j) s += k.read_loop(base + j * len + off, std::min(kBlock, len - off));
+          }
+          sink = sink + s;
+        });
+      }
+      best = std::max(best, double(kWindow) / seconds_since(t0));
+    }
   }
   return best;
 }
 
-double measure_peak_flops(int threads, Isa isa) {
+double measure_peak_flops(int threads, Isa isa, Precision precision) {
   const detail::IsaKernels& k = detail::kernels_for(isa);
+  const bool bf16 = precision == Precision::Bf16;
+  if (bf16 && !bf16_dot_supported()) fail("measure_peak_flops: this CPU has no AVX512-BF16 dot");
+  double (*loop)(size_t) = bf16 ? &detail::bf16_dot_loop : k.fma_loop;
   ThreadPool pool(threads);
   const size_t n = size_t(threads);
   // Calibrate to about 0.2 s per run.
   size_t iters = 1 << 16;
   for (;;) {
     const auto t0 = std::chrono::steady_clock::now();
-    k.fma_loop(iters);
+    loop(iters);
     if (seconds_since(t0) > 0.05) break;
     iters *= 2;
   }
@@ -67,7 +87,7 @@ double measure_peak_flops(int threads, Isa isa) {
     std::atomic<double> flops{0};
     const auto t0 = std::chrono::steady_clock::now();
     pool.parallel_for(n, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) flops.fetch_add(k.fma_loop(iters));
+      for (size_t i = b; i < e; ++i) flops.fetch_add(loop(iters));
     });
     best = std::max(best, flops.load() / seconds_since(t0));
   }

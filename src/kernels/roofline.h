@@ -7,15 +7,19 @@
 
 namespace vlm::kernels {
 
-// Read bandwidth in bytes/s, measured the way decode reads weights: passes over 64 MiB
-// windows of a `bytes` buffer (default 1 GiB, so a window is never still cached), each
-// split into chunks that `threads` threads take in turn and read as one sequential stream
-// with the widest loads of `isa`; best of many passes (a shared machine's load makes
-// long passes unrepresentative, and the GEMV figures are best-of too).
+// Read bandwidth in bytes/s: passes over 64 MiB windows of a `bytes` buffer (default 1 GiB,
+// so a window is never still cached) with the widest loads of `isa`, in several shapes —
+// chunks that `threads` threads take in turn, each read as one sequential stream (the way
+// the decode GEMV reads weights), and one share per thread read as 2, 4 or 8 interleaved
+// streams (more prefetch streams in flight) — and the best pass of any shape. A limit
+// that a real decoder beats is no limit: the shapes are there so that one of them reads
+// at least as fast as any GEMV does (a shared machine's load makes long passes
+// unrepresentative, and the GEMV figures are best-of too).
 double measure_read_bandwidth(int threads, size_t bytes = size_t(1) << 30, Isa isa = best_isa());
 
-// Peak f32 FLOP/s (an FMA counts 2) of an ISA path: a register-resident FMA loop run on
-// `threads` threads at once; best of a few runs.
-double measure_peak_flops(int threads, Isa isa = best_isa());
+// Peak FLOP/s (a multiply-add counts 2) of an ISA path: a register-resident loop run on
+// `threads` threads at once; best of a few runs. F32: FMA; Bf16: the AVX512-BF16 dot
+// (vdpbf16ps; throws unless bf16_dot_supported()).
+double measure_peak_flops(int threads, Isa isa = best_isa(), Precision precision = Precision::F32);
 
 }  // namespace vlm::kernels

@@ -18,7 +18,8 @@ void ensure(std::vector<float>& v, size_t n) {
 }  // namespace
 
 void attention(const float* q, size_t Lq, const float* k, const float* v, size_t Lk, const MaskTiles* mask,
-               const AttnShape& s, float* out, AttnScratch& sc, const kernels::Exec& ex) {
+               const AttnShape& s, float* out, AttnScratch& sc, const kernels::Exec& exec) {
+  const kernels::Exec ex = exec.exact();  // activations times activations: f32 (kernels/exec.h)
   ThreadPool& pool = ex.threads();
   using kernels::Layout;
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads;
@@ -75,7 +76,8 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
 }
 
 void attention_decode(const float* q, const float* k, const float* v, size_t n, const AttnShape& s, float* out,
-                      AttnScratch& sc, const kernels::Exec& ex) {
+                      AttnScratch& sc, const kernels::Exec& exec) {
+  const kernels::Exec ex = exec.exact();  // activations times activations: f32 (kernels/exec.h)
   ThreadPool& pool = ex.threads();
   using kernels::Layout;
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads, krow = s.n_kv_heads * d;

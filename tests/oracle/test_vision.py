@@ -26,7 +26,8 @@ S = 64  # the tiny preset's image size
 
 
 def dump(model, paths, out, extra=()):
-    cmd = [BIN, "dump", "--model", os.path.join(FIX, model), "--prompt", "x", "--steps", "0",
+    # The oracle is exact f32 arithmetic: --precision f32 on every fixture (bf16 ones included).
+    cmd = [BIN, "dump", "--precision", "f32", "--model", os.path.join(FIX, model), "--prompt", "x", "--steps", "0",
            "--out", out, *extra]
     for p in paths:
         cmd += ["--image", p]

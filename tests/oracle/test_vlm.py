@@ -49,6 +49,8 @@ def vlm(*args, env=None, check=True):
     e = dict(os.environ)
     e.pop("VLM_FAULT", None)
     e.update(env or {})
+    # The oracle is exact f32 arithmetic: --precision f32 on every fixture (bf16 ones included).
+    args = (args[0], "--precision", "f32", *args[1:]) if args[0] in ("run", "dump") else args
     r = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=600, env=e)
     if check and r.returncode != 0:
         raise AssertionError(f"vlm {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")

@@ -12,6 +12,12 @@ from the reference is the one that changes values the model sees: the embedding
 normalizer and product in the weight dtype (docs/gemma3/merge-and-scaling.md#text). Everything
 else runs in float64, so our f32 engine should agree to ~1e-6 relative whatever the weight dtype.
 
+`precision="bf16"` models the engine's --precision bf16 (src/kernels/exec.h), from its
+definition: every product with a stored weight matrix (q, k, v, o, gate, up, down, head)
+takes its input rows as the float32 activations rounded to bfloat16 (nearest even) and
+multiplies them exactly by the stored weights; attention's products of activations and
+everything else stay float64. precision="f32" (default) rounds nothing.
+
 `faults` (tests only) deliberately breaks the math to show the comparisons catch it:
   "scale_head_dim"   attention scale head_dim^-0.5 instead of query_pre_attn_scalar^-0.5
   "double_normalizer" text embeddings multiplied by the normalizer twice
@@ -60,7 +66,9 @@ def causal_masks(n, window):
 
 
 class TextModel:
-    def __init__(self, d, faults=()):
+    def __init__(self, d, faults=(), precision="f32"):
+        assert precision in ("f32", "bf16"), precision
+        self.bf16 = precision == "bf16"
         cfg, tensors, _, _ = load_checkpoint(d)
         self.cfg = cfg
         self.t = t = cfg["text"]
@@ -97,6 +105,13 @@ class TextModel:
             out = round_to(out * s, self.embed_dtype)
         return out.astype(np.float64)
 
+    def mm(self, a, w):
+        """a @ w.T for a stored weight w [out, in]; under bf16 precision a is first taken as
+        float32 and rounded to bfloat16 (the inputs of the engine's bf16 products)."""
+        if self.bf16:
+            a = round_bf16(np.asarray(a, np.float32)).astype(np.float64)
+        return a @ w.T
+
     def inv_freq(self, kind):
         """docs/gemma3/decoder.md#rope: 1 / base^(2i/d) in float32, divided by the linear factor
         on global layers."""
@@ -117,9 +132,10 @@ class TextModel:
         a, b = x[..., : d // 2], x[..., d // 2:]
         return np.concatenate([a * c - b * s, b * c + a * s], axis=-1)
 
-    def forward(self, e, masks=None, head_rows=None):
-        """e [L, H] post-scale embeddings. masks: (global, sliding) boolean allowed [L, L]
-        (default: causal text masks). Returns (hidden after every layer, logits of head_rows
+    def forward(self, e, masks=None, head_rows=None, first_layer=0):
+        """e [L, H] post-scale embeddings (or, with first_layer > 0, the residual stream
+        entering that layer). masks: (global, sliding) boolean allowed [L, L] (default: causal
+        text masks). Returns (hidden after every layer from first_layer on, logits of head_rows
         — all rows when None)."""
         t = self.t
         L = e.shape[0]
@@ -130,12 +146,12 @@ class TextModel:
         pos = np.arange(L)
         x = np.array(e, np.float64)
         hidden = []
-        for lw, kind in zip(self.layers, t["layer_kinds"]):
+        for lw, kind in zip(self.layers[first_layer:], t["layer_kinds"][first_layer:]):
             allowed = masks[1] if kind == "sliding" and "no_window" not in self.faults else masks[0]
             a = rms_norm(x, lw["ln_in"], eps)
-            q = rms_norm((a @ lw["q"].T).reshape(L, nH, d), lw["qn"], eps)
-            k = rms_norm((a @ lw["k"].T).reshape(L, nKV, d), lw["kn"], eps)
-            v = (a @ lw["v"].T).reshape(L, nKV, d)
+            q = rms_norm(self.mm(a, lw["q"]).reshape(L, nH, d), lw["qn"], eps)
+            k = rms_norm(self.mm(a, lw["k"]).reshape(L, nKV, d), lw["kn"], eps)
+            v = self.mm(a, lw["v"]).reshape(L, nKV, d)
             q, k = self.rope(q, pos, kind), self.rope(k, pos, kind)
             o = np.empty((L, nH, d))
             for h in range(nH):
@@ -146,13 +162,13 @@ class TextModel:
                 p = np.exp(sc)
                 p /= p.sum(axis=1, keepdims=True)
                 o[:, h, :] = p @ v[:, g, :]
-            x = x + rms_norm(o.reshape(L, nH * d) @ lw["o"].T, lw["ln_post_attn"], eps)
+            x = x + rms_norm(self.mm(o.reshape(L, nH * d), lw["o"]), lw["ln_post_attn"], eps)
             f = rms_norm(x, lw["ln_pre_ff"], eps)
-            m = (gelu_tanh(f @ lw["gate"].T) * (f @ lw["up"].T)) @ lw["down"].T
+            m = self.mm(gelu_tanh(self.mm(f, lw["gate"])) * self.mm(f, lw["up"]), lw["down"])
             x = x + rms_norm(m, lw["ln_post_ff"], eps)
             hidden.append(x.copy())
         rows = x if head_rows is None else x[head_rows]
-        logits = rms_norm(rows, self.norm, eps) @ self.head.T
+        logits = self.mm(rms_norm(rows, self.norm, eps), self.head)
         return hidden, logits
 
     def sample_limit(self):

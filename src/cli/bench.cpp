@@ -1,0 +1,287 @@
+// `vlm bench`: how fast this machine runs a checkpoint, each figure next to the machine's
+// limit measured in the same run and the fraction reached.
+//   prefill  one --pp-token prompt through the engine's step (all rows in one step) →
+//            tokens/s vs the FMA peak (f32, or the bf16 dot under --precision bf16 where
+//            the CPU has it): FLOPs = 2 × the decoder's matrix weights × tokens (+ the head
+//            for the last row; attention's own products are left out, < 1 % at 512 tokens)
+//   decode   --tg tokens of one sequence after a one-token prompt (as llama-bench's tg) →
+//            tokens/s vs the roofline: read bandwidth (probe run before and after, the
+//            higher) ÷ the weight bytes one step reads (every decoder matrix + the head)
+//   batch    --batch sequences decoding together through the engine's step: aggregate
+//            tokens/s over the steps where all of them decode, vs the same roofline × B
+//            (one weight read serves every sequence) and as a multiple of batch 1
+//   image    (--image) one synthetic image through preprocessing, SigLIP and the projector
+//            → seconds vs the FMA peak (FLOPs from the tower's matrices and attention)
+//   rss      peak resident memory (the bandwidth probe's buffer left out) vs the bytes of the
+//            weights used (the vision part only with --image) + the KV caches
+// Random-weight checkpoints give meaningless tokens; only the time matters. With --json the
+// last line is one JSON object with every figure.
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/options.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "kernels/roofline.h"
+
+namespace vlm::cli {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::shared_ptr<engine::Sequence> make_seq(const engine::Model& m, std::vector<int32_t> prompt, int max_tokens) {
+  engine::Request req;
+  req.prompt = std::move(prompt);
+  req.max_tokens = max_tokens;
+  req.stop_ids.emplace();  // none: every run produces exactly max_tokens
+  return std::make_shared<engine::Sequence>(m, std::move(req), engine::Callbacks{});
+}
+
+// Prompt ids: <bos> then ids spread over the ordinary vocabulary.
+std::vector<int32_t> prompt_ids(int n, int salt, int vocab) {
+  std::vector<int32_t> ids(size_t(n), 2);
+  for (int i = 1; i < n; ++i) ids[size_t(i)] = 1000 + int32_t((int64_t(i) * 7919 + salt * 104729) % (vocab - 2000));
+  return ids;
+}
+
+// Peak resident bytes (VmHWM) of this process.
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.starts_with("VmHWM:")) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  123 kB"
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+// The bandwidth probe's 1 GiB buffer is not the model's memory: the peak before it is kept,
+// then the high-water mark is reset to the current RSS (Linux: "5" to /proc/self/clear_refs).
+double probe_bandwidth(int threads, int64_t& rss_peak) {
+  rss_peak = std::max(rss_peak, peak_rss_bytes());
+  const double bw = kernels::measure_read_bandwidth(threads);
+  std::ofstream("/proc/self/clear_refs") << "5";
+  return bw;
+}
+
+double pct(double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; }
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  CLI::App app{"Measure prefill, decode, batched decode and image speed against this machine's limits"};
+  std::string model_dir, precision;
+  int threads = default_threads(), pp = 512, tg = 128, batch = 8;
+  bool image = false, json = false;
+  app.add_option("--model", model_dir, "checkpoint folder")->required();
+  app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
+  app.add_option("--pp", pp, "prompt tokens of the prefill test")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--tg", tg, "tokens of the decode test")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--batch", batch, "sequences of the batched decode test (their --tg/4 steps, at least 4)")
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--image", image, "also time one image through the vision tower and projector");
+  app.add_flag("--json", json, "print every figure as one JSON object on the last line");
+  add_precision_option(app, precision);
+  CLI11_PARSE(app, argc, argv);
+
+  engine::ModelOptions mo;
+  mo.vision = image;
+  mo.threads = threads;
+  mo.precision = precision_of(precision);
+  const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
+  const engine::Model& m = *model;
+  if (image && !m.has_vision()) fail("--image: {} has no vision tower", model_dir);
+  const TextConfig& tc = m.config().text;
+  const int batch_steps = std::max(4, tg / 4);
+  if (int64_t(pp) + 2 > m.context() || int64_t(tg) + 2 > m.context() || int64_t(batch_steps) + 3 > m.context())
+    fail("--pp {} / --tg {}: beyond the context of {} positions", pp, tg, m.context());
+  const kernels::Precision prec = m.precision();
+  const bool bf16_dot = prec == kernels::Precision::Bf16 && kernels::bf16_dot_supported();
+
+  // What one decode step reads and one prefill row multiplies.
+  const Checkpoint& ck = m.checkpoint();
+  double layer_bytes = 0, layer_params = 0;
+  for (const auto& [name, t] : ck.tensors())
+    if (name.starts_with("text.layers.") && t.shape.size() == 2) {
+      layer_bytes += double(t.nbytes);
+      layer_params += double(t.shape[0]) * double(t.shape[1]);
+    }
+  const TensorView& head = ck.lm_head();
+  const double head_params = double(head.shape[0]) * double(head.shape[1]);
+  const double step_bytes = layer_bytes + double(head.nbytes);
+  double mapped_bytes = 0;
+  for (const auto& [name, t] : ck.tensors())
+    if (image || !(name.starts_with("vision.") || name.starts_with("projector."))) mapped_bytes += double(t.nbytes);
+
+  auto say = [&](const std::string& s) {
+    std::fprintf(json ? stderr : stdout, "%s\n", s.c_str());
+    std::fflush(json ? stderr : stdout);
+  };
+  say(fmt::format("model {} ({} layers, H {}, vocab {}, weights {}), {} threads, isa {}, precision {}{}",
+                  model_dir, tc.num_layers, tc.hidden_size, m.vocab(), ck.weight_dtypes(), threads,
+                  kernels::isa_name(m.exec().isa), kernels::precision_name(prec),
+                  prec == kernels::Precision::Bf16 ? (bf16_dot ? " (AVX512-BF16 dot)" : " (rounded x, f32 FMA)") : ""));
+
+  const double peak_f32 = kernels::measure_peak_flops(threads, m.exec().isa);
+  const double peak = bf16_dot ? kernels::measure_peak_flops(threads, m.exec().isa, kernels::Precision::Bf16) : peak_f32;
+  say(fmt::format("peak: {:.1f} GFLOP/s f32 FMA{}", peak_f32 * 1e-9,
+                  bf16_dot ? fmt::format(", {:.1f} GFLOP/s bf16 dot", peak * 1e-9) : std::string()));
+
+  // Pages the mapped weights in, so no timing below reads the disk.
+  {
+    engine::Engine eng(m);
+    eng.add(make_seq(m, {2}, 1));
+    eng.run_until_idle();
+  }
+
+  // Prefill: every prompt row in one step (the budget allows pp rows).
+  double pp_s = 0;
+  {
+    engine::Engine eng(m, engine::StepBudget{.prefill_rows = pp, .images = 1, .max_seqs = 0});
+    auto s = make_seq(m, prompt_ids(pp, 1, m.vocab_limit()), 1);
+    eng.add(s);
+    const auto t0 = Clock::now();
+    while (s->tokens().empty() && !eng.idle()) eng.step();
+    pp_s = seconds_since(t0);
+    eng.run_until_idle();
+    if (s->finish_reason() == engine::FinishReason::Error) fail("prefill: {}", s->error());
+  }
+  const double pp_tok_s = pp / pp_s;
+  const double pp_flops = 2.0 * (layer_params * pp + head_params);
+  say(fmt::format("prefill: {} tokens in {:.3f} s = {:.2f} tok/s; {:.1f} GFLOP/s = {:.1f}% of the peak", pp, pp_s,
+                  pp_tok_s, pp_flops / pp_s * 1e-9, pct(pp_flops / pp_s, peak)));
+
+  // Decode: tg tokens after a one-token prompt; the probe runs right before and after (a
+  // shared machine's bandwidth drifts; the higher figure is the limit).
+  int64_t rss = 0;
+  const double bw_before = probe_bandwidth(threads, rss);
+  std::vector<double> step_s;
+  {
+    engine::Engine eng(m);
+    auto s = make_seq(m, {2}, tg + 1);
+    eng.add(s);
+    while (s->tokens().empty() && !eng.idle()) eng.step();  // the prompt step
+    while (!eng.idle()) {
+      const auto t0 = Clock::now();
+      eng.step();
+      step_s.push_back(seconds_since(t0));
+    }
+    if (s->finish_reason() == engine::FinishReason::Error) fail("decode: {}", s->error());
+  }
+  const double bw_after = probe_bandwidth(threads, rss);
+  const double bw = std::max(bw_before, bw_after);
+  double tg_s = 0;
+  for (double t : step_s) tg_s += t;
+  const double tg_tok_s = double(step_s.size()) / tg_s;
+  const double best_step = *std::min_element(step_s.begin(), step_s.end());
+  const double roofline = bw / step_bytes;
+  say(fmt::format("read bandwidth: {:.2f} GB/s before, {:.2f} after; {:.3f} GB per step -> roofline {:.3f} tok/s",
+                  bw_before * 1e-9, bw_after * 1e-9, step_bytes * 1e-9, roofline));
+  say(fmt::format("decode: {} tokens in {:.3f} s = {:.3f} tok/s = {:.1f}% of the roofline (best step {:.1f}%)",
+                  step_s.size(), tg_s, tg_tok_s, pct(tg_tok_s, roofline), pct(1.0 / best_step, roofline)));
+
+  // Batched decode: B sequences admitted together; timed over the steps where all decode.
+  double batch_tok_s = 0;
+  {
+    engine::Engine eng(m, engine::StepBudget{.prefill_rows = 512, .images = 1, .max_seqs = 0});
+    std::vector<std::shared_ptr<engine::Sequence>> seqs;
+    for (int b = 0; b < batch; ++b) {
+      seqs.push_back(make_seq(m, prompt_ids(2, b + 2, m.vocab_limit()), batch_steps + 1));
+      eng.add(seqs.back());
+    }
+    auto all_started = [&] {
+      return std::all_of(seqs.begin(), seqs.end(), [](const auto& s) { return !s->tokens().empty(); });
+    };
+    while (!all_started() && !eng.idle()) eng.step();
+    size_t before = 0;
+    for (const auto& s : seqs) before += s->tokens().size();
+    const auto t0 = Clock::now();
+    eng.run_until_idle();
+    const double dt = seconds_since(t0);
+    size_t after = 0;
+    for (const auto& s : seqs) {
+      if (s->finish_reason() == engine::FinishReason::Error) fail("batched decode: {}", s->error());
+      after += s->tokens().size();
+    }
+    batch_tok_s = double(after - before) / dt;
+  }
+  say(fmt::format("batched decode: {} sequences x {} steps = {:.3f} tok/s aggregate = {:.2f}x batch 1; "
+                  "{:.1f}% of the roofline x {}",
+                  batch, batch_steps, batch_tok_s, batch_tok_s / tg_tok_s, pct(batch_tok_s, roofline * batch),
+                  batch));
+
+  double image_s = 0, image_flops = 0;
+  if (image) {
+    const vision::VisionEncoder& enc = *m.vision();
+    const VisionConfig& vc = *m.config().vision;
+    const double P = double(vc.patches_per_side()) * vc.patches_per_side();
+    for (const auto& [name, t] : ck.tensors()) {
+      if (!(name.starts_with("vision.") || name.starts_with("projector.")) || t.shape.size() < 2) continue;
+      if (name.find("position_embedding") != std::string::npos) continue;
+      double elems = 1;
+      for (int64_t d : t.shape) elems *= double(d);
+      image_flops += 2.0 * elems * (name.starts_with("projector.") ? m.config().mm_tokens_per_image : P);
+    }
+    image_flops += 4.0 * P * P * vc.hidden_size * vc.num_layers;  // scores and weighted values
+    vision::RgbImage img;
+    img.width = img.height = vc.image_size;
+    img.rgb.resize(size_t(img.width) * size_t(img.height) * 3);
+    for (size_t i = 0; i < img.rgb.size(); ++i) img.rgb[i] = uint8_t((i * 2654435761u) >> 24);
+    const auto t0 = Clock::now();
+    const vision::ImageEncoding e = enc.encode({img}, m.exec(), false);
+    image_s = seconds_since(t0);
+    if (e.features.empty()) fail("image: no features");
+    say(fmt::format("image: one {}x{} image in {:.4g} s; {:.1f} GFLOP/s = {:.1f}% of the peak", img.width,
+                    img.height, image_s, image_flops / image_s * 1e-9, pct(image_flops / image_s, peak)));
+  }
+
+  // KV bytes the runs above held at most: the widest is the batch (B sequences) or the prefill.
+  const double kv_per_pos = 2.0 * tc.num_layers * tc.num_kv_heads * tc.head_dim * 4.0;
+  const double kv_bytes = kv_per_pos * std::max<double>(pp + 1, double(batch) * (batch_steps + 3));
+  rss = std::max(rss, peak_rss_bytes());
+  say(fmt::format("peak RSS: {:.3f} GB; weights used {:.3f} GB + KV {:.3f} GB = {:.3f} GB ({:.1f}%)", rss * 1e-9,
+                  mapped_bytes * 1e-9, kv_bytes * 1e-9, (mapped_bytes + kv_bytes) * 1e-9,
+                  pct(double(rss), mapped_bytes + kv_bytes)));
+
+  if (json) {
+    nlohmann::json j = {
+        {"model", model_dir},
+        {"threads", threads},
+        {"isa", kernels::isa_name(m.exec().isa)},
+        {"precision", kernels::precision_name(prec)},
+        {"pp", pp},
+        {"tg", tg},
+        {"batch", batch},
+        {"pp_tok_s", pp_tok_s},
+        {"pp_gflops", pp_flops / pp_s * 1e-9},
+        {"tg_tok_s", tg_tok_s},
+        {"tg_best_step_s", best_step},
+        {"batch_tok_s", batch_tok_s},
+        {"batch_speedup", batch_tok_s / tg_tok_s},
+        {"image_s", image ? nlohmann::json(image_s) : nlohmann::json(nullptr)},
+        {"image_gflops", image ? nlohmann::json(image_flops / image_s * 1e-9) : nlohmann::json(nullptr)},
+        {"rss_bytes", rss},
+        {"weight_bytes_per_token", step_bytes},
+        {"read_gb_s", bw * 1e-9},
+        {"roofline_tg_tok_s", roofline},
+        {"tg_fraction_of_roofline", tg_tok_s / roofline},
+        {"peak_gflops", peak * 1e-9},
+        {"peak_f32_gflops", peak_f32 * 1e-9},
+        {"pp_fraction_of_peak", pp_flops / pp_s / peak},
+    };
+    std::printf("%s\n", j.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace vlm::cli

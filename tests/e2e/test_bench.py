@@ -1,0 +1,53 @@
+"""`vlm bench --json` on the tiny VLM fixture: the last line is one JSON object holding every
+figure the issue names, each finite and positive (no timing is judged: that is the bench's
+job, not a test's); a bad option value is a one-line error."""
+import json
+import math
+import os
+import subprocess
+import unittest
+
+BIN = os.environ.get("VLM_BIN")
+FIXTURES = os.environ.get("VLM_FIXTURES")
+FIELDS = ["pp_tok_s", "tg_tok_s", "image_s", "batch_tok_s", "rss_bytes", "roofline_tg_tok_s", "peak_gflops",
+          "read_gb_s", "weight_bytes_per_token", "peak_f32_gflops"]
+
+
+@unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
+class TestBench(unittest.TestCase):
+    def bench(self, *extra):
+        r = subprocess.run([BIN, "bench", "--model", os.path.join(FIXTURES, "tiny-bf16"), "--threads", "2",
+                            "--pp", "40", "--tg", "8", "--batch", "3", "--image", "--json", *extra],
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+    def test_json_fields_positive_and_finite(self):
+        j, log = self.bench()
+        for f in FIELDS:
+            self.assertIn(f, j)
+            self.assertIsInstance(j[f], (int, float), f)
+            self.assertTrue(math.isfinite(j[f]) and j[f] > 0, f"{f} = {j[f]}")
+        self.assertEqual(j["precision"], "bf16")  # the default for a bf16 checkpoint
+        self.assertEqual((j["pp"], j["tg"], j["batch"], j["threads"]), (40, 8, 3, 2))
+        # The roofline is the probe's bandwidth over the bytes one step reads.
+        self.assertAlmostEqual(j["roofline_tg_tok_s"], j["read_gb_s"] * 1e9 / j["weight_bytes_per_token"],
+                               delta=1e-6 * j["roofline_tg_tok_s"])
+        for word in ("prefill:", "decode:", "batched decode:", "image:", "peak RSS:"):
+            self.assertIn(word, log)
+
+    def test_precision_f32_and_bad_values(self):
+        j, _ = self.bench("--precision", "f32")
+        self.assertEqual(j["precision"], "f32")
+        r = subprocess.run([BIN, "bench", "--model", os.path.join(FIXTURES, "tiny-bf16"), "--pp", "0"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--pp", r.stderr)
+        r = subprocess.run([BIN, "bench", "--model", os.path.join(FIXTURES, "tiny-text-bf16"), "--image"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("no vision tower", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
