@@ -48,6 +48,15 @@ class HostileInputs(unittest.TestCase):
                 os.symlink(os.path.join(src, f), os.path.join(dst, f))
         return dst
 
+    def set_json(self, model, name, key, value):
+        """Sets `key` of the JSON file `name` in the folder `model` (a copy, see clone)."""
+        path = os.path.join(model, name)
+        with open(path) as f:
+            j = json.load(f)
+        j[key] = value
+        with open(path, "w") as f:
+            json.dump(j, f)
+
     def set_f32(self, model, tensor, index, value):
         st = os.path.join(model, "model.safetensors")
         off, _ = tensor_range(st, tensor)
@@ -93,11 +102,7 @@ class HostileInputs(unittest.TestCase):
         a = self.clone("vlm", "tiny-bf16", copy=("preprocessor_config.json",))
         cache = self.path("c.cache")
         self.assertEqual(self.vlm(*self.run_args(a, "--prompt-cache", cache)).returncode, 0)
-        with open(os.path.join(a, "preprocessor_config.json")) as f:
-            pre = json.load(f)
-        pre["image_mean"] = [0.25, 0.5, 0.5]
-        with open(os.path.join(a, "preprocessor_config.json"), "w") as f:
-            json.dump(pre, f)
+        self.set_json(a, "preprocessor_config.json", "image_mean", [0.25, 0.5, 0.5])
         self.refused(self.run_args(a, "--prompt-cache", cache), "another model identity", "preprocessor.image_mean")
 
     def test_corrupted_cache_refused_by_checksum(self):
@@ -149,11 +154,7 @@ class HostileInputs(unittest.TestCase):
         # Within a long context, [rows, vocab] logits still reach 100+ GiB: a stated 4 GiB cap
         # (4096 rows of the 262144-token vocabulary), checked before the prefill runs.
         m = self.clone("long")
-        with open(os.path.join(m, "config.json")) as f:
-            cfg = json.load(f)
-        cfg["max_position_embeddings"] = 131072
-        with open(os.path.join(m, "config.json"), "w") as f:
-            json.dump(cfg, f)
+        self.set_json(m, "config.json", "max_position_embeddings", 131072)
         args = ["dump", "--model", m, "--prompt", "Hi", "--out", self.path("d")]
         self.refused(args + ["--steps", "0", "--pad-to", "100000"], "--pad-to", "100000 rows", "limit of 4 GiB")
         self.refused(args + ["--steps", "5000"], "--steps", "5000 rows", "limit of 4 GiB")
@@ -235,20 +236,12 @@ class HostileInputs(unittest.TestCase):
     def test_absurd_config_values_refused(self):
         for key, value in [("rms_norm_eps", 1e300), ("rope_theta", 1e-300), ("query_pre_attn_scalar", 1e-300)]:
             m = self.clone(key)
-            with open(os.path.join(m, "config.json")) as f:
-                cfg = json.load(f)
-            cfg[key] = value
-            with open(os.path.join(m, "config.json"), "w") as f:
-                json.dump(cfg, f)
+            self.set_json(m, "config.json", key, value)
             with self.subTest(key=key):
                 self.refused(self.run_args(m), "config.json", key)
         for key, value in [("rescale_factor", 1e300), ("image_std", 1e-45)]:
             v = self.clone("pre-" + key, "tiny-f32", copy=("preprocessor_config.json",))
-            with open(os.path.join(v, "preprocessor_config.json")) as f:
-                pre = json.load(f)
-            pre[key] = value
-            with open(os.path.join(v, "preprocessor_config.json"), "w") as f:
-                json.dump(pre, f)
+            self.set_json(v, "preprocessor_config.json", key, value)
             with self.subTest(key=key):
                 self.refused(self.run_args(v), "preprocessor_config.json", key)
 
