@@ -60,11 +60,12 @@ void ThreadPool::run_chunks(uint32_t generation) {
   for (;;) {
     uint64_t v = state_.load(std::memory_order_acquire);
     if (uint32_t(v >> 32) != generation) return;
-    const size_t i = size_t(v & 0xffffffffu), chunks = job_chunks_.load(std::memory_order_relaxed);
+    const size_t i = size_t(v & 0xffff), chunks = size_t((v >> 16) & 0xffff);
     if (i >= chunks) return;
     if (!state_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) continue;
     // The claim succeeded while this loop was current, so its fields (published before
-    // state_) are the ones read here, and the caller waits for this range.
+    // state_) are the ones read here, and the caller waits for this range before it
+    // writes the next loop's.
     const size_t n = job_n_.load(std::memory_order_relaxed), g = job_grain_.load(std::memory_order_relaxed);
     try {
       (*job_.load(std::memory_order_relaxed))(i * g, std::min(n, i * g + g));
@@ -80,7 +81,7 @@ void ThreadPool::run_chunks(uint32_t generation) {
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain) {
   if (n == 0) return;
   if (grain == 0) grain = std::max<size_t>(1, (n + 4 * size_t(size()) - 1) / (4 * size_t(size())));
-  grain = std::max(grain, (n >> 31) + 1);  // chunk indices fit the low half of state_
+  grain = std::max(grain, n / kMaxChunks + 1);  // at most kMaxChunks ranges
   if (workers_.empty() || grain >= n) {
     fn(0, n);
     return;
@@ -89,10 +90,9 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
   job_.store(&fn, std::memory_order_relaxed);
   job_n_.store(n, std::memory_order_relaxed);
   job_grain_.store(grain, std::memory_order_relaxed);
-  job_chunks_.store(chunks, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   const uint32_t g = ++generation_;
-  state_.store(uint64_t(g) << 32, std::memory_order_release);
+  state_.store(uint64_t(g) << 32 | uint64_t(chunks) << 16, std::memory_order_release);
   wake_.fetch_add(1, std::memory_order_release);
   wake_.notify_all();
   run_chunks(g);

@@ -27,11 +27,14 @@ class ThreadPool {
 
   int size() const { return int(workers_.size()) + 1; }
 
+  static constexpr size_t kMaxChunks = 0xffff;  // ranges per loop: they fit a 16-bit field of state_
+
   // The most threads a pool accepts: 4× the hardware concurrency, at least 256.
   static int max_threads();
 
   // Calls fn(begin, end) over disjoint ranges covering [0, n) and waits. Ranges are
-  // `grain` long (the last may be shorter); grain 0 picks about 4 ranges per thread.
+  // `grain` long (the last may be shorter), or longer where n / grain would exceed
+  // kMaxChunks; grain 0 picks about 4 ranges per thread.
   // fn may be called several times on one thread, and from any thread of the pool; the
   // first exception it throws is rethrown here once every thread has left the loop.
   void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 0);
@@ -42,13 +45,17 @@ class ThreadPool {
   void shutdown();  // stops and joins the workers
 
   std::vector<std::thread> workers_;
-  // The current loop. A range is claimed by a compare-exchange on state_ (generation in
-  // the high half, next chunk index in the low half), so a worker that wakes after the
-  // others have finished a loop claims nothing, and the caller never waits for a thread
-  // that has not started a range (on a machine with more runnable threads than cores, a
-  // descheduled worker would otherwise stall every loop).
+  // The current loop. A range is claimed by a compare-exchange on state_, which holds the
+  // generation (high 32 bits), the loop's range count and the next range index (16 bits
+  // each), so a worker that wakes after the others have finished a loop claims nothing, and
+  // the caller never waits for a thread that has not started a range (on a machine with more
+  // runnable threads than cores, a descheduled worker would otherwise stall every loop).
+  // The count is in the same word as the index: a worker that read a finished loop's state
+  // must not compare its index with the next loop's count, or it claims a range past the
+  // end of the finished loop while the caller is writing the next one's fields (seen: the
+  // done_ count then skips the caller's target and the caller waits forever).
   std::atomic<const std::function<void(size_t, size_t)>*> job_{nullptr};
-  std::atomic<size_t> job_n_{0}, job_grain_{1}, job_chunks_{0};
+  std::atomic<size_t> job_n_{0}, job_grain_{1};
   std::atomic<uint64_t> state_{0};
   // 32 bits: a futex-sized atomic, so wait/notify are direct futex calls (libstdc++ 12 routes
   // wider types through a shared proxy, where a notify can be lost).

@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "core/dtype.h"
-#include "core/thread_pool.h"
 
 namespace vlm {
 namespace {
@@ -32,15 +31,6 @@ TEST(DType, F16RoundsAndSaturates) {
   EXPECT_EQ(f32_to_f16(65520.f), 0x7c00);                       // overflow to inf
   EXPECT_EQ(f32_to_f16(65519.f), 0x7bff);
   EXPECT_EQ(f16_to_f32(f32_to_f16(3e-8f)), 5.9604644775390625e-8f);  // nearest subnormal
-}
-
-TEST(ThreadPool, CoversRangeOnce) {
-  ThreadPool pool(3);
-  std::vector<int> hits(1001, 0);
-  pool.parallel_for(hits.size(), [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) hits[i]++;
-  });
-  for (int h : hits) EXPECT_EQ(h, 1);
 }
 
 }  // namespace
