@@ -1,37 +1,52 @@
 #!/usr/bin/env bash
-# Decode tokens/s of vlm (bench_decoder) and llama.cpp (npm node-llama-cpp) on the same GGUF files
-# of one checkpoint folder, BF16 / Q8_0 / Q4_K_M, in one run, with each side's peak RSS. Files are
-# made once into OUT_DIR (bf16 by tools/convert_hf_to_gguf.py, the others by `vlm quantize`).
-# Run it on a quiet machine: decode is memory-bound and other jobs move the numbers.
-# Usage: bench/bench_gguf.sh [CKPT_DIR] [OUT_DIR] [DECODE_TOKENS] [TYPES...]
-#   defaults /work/ckpt/gemma3-4b, /work/ckpt/gguf, 16, "bf16 q8_0 q4_k_m"; VLM_THREADS (default 2),
-#   VLM_BUILD (default build).
+# vlm next to llama.cpp on the same GGUF files of one checkpoint, BF16 / Q8_0 / Q4_K_M, in one
+# run: prefill and decode tokens/s of each (`vlm bench` and bench/llama_bench.mjs, measured the
+# same way), the ratio, vlm's fraction of the bandwidth roofline, and both peak RSS. The files are
+# made once into OUT_DIR (bf16 by tools/convert_hf_to_gguf.py, which streams tensor by tensor;
+# the others by `vlm quantize`). Run it on a quiet machine: decode is memory-bound.
+# Usage: bench/bench_gguf.sh [CKPT_DIR] [OUT_DIR] [TYPES...]
+#   defaults /work/ckpt/gemma3-4b, /work/ckpt/gguf, "bf16 q8_0 q4_k_m"
+#   env: THREADS (2), PP (64), TG (32), VLM_BIN (build/vlm)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-CKPT=${1:-/work/ckpt/gemma3-4b}
-OUT=${2:-/work/ckpt/gguf}
-N=${3:-16}
-shift $(( $# < 3 ? $# : 3 ))
-TYPES=${*:-bf16 q8_0 q4_k_m}
-THREADS=${VLM_THREADS:-2}
-BUILD=${VLM_BUILD:-build}
-PROMPT=32
-mkdir -p "$OUT"
-name=$(basename "$CKPT")
-for t in $TYPES; do
-  f="$OUT/$name-$t.gguf"
-  if [ ! -f "$f" ]; then
-    if [ "$t" = bf16 ]; then
-      /usr/bin/python3 tools/convert_hf_to_gguf.py "$CKPT" --out "$f" --type bf16
-    else
-      "$BUILD/vlm" quantize --model "$CKPT" --type "$t" --out "$f"
-    fi
+here=$(cd "$(dirname "$0")/.." && pwd)
+ckpt=${1:-/work/ckpt/gemma3-4b}
+out=${2:-/work/ckpt/gguf}
+shift $(( $# < 2 ? $# : 2 ))
+types=${*:-bf16 q8_0 q4_k_m}
+threads=${THREADS:-2} pp=${PP:-64} tg=${TG:-32}
+vlm=${VLM_BIN:-$here/build/vlm}
+py=/usr/bin/python3
+mkdir -p "$out"
+case "$(cd "$out" && pwd)/" in "$here"/*) echo "bench_gguf.sh: OUT_DIR must be outside the repository" >&2; exit 2;; esac
+name=$(basename "$(cd "$ckpt" && pwd)")
+for t in $types; do
+  f=$out/$name-$t.gguf
+  [ -s "$f" ] && continue
+  if [ "$t" = bf16 ]; then
+    "$py" "$here/tools/convert_hf_to_gguf.py" "$ckpt" --out "$f.tmp" --type bf16
+  else
+    "$vlm" quantize --model "$ckpt" --type "$t" --out "$f.tmp"
   fi
+  mv "$f.tmp" "$f"
 done
-for t in $TYPES; do
-  f="$OUT/$name-$t.gguf"
-  echo "== $t: $f ($(du -h "$f" | cut -f1))"
-  VLM_THREADS=$THREADS /usr/bin/time -f "vlm peak RSS %M KiB" "$BUILD/bench_decoder" "$f" "$PROMPT" "$N" 2>&1 |
-    grep -E "weight bytes|^decode|limit|peak RSS|error"
-  /usr/bin/time -f "llama.cpp peak RSS %M KiB" node bench/llama_cpp_decode.mjs "$f" "$PROMPT" "$N" "$THREADS" 2>&1
+echo "load: $(uptime)"
+for t in $types; do
+  f=$out/$name-$t.gguf
+  ours=$("$vlm" bench --model "$f" --threads "$threads" --pp "$pp" --tg "$tg" --batch 1 --json 2>/dev/null | tail -n 1)
+  peer=$( { /usr/bin/time -f '{"rss_kib": %M}' node "$here/bench/llama_bench.mjs" "$f" "$threads" "$pp" "$tg"; } 2>&1 |
+    grep '^{' | "$py" -c "import json,sys; d={}; [d.update(json.loads(l)) for l in sys.stdin]; print(json.dumps(d))")
+  "$py" - "$t" "$f" "$ours" "$peer" <<'PY'
+import json, os, sys
+t, f, ours, peer = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+print(f"{t} ({os.path.getsize(f) / 1e9:.2f} GB file), {ours['threads']} threads, vlm precision {ours['precision']}:")
+print(f"  prefill {ours['pp']}: vlm {ours['pp_tok_s']:.2f} vs llama.cpp {peer['pp_tok_s']:.2f} tok/s"
+      f" = {ours['pp_tok_s'] / peer['pp_tok_s']:.2f}x")
+print(f"  decode {ours['tg']}: vlm {ours['tg_tok_s']:.3f} vs llama.cpp {peer['tg_tok_s']:.3f} tok/s"
+      f" = {ours['tg_tok_s'] / peer['tg_tok_s']:.2f}x; roofline {ours['roofline_tg_tok_s']:.3f} tok/s"
+      f" ({ours['read_gb_s']:.1f} GB/s): vlm {100 * ours['tg_fraction_of_roofline']:.0f}%,"
+      f" llama.cpp {100 * peer['tg_tok_s'] / ours['roofline_tg_tok_s']:.0f}%")
+print(f"  peak RSS: vlm {ours['rss_bytes'] / 1e9:.2f} GB, llama.cpp {peer['rss_kib'] * 1024 / 1e9:.2f} GB")
+print(json.dumps({"type": t, "vlm": ours, "llama_cpp": peer}))
+PY
 done
+echo "load: $(uptime)"

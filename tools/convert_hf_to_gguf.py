@@ -30,21 +30,38 @@ import gguf_writer  # noqa: E402
 ST_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
 
 
+class Lazy:
+    """A tensor read when called (as f32; bf16 widened exactly), so that a checkpoint larger
+    than memory converts one tensor at a time. `then(fn)` is the same tensor mapped by fn."""
+
+    def __init__(self, shape, load):
+        self.shape, self.ndim, self._load = tuple(shape), len(shape), load
+
+    def __call__(self):
+        return self._load()
+
+    def then(self, fn):
+        return Lazy(self.shape, lambda: fn(self._load()))
+
+
 def read_safetensors(path):
-    """{name: f32 array} of one file (bf16 widened exactly)."""
+    """{name: Lazy} of one file."""
     out = {}
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
+
+    def load(e):
         b, end = e["data_offsets"]
         raw = np.frombuffer(data[b:end], dtype=ST_DTYPES[e["dtype"]])
         if e["dtype"] == "BF16":
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        out[name] = raw.astype(np.float32).reshape(e["shape"])
+        return raw.astype(np.float32).reshape(e["shape"])
+
+    for name, e in header.items():
+        if name != "__metadata__":
+            out[name] = Lazy(e["shape"], lambda e=e: load(e))
     return out
 
 
@@ -203,7 +220,7 @@ def write_text(d, cfg, tensors, out, gtype, fallback):
     for c in sorted((c for c in tensors if c.startswith("text.")), key=_text_order):
         x = tensors[c]
         if c.endswith("norm.weight"):
-            x = (x.astype(np.float32) + np.float32(1)).astype(np.float32)  # Gemma3RMSNorm's (1 + w)
+            x = x.then(lambda a: (a + np.float32(1)).astype(np.float32))  # Gemma3RMSNorm's (1 + w)
         w.add_tensor(text_name(c), x, storage_type(x, gtype, fallback))
     if "lm_head.weight" in tensors:  # untied head (llama.cpp: optional `output.weight`)
         w.add_tensor("output.weight", tensors["lm_head.weight"], storage_type(tensors["lm_head.weight"], gtype, fallback))
@@ -278,7 +295,7 @@ def write_mmproj(d, cfg, tensors, out, gtype, projection_type="f16"):
         x = tensors[c]
         name = vision_name(c)
         if c == "projector.mm_soft_emb_norm.weight":
-            x = (x + np.float32(1)).astype(np.float32)  # Gemma3RMSNorm's (1 + w); SigLIP norms are plain
+            x = x.then(lambda a: (a + np.float32(1)).astype(np.float32))  # Gemma3RMSNorm's (1 + w); SigLIP norms are plain
         if ".embeddings." in c:
             t = "f32"
         elif name == "mm.input_projection.weight":

@@ -235,7 +235,7 @@ def encode_tensor(x, gtype):
 class GGUFWriter:
     def __init__(self, alignment=ALIGNMENT):
         self.kv = []       # (key, type id, payload)
-        self.tensors = []  # (name, ne, type id, bytes)
+        self.tensors = []  # (name, ne, type id, byte count, () -> bytes)
         self.alignment = alignment
         if alignment != ALIGNMENT:
             self.add("general.alignment", alignment, "u32")
@@ -245,16 +245,23 @@ class GGUFWriter:
         self.kv.append((key, t, payload))
 
     def add_tensor(self, name, x, gtype="f32"):
-        """x: f32 array in PyTorch order (slowest dimension first)."""
-        self.add_raw_tensor(name, list(np.shape(x)), gtype, encode_tensor(x, gtype))
+        """x: f32 array in PyTorch order (slowest dimension first), or an object with `.shape`
+        that returns that array when called: then it is read and encoded only while the file is
+        written, one tensor at a time, so a file larger than memory streams."""
+        if callable(x):
+            self._add(name, x.shape, gtype, lambda: encode_tensor(x(), gtype))
+        else:
+            data = encode_tensor(x, gtype)
+            self._add(name, np.shape(x), gtype, lambda: data)
 
     def add_raw_tensor(self, name, shape, gtype, data):
+        self._add(name, shape, gtype, lambda: data)
+
+    def _add(self, name, shape, gtype, produce):
         tid, be, bb = GGML_TYPES[gtype]
         ne = list(reversed([int(d) for d in shape]))
         n = int(np.prod(ne)) if ne else 1
-        if len(data) != n // be * bb:
-            raise ValueError(f"gguf_writer: tensor '{name}': {len(data)} bytes for {shape} {gtype}")
-        self.tensors.append((name, ne, tid, data))
+        self.tensors.append((name, ne, tid, n // be * bb, produce))
 
     def write(self, path):
         head = bytearray(b"GGUF")
@@ -263,17 +270,20 @@ class GGUFWriter:
             head += _string(key) + struct.pack("<I", t) + payload
         offset = 0
         offsets = []
-        for name, ne, tid, data in self.tensors:
+        for name, ne, tid, nbytes, _ in self.tensors:
             head += _string(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
             head += struct.pack("<IQ", tid, offset)
             offsets.append(offset)
-            offset += len(data)
+            offset += nbytes
             offset += -offset % self.alignment
         head += b"\0" * (-len(head) % self.alignment)
         with open(path, "wb") as f:
             f.write(head)
             pos = 0
-            for (_, _, _, data), off in zip(self.tensors, offsets):
+            for (name, ne, _, nbytes, produce), off in zip(self.tensors, offsets):
+                data = produce()
+                if len(data) != nbytes:
+                    raise ValueError(f"gguf_writer: tensor '{name}': {len(data)} bytes for ne {ne}, {nbytes} expected")
                 f.write(b"\0" * (off - pos))
                 f.write(data)
                 pos = off + len(data)
