@@ -6,10 +6,14 @@
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/dtype.h"
 #include "kernels/matmul_isa.h"
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
+#include "kernels/simd.h"
 
 namespace vlm::kernels::detail {
 namespace {
@@ -24,64 +28,138 @@ QTARGET inline float hsum(__m256 v) {
 }
 
 QTARGET inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+QTARGET inline float f16(uint16_t h) { return _cvtsh_ss(h); }  // exact widening (F16C)
+QTARGET inline __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }
 
-QTARGET inline float dot_q8_0(const std::byte* row, const QBlock8* a, size_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  for (size_t i = 0; i < nb; ++i) {
-    const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + i;
-    const __m256i w = load32(b->qs), x = load32(a[i].q);
-    const __m256i p = dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(f16_to_f32(b->d) * a[i].d), acc);
-  }
-  return hsum(acc);
+// Each kernel takes RM activation rows against one weight row: a weight block is decoded once
+// and meets every row, and the rows' sums are independent chains, so at RM = 1 each kernel
+// alternates two sums over consecutive (sub-)blocks to keep FMA latency off the critical path.
+template <int RM>
+struct Acts {
+  const QBlock8* x[RM];
+};
+
+template <int RM>
+QTARGET inline void dot_q8_0(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
+  __m256 acc[RM][2];
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  const auto* b = reinterpret_cast<const BlockQ8_0*>(row);
+  auto block = [&](size_t i, int s) QTARGET {
+    const __m256i w = load32(b[i].qs), aw = _mm256_sign_epi8(w, w);
+    const __m256 dw = _mm256_set1_ps(f16(b[i].d));
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      const QBlock8& x = a.x[m][i];
+      const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(x.q), w));
+      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, bcast(&x.d)), acc[m][s]);
+    }
+  };
+  size_t i = 0;
+  for (; i + 2 <= nb; i += 2) block(i, 0), block(i + 1, 1);
+  if (i < nb) block(i, 0);
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
 }
 
-QTARGET inline float dot_q4_0(const std::byte* row, const QBlock8* a, size_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  float off = 0;
+template <int RM>
+QTARGET inline void dot_q4_0(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
+  __m256 acc[RM][2];
+  float off[RM] = {};
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  const auto* b = reinterpret_cast<const BlockQ4_0*>(row);
   const __m128i m4 = _mm_set1_epi8(0x0F);
-  for (size_t i = 0; i < nb; ++i) {
-    const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
+  auto block = [&](size_t i, int s) QTARGET {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
     const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-    const float s = f16_to_f32(b->d) * a[i].d;
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(w, load32(a[i].q))), _mm256_set1_ps(s), acc);
-    off += s * float(8 * (a[i].sum[0] + a[i].sum[1]));
-  }
-  return hsum(acc) - off;
+    const float dw = f16(b[i].d);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      const QBlock8& x = a.x[m][i];
+      const float sc = dw * x.d;
+      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(w, load32(x.q))), _mm256_set1_ps(sc), acc[m][s]);
+      off[m] += sc * float(8 * (x.sum[0] + x.sum[1]));
+    }
+  };
+  size_t i = 0;
+  for (; i + 2 <= nb; i += 2) block(i, 0), block(i + 1, 1);
+  if (i < nb) block(i, 0);
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1])) - off[m];
 }
 
-QTARGET inline float dot_q4_k(const std::byte* row, const QBlock8* a, size_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  float off = 0;
+// The 8 six-bit scales and mins of a Q4_K block, as ggml's get_scale_min_k4 gives them for
+// j = 0..7, unpacked four at a time in 32-bit words.
+QTARGET inline void scales_mins_k4(const uint8_t* q, uint8_t sc[8], uint8_t mn[8]) {
+  uint32_t w[3];
+  std::memcpy(w, q, 12);
+  const uint32_t s_lo = w[0] & 0x3f3f3f3fu, m_lo = w[1] & 0x3f3f3f3fu;
+  const uint32_t s_hi = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+  std::memcpy(sc, &s_lo, 4), std::memcpy(sc + 4, &s_hi, 4);
+  std::memcpy(mn, &m_lo, 4), std::memcpy(mn + 4, &m_hi, 4);
+}
+
+// 8 unsigned bytes as f32 times s, stored.
+QTARGET inline void scaled_u8(const uint8_t* v, float s, float* out) {
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_set1_ps(s)));
+}
+
+template <int RM>
+QTARGET inline void dot_q4_k(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
+  __m256 acc[RM][2];
+  float off[RM][2] = {};
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (size_t i = 0; i < nb; ++i, a += 8) {
+  for (size_t i = 0; i < nb; ++i) {
     const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
-    const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+    uint8_t sc[8], mn[8];
+    scales_mins_k4(b->scales, sc, mn);
+    alignas(32) float ds[8], dm[8];  // d·sc and dmin·m per 32-value sub-block
+    scaled_u8(sc, f16(b->d), ds);
+    scaled_u8(mn, f16(b->dmin), dm);
+    VLM_UNROLL
     for (int j = 0; j < 4; ++j) {
       const __m256i q = load32(b->qs + 32 * j);
       const __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+      VLM_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const QBlock8& x = a[2 * j + h];
-        uint8_t sc, m;
-        scale_min_k4(2 * j + h, b->scales, sc, m);
-        const __m256i p = dot_u8s8(codes[h], load32(x.q));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * float(sc) * x.d), acc);
-        off += dmin * float(m) * x.d * float(x.sum[0] + x.sum[1]);
+        const int k = 2 * j + h;
+        const __m256 dsk = bcast(&ds[k]);
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) {
+          const QBlock8& x = a.x[m][8 * i + size_t(k)];
+          const __m256i p = dot_u8s8(codes[h], load32(x.q));
+          acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dsk, bcast(&x.d)), acc[m][h]);
+          off[m][h] += dm[k] * x.d * float(x.sum[0] + x.sum[1]);
+        }
       }
     }
   }
-  return hsum(acc) - off;
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1])) - (off[m][0] + off[m][1]);
 }
 
-QTARGET inline float dot_q6_k(const std::byte* row, const QBlock8* a, size_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  float off = 0;
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+// Q6_K with the codes made signed (q − 32) and the sign moved onto the activations, as for
+// Q8_0, so no offset term remains.
+template <int RM>
+QTARGET inline void dot_q6_k(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
+  __m256 acc[RM][2];
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
   for (size_t i = 0; i < nb; ++i) {
     const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
-    const float d = f16_to_f32(b->d);
-    for (int half = 0; half < 2; ++half, a += 4) {
+    alignas(32) float ds[16];  // d·scale per 16-value sub-block
+    const __m256 d = _mm256_set1_ps(f16(b->d));
+    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+    _mm256_store_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d));
+    _mm256_store_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d));
+    VLM_UNROLL
+    for (int half = 0; half < 2; ++half) {
       const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
       const __m256i qh = load32(b->qh + 32 * half);
       const __m256i codes[4] = {
@@ -90,35 +168,61 @@ QTARGET inline float dot_q6_k(const std::byte* row, const QBlock8* a, size_t nb)
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
       };
+      VLM_UNROLL
       for (int k = 0; k < 4; ++k) {
-        const QBlock8& x = a[k];
-        const int8_t* sc = b->scales + 8 * half + 2 * k;
-        const float s = d * x.d;
-        // int32 lanes 0-3 hold values 0-15 (scale sc[0]), lanes 4-7 values 16-31 (sc[1])
-        const __m256 sv = _mm256_set_m128(_mm_set1_ps(s * float(sc[1])), _mm_set1_ps(s * float(sc[0])));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(codes[k], load32(x.q))), sv, acc);
-        off += s * float(32 * (sc[0] * x.sum[0] + sc[1] * x.sum[1]));
+        const __m256i w = _mm256_sub_epi8(codes[k], k32), aw = _mm256_sign_epi8(w, w);
+        // int32 lanes 0-3 hold values 0-15 (scale ds[j]), lanes 4-7 values 16-31 (ds[j + 1])
+        const float* dj = ds + 8 * half + 2 * k;
+        const __m256 sv = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(dj)), _mm_broadcast_ss(dj + 1), 1);
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) {
+          const QBlock8& x = a.x[m][8 * i + size_t(4 * half + k)];
+          const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(x.q), w));
+          acc[m][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, bcast(&x.d)), acc[m][k & 1]);
+        }
       }
     }
   }
-  return hsum(acc) - off;
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
 }
 
-// y[m, n] for n in [n0, n1), every m: each weight row stays in L1 while it meets every
-// activation row.
+template <GgmlType T, int RM>
+QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM>& x, size_t K, float* out) {
+  if constexpr (T == GgmlType::Q8_0) dot_q8_0<RM>(row, x, K / 32, out);
+  else if constexpr (T == GgmlType::Q4_0) dot_q4_0<RM>(row, x, K / 32, out);
+  else if constexpr (T == GgmlType::Q4_K) dot_q4_k<RM>(row, x, K / 256, out);
+  else dot_q6_k<RM>(row, x, K / 256, out);
+}
+
+// Activation rows [m0, m0 + RM) against weight rows [n0, n1).
+template <GgmlType T, int RM>
+QTARGET void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
+  Acts<RM> x;
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) x.x[m] = reinterpret_cast<const QBlock8*>(a.xq + (m0 + size_t(m)) * a.ldxq);
+  for (size_t n = n0; n < n1; ++n) {
+    float v[RM];
+    dot_block_rows<T, RM>(a.w + n * a.ldw_bytes, x, a.K, v);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) a.y[(m0 + size_t(m)) * a.ldy + n] = a.bias ? v[m] + a.bias[n] : v[m];
+  }
+}
+
+// y[m, n] for n in [n0, n1), every m, four activation rows at a time; the weight rows are
+// taken in slices that stay in L2 while every group of rows meets them.
 template <GgmlType T>
 QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
-  for (size_t n = n0; n < n1; ++n) {
-    const std::byte* row = a.w + n * a.ldw_bytes;
-    for (size_t m = 0; m < a.M; ++m) {
-      const auto* x = reinterpret_cast<const QBlock8*>(a.xq + m * a.ldxq);
-      float v;
-      if constexpr (T == GgmlType::Q8_0) v = dot_q8_0(row, x, a.K / 32);
-      else if constexpr (T == GgmlType::Q4_0) v = dot_q4_0(row, x, a.K / 32);
-      else if constexpr (T == GgmlType::Q4_K) v = dot_q4_k(row, x, a.K / 256);
-      else v = dot_q6_k(row, x, a.K / 256);
-      if (a.bias) v += a.bias[n];
-      a.y[m * a.ldy + n] = v;
+  const size_t slice = std::max<size_t>(1, (size_t(96) << 10) / std::max<size_t>(1, a.ldw_bytes));
+  for (size_t s = n0; s < n1; s += slice) {
+    const size_t e = std::min(n1, s + slice);
+    size_t m = 0;
+    for (; m + 4 <= a.M; m += 4) dot_rows<T, 4>(a, m, s, e);
+    switch (a.M - m) {
+      case 3: dot_rows<T, 3>(a, m, s, e); break;
+      case 2: dot_rows<T, 2>(a, m, s, e); break;
+      case 1: dot_rows<T, 1>(a, m, s, e); break;
+      default: break;
     }
   }
 }

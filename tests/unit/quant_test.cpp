@@ -148,7 +148,7 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
     const size_t be = size_t(ggml_traits(t).block_elems);
     for (size_t K : {be, 3 * be, (be == 32 ? 13 : 3) * be})
       for (size_t N : {1, 7, 33})
-        for (size_t M : {1, 3, 5}) {
+        for (size_t M : {1, 2, 3, 5, 8}) {  // 4-row groups and every remainder
           const std::vector<std::byte> wb = random_rows(t, N, K, rng);
           std::vector<float> wf(N * K), x(M * K), xq(M * K), bound(M * N, 0.f);
           for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wf[n * K], K);
