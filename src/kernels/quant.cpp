@@ -211,20 +211,20 @@ void quantize_activations(const float* x, size_t K, QBlock8* out) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     QBlock8& o = out[b];
     o.d = d;
-    int s0 = 0, s1 = 0;
+    int sum = 0;
     for (int j = 0; j < 32; ++j) {
       o.q[j] = int8_t(std::round(x[j] * id));
-      (j < 16 ? s0 : s1) += o.q[j];
+      sum += o.q[j];
     }
-    o.sum[0] = int16_t(s0);
-    o.sum[1] = int16_t(s1);
+    o.s = d * float(sum);
   }
 }
 
 namespace {
 
 // The scalar reference: the same integer sums and the same per-block scale products as the
-// SIMD paths, in plain loops.
+// SIMD paths, in plain loops (Q6_K: per 16 values with unsigned-offset codes, where the SIMD
+// path moves the sign; the integer sums are equal).
 template <GgmlType T>
 float dot_row(const std::byte* row, const QBlock8* a, size_t K) {
   float acc = 0;
@@ -240,8 +240,8 @@ float dot_row(const std::byte* row, const QBlock8* a, size_t K) {
       const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
       int s = 0;
       for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * a[i].q[j] + (b->qs[j] >> 4) * a[i].q[j + 16];
-      s -= 8 * (a[i].sum[0] + a[i].sum[1]);
-      acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+      const float d = f16_to_f32(b->d);
+      acc += float(s) * (d * a[i].d) - 8 * d * a[i].s;
     }
   } else if constexpr (T == GgmlType::Q4_K) {
     for (size_t i = 0; i < K / 256; ++i) {
@@ -254,7 +254,7 @@ float dot_row(const std::byte* row, const QBlock8* a, size_t K) {
         const uint8_t* q = b->qs + 32 * (j / 2);
         int s = 0;
         for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * ab.q[l];
-        acc += float(s) * (d * float(sc) * ab.d) - dmin * float(m) * ab.d * float(ab.sum[0] + ab.sum[1]);
+        acc += float(s) * (d * float(sc) * ab.d) - dmin * float(m) * ab.s;
       }
     }
   } else {

@@ -33,11 +33,10 @@ void dequantize_row(GgmlType t, const std::byte* src, float* dst, size_t n);
 // F32/F16/BF16 round to nearest even.
 void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n);
 
-// 32 activations as int8 with scale d (value ≈ d·q), and the sums of q over each half
-// (the offset formats subtract offset·Σq; Q6_K's sub-blocks are 16 long).
+// 32 activations as int8 with scale d (value ≈ d·q), and s = d·Σq, the block's sum in value
+// units (the offset formats Q4_0 and Q4_K subtract offset·s).
 struct QBlock8 {
-  float d;
-  int16_t sum[2];
+  float d, s;
   int8_t q[32];
 };
 // K a multiple of 32: d = amax/127, q = round-half-away(x/d) (ggml's quantize_row_q8_0).

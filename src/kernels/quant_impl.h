@@ -31,6 +31,14 @@ QTARGET inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_
 QTARGET inline float f16(uint16_t h) { return _cvtsh_ss(h); }  // exact widening (F16C)
 QTARGET inline __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }
 
+// Asks for the bytes [p + kAhead, p + kAhead + n) of a weight row: one sequential stream per
+// thread with this much integer work per byte left the cores waiting on memory (Q4_K/Q6_K
+// decode at a third of the read bandwidth).
+inline constexpr size_t kAhead = 8192;
+QTARGET inline void prefetch_ahead(const void* p, size_t n) {
+  for (size_t o = 0; o < n; o += 64) _mm_prefetch(static_cast<const char*>(p) + kAhead + o, _MM_HINT_T0);
+}
+
 // Each kernel takes RM activation rows against one weight row: a weight block is decoded once
 // and meets every row, and the rows' sums are independent chains, so at RM = 1 each kernel
 // alternates two sums over consecutive (sub-)blocks to keep FMA latency off the critical path.
@@ -56,7 +64,7 @@ QTARGET inline void dot_q8_0(const std::byte* row, const Acts<RM>& a, size_t nb,
     }
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) prefetch_ahead(b + i, 2 * sizeof(*b)), block(i, 0), block(i + 1, 1);
   if (i < nb) block(i, 0);
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
@@ -74,16 +82,17 @@ QTARGET inline void dot_q4_0(const std::byte* row, const Acts<RM>& a, size_t nb,
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
     const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
     const float dw = f16(b[i].d);
+    const __m256 dwv = _mm256_set1_ps(dw);
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) {
       const QBlock8& x = a.x[m][i];
-      const float sc = dw * x.d;
-      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(w, load32(x.q))), _mm256_set1_ps(sc), acc[m][s]);
-      off[m] += sc * float(8 * (x.sum[0] + x.sum[1]));
+      const __m256i p = dot_u8s8(w, load32(x.q));
+      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dwv, bcast(&x.d)), acc[m][s]);
+      off[m] += 8 * dw * x.s;
     }
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) prefetch_ahead(b + i, 2 * sizeof(*b)), block(i, 0), block(i + 1, 1);
   if (i < nb) block(i, 0);
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1])) - off[m];
@@ -116,6 +125,7 @@ QTARGET inline void dot_q4_k(const std::byte* row, const Acts<RM>& a, size_t nb,
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (size_t i = 0; i < nb; ++i) {
     const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
+    prefetch_ahead(b, sizeof(BlockQ4_K));
     uint8_t sc[8], mn[8];
     scales_mins_k4(b->scales, sc, mn);
     alignas(32) float ds[8], dm[8];  // d·sc and dmin·m per 32-value sub-block
@@ -134,7 +144,7 @@ QTARGET inline void dot_q4_k(const std::byte* row, const Acts<RM>& a, size_t nb,
           const QBlock8& x = a.x[m][8 * i + size_t(k)];
           const __m256i p = dot_u8s8(codes[h], load32(x.q));
           acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dsk, bcast(&x.d)), acc[m][h]);
-          off[m][h] += dm[k] * x.d * float(x.sum[0] + x.sum[1]);
+          off[m][h] += dm[k] * x.s;
         }
       }
     }
@@ -153,6 +163,7 @@ QTARGET inline void dot_q6_k(const std::byte* row, const Acts<RM>& a, size_t nb,
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
   for (size_t i = 0; i < nb; ++i) {
     const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
+    prefetch_ahead(b, sizeof(BlockQ6_K));
     alignas(32) float ds[16];  // d·scale per 16-value sub-block
     const __m256 d = _mm256_set1_ps(f16(b->d));
     const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
