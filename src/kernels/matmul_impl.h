@@ -52,6 +52,9 @@ inline typename S::V load_w_part(const std::byte* p, size_t n) {
 }
 
 // ---- small M: RM activation rows × RN weight rows, dot products over all of K ----
+// Weight bytes asked for this far ahead of the loads (software prefetch).
+inline constexpr size_t kAhead = 4096;
+
 template <class S, DType D, int RM, int RN>
 void dot_tile(const GemmArgs& a, size_t m0, size_t n0) {
   using V = typename S::V;
@@ -72,7 +75,11 @@ void dot_tile(const GemmArgs& a, size_t m0, size_t n0) {
   for (; k + W <= a.K; k += W) {
     V wv[RN];
     VLM_UNROLL
-    for (int r = 0; r < RN; ++r) wv[r] = load_w<S, D>(wr[r] + k * es);
+    for (int r = 0; r < RN; ++r) {
+      // RN rows are RN streams far apart, which the hardware prefetcher follows poorly.
+      __builtin_prefetch(wr[r] + k * es + kAhead, 0, 3);
+      wv[r] = load_w<S, D>(wr[r] + k * es);
+    }
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) {
       const V xv = S::load(xr[m] + k);
