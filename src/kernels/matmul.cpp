@@ -63,15 +63,8 @@ Format block_format(const char* name, FormatKernels detail::QuantKernels::*membe
 }
 
 void q8act_to_f32(const std::byte* src, float* dst, size_t n) {
-  for (size_t b = 0; b < n / 32; ++b) {
-    QBlock8 blk;
-    std::memcpy(&blk, src + b * sizeof(QBlock8), sizeof blk);
-    for (int j = 0; j < 32; ++j) dst[b * 32 + size_t(j)] = blk.d * float(blk.q[j]);
-  }
-}
-
-void q8act_from_f32(const float* src, std::byte* dst, size_t n) {
-  quantize_activations(src, n, reinterpret_cast<QBlock8*>(dst));
+  const Q8Row r = q8_row(src, n);
+  for (size_t i = 0; i < n; ++i) dst[i] = r.d[i / 32] * float(r.q[i]);
 }
 }  // namespace
 
@@ -86,8 +79,8 @@ const Format& format_of(DType type) {
   static const Format q4_k = block_format<GgmlType::Q4_K>("q4_k", &Q::q4_k);
   static const Format q6_k = block_format<GgmlType::Q6_K>("q6_k", &Q::q6_k);
   // Activations only: no weight kernels.
-  static const Format q8act{DType::Q8Act, "q8_act", 32, sizeof(QBlock8), &q8act_to_f32, DType::F32, &q8act_from_f32,
-                            false, {}};
+  static const Format q8act{DType::Q8Act, "q8_act", 32, kQ8BlockBytes, &q8act_to_f32, DType::F32,
+                            &quantize_activations, false, {}};
   switch (type) {
     case DType::F32: return f32;
     case DType::F16: return f16;

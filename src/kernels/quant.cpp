@@ -203,20 +203,22 @@ void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
   }
 }
 
-void quantize_activations(const float* x, size_t K, QBlock8* out) {
-  for (size_t b = 0; b < K / 32; ++b, x += 32) {
+void quantize_activations(const float* x, std::byte* out, size_t K) {
+  const size_t nb = K / 32;
+  auto* d = reinterpret_cast<float*>(out);
+  float* s = d + nb;
+  auto* q = reinterpret_cast<int8_t*>(out + 8 * nb);
+  for (size_t b = 0; b < nb; ++b, x += 32, q += 32) {
     float amax = 0;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    QBlock8& o = out[b];
-    o.d = d;
+    d[b] = amax / 127.0f;
+    const float id = d[b] != 0.0f ? 1.0f / d[b] : 0.0f;
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
-      o.q[j] = int8_t(std::round(x[j] * id));
-      sum += o.q[j];
+      q[j] = int8_t(std::round(x[j] * id));
+      sum += q[j];
     }
-    o.s = d * float(sum);
+    s[b] = d[b] * float(sum);
   }
 }
 
@@ -226,35 +228,36 @@ namespace {
 // SIMD paths, in plain loops (Q6_K: per 16 values with unsigned-offset codes, where the SIMD
 // path moves the sign; the integer sums are equal).
 template <GgmlType T>
-float dot_row(const std::byte* row, const QBlock8* a, size_t K) {
+float dot_row(const std::byte* row, const Q8Row& a, size_t K) {
   float acc = 0;
   if constexpr (T == GgmlType::Q8_0) {
     for (size_t i = 0; i < K / 32; ++i) {
       const auto* b = reinterpret_cast<const BlockQ8_0*>(row) + i;
       int s = 0;
-      for (int j = 0; j < 32; ++j) s += int(b->qs[j]) * a[i].q[j];
-      acc += float(s) * (f16_to_f32(b->d) * a[i].d);
+      for (int j = 0; j < 32; ++j) s += int(b->qs[j]) * a.q[32 * i + size_t(j)];
+      acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
     }
   } else if constexpr (T == GgmlType::Q4_0) {
     for (size_t i = 0; i < K / 32; ++i) {
       const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
+      const int8_t* q = a.q + 32 * i;
       int s = 0;
-      for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * a[i].q[j] + (b->qs[j] >> 4) * a[i].q[j + 16];
+      for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * q[j] + (b->qs[j] >> 4) * q[j + 16];
       const float d = f16_to_f32(b->d);
-      acc += float(s) * (d * a[i].d) - 8 * d * a[i].s;
+      acc += float(s) * (d * a.d[i]) - 8 * d * a.s[i];
     }
   } else if constexpr (T == GgmlType::Q4_K) {
     for (size_t i = 0; i < K / 256; ++i) {
       const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
       const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
       for (int j = 0; j < 8; ++j) {
-        const QBlock8& ab = a[i * 8 + size_t(j)];
+        const size_t ab = i * 8 + size_t(j);
         uint8_t sc, m;
         scale_min_k4(j, b->scales, sc, m);
         const uint8_t* q = b->qs + 32 * (j / 2);
         int s = 0;
-        for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * ab.q[l];
-        acc += float(s) * (d * float(sc) * ab.d) - dmin * float(m) * ab.s;
+        for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * a.q[32 * ab + size_t(l)];
+        acc += float(s) * (d * float(sc) * a.d[ab]) - dmin * float(m) * a.s[ab];
       }
     }
   } else {
@@ -263,12 +266,12 @@ float dot_row(const std::byte* row, const QBlock8* a, size_t K) {
       const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
       const float d = f16_to_f32(b->d);
       for (int c = 0; c < 8; ++c) {  // 32-value chunks: half c/4, chunk c%4 of it
-        const QBlock8& ab = a[i * 8 + size_t(c)];
+        const size_t ab = i * 8 + size_t(c);
         const int half = c / 4, k = c % 4;
         int s[2] = {0, 0};
-        for (int l = 0; l < 32; ++l) s[l / 16] += q6_value(b, half, k, l) * ab.q[l];
+        for (int l = 0; l < 32; ++l) s[l / 16] += q6_value(b, half, k, l) * a.q[32 * ab + size_t(l)];
         const int8_t* sc = b->scales + 8 * half + 2 * k;
-        acc += (float(s[0]) * float(sc[0]) + float(s[1]) * float(sc[1])) * (d * ab.d);
+        acc += (float(s[0]) * float(sc[0]) + float(s[1]) * float(sc[1])) * (d * a.d[ab]);
       }
     }
   }
@@ -279,7 +282,7 @@ template <GgmlType T>
 void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
   for (size_t n = n0; n < n1; ++n)
     for (size_t m = 0; m < a.M; ++m) {
-      float v = dot_row<T>(a.w + n * a.ldw_bytes, reinterpret_cast<const QBlock8*>(a.xq + m * a.ldxq), a.K);
+      float v = dot_row<T>(a.w + n * a.ldw_bytes, q8_row(a.xq + m * a.ldxq, a.K), a.K);
       if (a.bias) v += a.bias[n];
       a.y[m * a.ldy + n] = v;
     }

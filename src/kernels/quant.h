@@ -4,7 +4,7 @@
 // same order; docs/gguf.md gives each block layout). The formats are rows of the weight-format
 // table (format.h: DType::Q8_0 ...), so kernels::matmul() runs them; its dot kernels work on
 // the blocks directly, the way ggml's vec_dot does: the activations are quantized per 32 values to
-// int8 with one f32 scale (QBlock8), and each weight block meets its activation block in an
+// int8 with one f32 scale (a Q8Row), and each weight block meets its activation block in an
 // integer dot product; the f32 scales are applied per block (per 16 or 32 values for the
 // K-quants' sub-block scales). Its error against dequantize-then-f32 is therefore the
 // activation rounding, at most Σ_blocks |w|·d_x/2 per output (d_x = amax/127 of the block).
@@ -33,14 +33,23 @@ void dequantize_row(GgmlType t, const std::byte* src, float* dst, size_t n);
 // F32/F16/BF16 round to nearest even.
 void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n);
 
-// 32 activations as int8 with scale d (value ≈ d·q), and s = d·Σq, the block's sum in value
-// units (the offset formats Q4_0 and Q4_K subtract offset·s).
-struct QBlock8 {
-  float d, s;
-  int8_t q[32];
+// One activation row of K values (K a multiple of 32) quantized per 32 values, as a Q8Act row
+// holds it in K/32·kQ8BlockBytes bytes: the scales d[i] (value ≈ d[i]·q), then s[i] = d[i]·Σq
+// (block i's sum in value units; the offset formats Q4_0 and Q4_K subtract offset·s), then the
+// int8 codes q[32·i + j]. Scales first and apart from the codes, so the scales of consecutive
+// blocks load as one vector.
+inline constexpr size_t kQ8BlockBytes = 40;
+struct Q8Row {
+  const float* d;
+  const float* s;
+  const int8_t* q;
 };
-// K a multiple of 32: d = amax/127, q = round-half-away(x/d) (ggml's quantize_row_q8_0).
-void quantize_activations(const float* x, size_t K, QBlock8* out);
+inline Q8Row q8_row(const std::byte* p, size_t K) {
+  const auto* f = reinterpret_cast<const float*>(p);
+  return {f, f + K / 32, reinterpret_cast<const int8_t*>(p + 8 * (K / 32))};
+}
+// d = amax/127, q = round-half-away(x/d) (ggml's quantize_row_q8_0); writes a Q8Row's bytes.
+void quantize_activations(const float* x, std::byte* out, size_t K);
 
 // True when the Avx512 path may use AVX512-VNNI (vpdpbusd); without it the block formats'
 // Avx512 row of the format table holds the AVX2 kernels.
@@ -48,7 +57,7 @@ bool quant_vnni_supported();
 
 namespace detail {
 // One ISA's dot kernels for the block formats (rows of format.h's table): y[m, n] for n in
-// [n0, n1) and every m, from weight rows in GemmArgs::w and activation rows as QBlock8 in
+// [n0, n1) and every m, from weight rows in GemmArgs::w and activation rows as Q8Rows in
 // GemmArgs::xq (quantized once per call by matmul()).
 struct QuantKernels {
   FormatKernels q8_0, q4_0, q4_k, q6_k;

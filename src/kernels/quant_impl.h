@@ -44,7 +44,7 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
 // alternates two sums over consecutive (sub-)blocks to keep FMA latency off the critical path.
 template <int RM>
 struct Acts {
-  const QBlock8* x[RM];
+  Q8Row x[RM];
 };
 
 template <int RM>
@@ -58,9 +58,8 @@ QTARGET inline void dot_q8_0(const std::byte* row, const Acts<RM>& a, size_t nb,
     const __m256 dw = _mm256_set1_ps(f16(b[i].d));
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) {
-      const QBlock8& x = a.x[m][i];
-      const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(x.q), w));
-      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, bcast(&x.d)), acc[m][s]);
+      const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * i), w));
+      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, bcast(a.x[m].d + i)), acc[m][s]);
     }
   };
   size_t i = 0;
@@ -85,10 +84,9 @@ QTARGET inline void dot_q4_0(const std::byte* row, const Acts<RM>& a, size_t nb,
     const __m256 dwv = _mm256_set1_ps(dw);
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) {
-      const QBlock8& x = a.x[m][i];
-      const __m256i p = dot_u8s8(w, load32(x.q));
-      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dwv, bcast(&x.d)), acc[m][s]);
-      off[m] += 8 * dw * x.s;
+      const __m256i p = dot_u8s8(w, load32(a.x[m].q + 32 * i));
+      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dwv, bcast(a.x[m].d + i)), acc[m][s]);
+      off[m] += 8 * dw * a.x[m].s[i];
     }
   };
   size_t i = 0;
@@ -110,27 +108,32 @@ QTARGET inline void scales_mins_k4(const uint8_t* q, uint8_t sc[8], uint8_t mn[8
   std::memcpy(mn, &m_lo, 4), std::memcpy(mn + 4, &m_hi, 4);
 }
 
-// 8 unsigned bytes as f32 times s, stored.
-QTARGET inline void scaled_u8(const uint8_t* v, float s, float* out) {
+// 8 unsigned bytes as f32 times s.
+QTARGET inline __m256 scaled_u8(const uint8_t* v, float s) {
   const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v));
-  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_set1_ps(s)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_set1_ps(s));
 }
 
+// Q4_K: the eight sub-block factors d·sc·d_x of a row are one vector product (the row's
+// scales for the block are contiguous), and the min term is a vector FMA per block.
 template <int RM>
 QTARGET inline void dot_q4_k(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
-  __m256 acc[RM][2];
-  float off[RM][2] = {};
+  __m256 acc[RM][2], mins[RM];
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = mins[m] = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (size_t i = 0; i < nb; ++i) {
     const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
     prefetch_ahead(b, sizeof(BlockQ4_K));
     uint8_t sc[8], mn[8];
     scales_mins_k4(b->scales, sc, mn);
-    alignas(32) float ds[8], dm[8];  // d·sc and dmin·m per 32-value sub-block
-    scaled_u8(sc, f16(b->d), ds);
-    scaled_u8(mn, f16(b->dmin), dm);
+    const __m256 ds = scaled_u8(sc, f16(b->d)), dm = scaled_u8(mn, f16(b->dmin));
+    alignas(32) float f[RM][8];  // d·sc·d_x per sub-block
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      _mm256_store_ps(f[m], _mm256_mul_ps(ds, _mm256_loadu_ps(a.x[m].d + 8 * i)));
+      mins[m] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(a.x[m].s + 8 * i), mins[m]);
+    }
     VLM_UNROLL
     for (int j = 0; j < 4; ++j) {
       const __m256i q = load32(b->qs + 32 * j);
@@ -138,19 +141,16 @@ QTARGET inline void dot_q4_k(const std::byte* row, const Acts<RM>& a, size_t nb,
       VLM_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int k = 2 * j + h;
-        const __m256 dsk = bcast(&ds[k]);
         VLM_UNROLL
         for (int m = 0; m < RM; ++m) {
-          const QBlock8& x = a.x[m][8 * i + size_t(k)];
-          const __m256i p = dot_u8s8(codes[h], load32(x.q));
-          acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dsk, bcast(&x.d)), acc[m][h]);
-          off[m][h] += dm[k] * x.s;
+          const __m256i p = dot_u8s8(codes[h], load32(a.x[m].q + 32 * (8 * i + size_t(k))));
+          acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), bcast(&f[m][k]), acc[m][h]);
         }
       }
     }
   }
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1])) - (off[m][0] + off[m][1]);
+  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1])) - hsum(mins[m]);
 }
 
 // Q6_K with the codes made signed (q − 32) and the sign moved onto the activations, as for
@@ -161,14 +161,22 @@ QTARGET inline void dot_q6_k(const std::byte* row, const Acts<RM>& a, size_t nb,
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+  // Chunk c (32 values) spans the 16-value sub-blocks 2c and 2c + 1 and activation block c.
+  const __m256i lo_pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi_pairs = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
   for (size_t i = 0; i < nb; ++i) {
     const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
     prefetch_ahead(b, sizeof(BlockQ6_K));
-    alignas(32) float ds[16];  // d·scale per 16-value sub-block
     const __m256 d = _mm256_set1_ps(f16(b->d));
     const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
-    _mm256_store_ps(ds, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d));
-    _mm256_store_ps(ds + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d));
+    const __m256 ds_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
+    const __m256 ds_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
+    alignas(32) float f[RM][16];  // d·scale·d_x per 16-value sub-block
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      const __m256 xd = _mm256_loadu_ps(a.x[m].d + 8 * i);
+      _mm256_store_ps(f[m], _mm256_mul_ps(ds_lo, _mm256_permutevar8x32_ps(xd, lo_pairs)));
+      _mm256_store_ps(f[m] + 8, _mm256_mul_ps(ds_hi, _mm256_permutevar8x32_ps(xd, hi_pairs)));
+    }
     VLM_UNROLL
     for (int half = 0; half < 2; ++half) {
       const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
@@ -182,14 +190,14 @@ QTARGET inline void dot_q6_k(const std::byte* row, const Acts<RM>& a, size_t nb,
       VLM_UNROLL
       for (int k = 0; k < 4; ++k) {
         const __m256i w = _mm256_sub_epi8(codes[k], k32), aw = _mm256_sign_epi8(w, w);
-        // int32 lanes 0-3 hold values 0-15 (scale ds[j]), lanes 4-7 values 16-31 (ds[j + 1])
-        const float* dj = ds + 8 * half + 2 * k;
-        const __m256 sv = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(dj)), _mm_broadcast_ss(dj + 1), 1);
+        const int c = 4 * half + k;
         VLM_UNROLL
         for (int m = 0; m < RM; ++m) {
-          const QBlock8& x = a.x[m][8 * i + size_t(4 * half + k)];
-          const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(x.q), w));
-          acc[m][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv, bcast(&x.d)), acc[m][k & 1]);
+          const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * (8 * i + size_t(c))), w));
+          // int32 lanes 0-3 hold values 0-15 (factor f[2c]), lanes 4-7 values 16-31 (f[2c + 1])
+          const __m256 sv = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&f[m][2 * c])),
+                                                 _mm_broadcast_ss(&f[m][2 * c + 1]), 1);
+          acc[m][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sv, acc[m][k & 1]);
         }
       }
     }
@@ -211,7 +219,7 @@ template <GgmlType T, int RM>
 QTARGET void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
   Acts<RM> x;
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) x.x[m] = reinterpret_cast<const QBlock8*>(a.xq + (m0 + size_t(m)) * a.ldxq);
+  for (int m = 0; m < RM; ++m) x.x[m] = q8_row(a.xq + (m0 + size_t(m)) * a.ldxq, a.K);
   for (size_t n = n0; n < n1; ++n) {
     float v[RM];
     dot_block_rows<T, RM>(a.w + n * a.ldw_bytes, x, a.K, v);

@@ -153,9 +153,15 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
           std::vector<float> wf(N * K), x(M * K), xq(M * K), bound(M * N, 0.f);
           for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wf[n * K], K);
           for (auto& v : x) v = normal(rng);
-          std::vector<QBlock8> act(M * K / 32);
-          for (size_t m = 0; m < M; ++m) quantize_activations(&x[m * K], K, &act[m * K / 32]);
-          for (size_t i = 0; i < xq.size(); ++i) xq[i] = act[i / 32].d * float(act[i / 32].q[i % 32]);
+          const size_t row_bytes = K / 32 * kQ8BlockBytes;
+          std::vector<std::byte> act(M * row_bytes);
+          std::vector<float> dx(M * K / 32);  // each activation block's scale
+          for (size_t m = 0; m < M; ++m) {
+            quantize_activations(&x[m * K], act.data() + m * row_bytes, K);
+            const Q8Row r = q8_row(act.data() + m * row_bytes, K);
+            for (size_t k = 0; k < K; ++k) xq[m * K + k] = r.d[k / 32] * float(r.q[k]);
+            for (size_t b = 0; b < K / 32; ++b) dx[m * K / 32 + b] = r.d[b];
+          }
           for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
             if (!isa_supported(isa) || (isa == Isa::Avx512 && !quant_vnni_supported())) {
               ADD_FAILURE() << "this CPU lacks the " << isa_name(isa) << " path: not tested";
@@ -171,7 +177,7 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
                   exact += double(wf[n * K + k]) * xq[m * K + k];
                   mag += std::fabs(double(wf[n * K + k]) * xq[m * K + k]);
                   ref += double(wf[n * K + k]) * x[m * K + k];
-                  err_bound += std::fabs(double(wf[n * K + k])) * act[(m * K + k) / 32].d / 2;
+                  err_bound += std::fabs(double(wf[n * K + k])) * dx[(m * K + k) / 32] / 2;
                 }
                 const double got = y[m * N + n];
                 ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-30)
