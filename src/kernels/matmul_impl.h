@@ -53,7 +53,7 @@ inline typename S::V load_w_part(const std::byte* p, size_t n) {
 
 // ---- small M: RM activation rows × RN weight rows, dot products over all of K ----
 // Weight bytes asked for this far ahead of the loads (software prefetch).
-inline constexpr size_t kAhead = 4096;
+inline constexpr size_t kTileAhead = 4096;
 
 template <class S, DType D, int RM, int RN>
 void dot_tile(const GemmArgs& a, size_t m0, size_t n0) {
@@ -77,7 +77,7 @@ void dot_tile(const GemmArgs& a, size_t m0, size_t n0) {
     VLM_UNROLL
     for (int r = 0; r < RN; ++r) {
       // RN rows are RN streams far apart, which the hardware prefetcher follows poorly.
-      __builtin_prefetch(wr[r] + k * es + kAhead, 0, 3);
+      __builtin_prefetch(wr[r] + k * es + kTileAhead, 0, 3);
       wv[r] = load_w<S, D>(wr[r] + k * es);
     }
     VLM_UNROLL

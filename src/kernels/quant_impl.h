@@ -31,12 +31,12 @@ QTARGET inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_
 QTARGET inline float f16(uint16_t h) { return _cvtsh_ss(h); }  // exact widening (F16C)
 QTARGET inline __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }
 
-// Asks for the bytes [p + kAhead, p + kAhead + n) of a weight row: one sequential stream per
+// Asks for the bytes [p + kBlockAhead, p + kBlockAhead + n) of a weight row: one sequential stream per
 // thread with this much integer work per byte left the cores waiting on memory (Q4_K/Q6_K
 // decode at a third of the read bandwidth).
-inline constexpr size_t kAhead = 8192;
+inline constexpr size_t kBlockAhead = 8192;
 QTARGET inline void prefetch_ahead(const void* p, size_t n) {
-  for (size_t o = 0; o < n; o += 64) _mm_prefetch(static_cast<const char*>(p) + kAhead + o, _MM_HINT_T0);
+  for (size_t o = 0; o < n; o += 64) _mm_prefetch(static_cast<const char*>(p) + kBlockAhead + o, _MM_HINT_T0);
 }
 
 // Each kernel takes RM activation rows against one weight row: a weight block is decoded once
