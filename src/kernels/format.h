@@ -23,6 +23,9 @@ struct FormatKernels {
   void (*gemm)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
   // The same with x rounded to bf16 by the hardware dot (Precision::Bf16); nullptr: none.
   void (*gemm_bf16)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
+  // dot's counterpart on the hardware bf16 dot: x as bf16 words in GemmArgs::xq, each row
+  // zero-padded to whole 64-byte vectors; nullptr: none.
+  void (*dot_bf16)(const detail::GemmArgs&, size_t n0, size_t n1) = nullptr;
 };
 
 struct Format {

@@ -154,6 +154,18 @@ const float* rounded_x(const GemmArgs& a) {
   return buf.data();
 }
 
+// x rows as bf16 (nearest even) in a.xq, each padded with zeros to whole 64-byte vectors,
+// in a per-thread buffer (FormatKernels::dot_bf16).
+void bf16_x(GemmArgs& a) {
+  thread_local std::vector<uint16_t> buf;
+  const size_t ld = (a.K + 31) / 32 * 32;
+  buf.assign(a.M * ld, 0);
+  for (size_t m = 0; m < a.M; ++m)
+    for (size_t k = 0; k < a.K; ++k) buf[m * ld + k] = f32_to_bf16(a.x[m * a.ldx + k]);
+  a.xq = reinterpret_cast<const std::byte*>(buf.data());
+  a.ldxq = 2 * ld;
+}
+
 // x rows in the activation format `act`, in a per-thread buffer.
 void convert_x(GemmArgs& a, const Format& act) {
   if (!act.from_f32) fail("matmul: format {} cannot hold activations", act.name);
@@ -177,18 +189,22 @@ void run(GemmArgs a, const Exec& ex) {
   if (!fk.dot) fail("matmul: no {} kernels for {} weights", isa_name(ex.isa), f.name);
   const IsaKernels& k = detail::kernels_for(ex.isa);
   const bool bf16 = ex.precision == Precision::Bf16 && f.act == DType::F32;
-  // The AVX512-BF16 GEMM rounds x itself; every other path gets x rounded here and then
-  // computes the same exact products in f32.
-  const bool native = bf16 && a.M > kDotMaxM && !a.kn && fk.gemm_bf16 && bf16_dot_supported();
+  const bool use_dot = (a.M <= kDotMaxM || !fk.gemm) && !a.kn;
+  // The AVX512-BF16 kernels take x as bf16 (the GEMM rounds it while packing, the dot
+  // kernels get it rounded here); every other path gets x rounded to bf16 and kept in f32,
+  // then computes the same exact products with f32 FMAs.
+  const bool native = bf16 && !a.kn && bf16_dot_supported() && (use_dot ? fk.dot_bf16 != nullptr : fk.gemm_bf16 != nullptr);
   if (bf16 && !native) {
     a.x = rounded_x(a);
     a.ldx = a.K;
   }
+  if (native && use_dot) bf16_x(a);
   if (f.act != DType::F32) convert_x(a, format_of(f.act));
-  if ((a.M <= kDotMaxM || !fk.gemm) && !a.kn) {
+  if (use_dot) {
+    auto* dot = native ? fk.dot_bf16 : fk.dot;
     // Chunks of at least 64 rows keep a thread's reads one long sequential stream.
     const size_t grain = std::max<size_t>(64, a.N / (4 * size_t(pool.size())));
-    pool.parallel_for(a.N, [&](size_t n0, size_t n1) { fk.dot(a, n0, n1); }, grain);
+    pool.parallel_for(a.N, [&](size_t n0, size_t n1) { dot(a, n0, n1); }, grain);
     return;
   }
   auto* gemm = native ? fk.gemm_bf16 : fk.gemm;

@@ -1,5 +1,7 @@
 // AVX-512 (F/BW/VL/DQ) matmul kernels: 16 floats per vector, 6×64 register tiles; and
 // the opt-in AVX512-BF16 path (vdpbf16ps on bf16 pairs) for bf16 weights.
+#include <algorithm>
+
 #include "kernels/matmul_impl.h"
 #include "kernels/simd_avx512.h"
 
@@ -140,6 +142,107 @@ void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me,
   }
 }
 
+// ---- small M on the bf16 dot: x as bf16 words (a.xq, rows padded with zeros to whole
+// vectors), 32 products per vdpbf16ps, so a decode step does half the instructions per
+// weight byte of the widening FMA path and the x row of K = 10240 (20 KiB) stays in L1.
+
+// The first n < 32 bf16 values at p, the rest zero (a masked load reads nothing past them).
+inline __m512bh load_bf16_part(const std::byte* p, size_t n) {
+  const __m512i v = _mm512_maskz_loadu_epi16(__mmask32((uint32_t(1) << n) - 1), p);
+  return reinterpret_cast<const __m512bh&>(v);
+}
+inline __m512bh load_bf16x32(const std::byte* p) {
+  const __m512i v = _mm512_loadu_si512(p);
+  return reinterpret_cast<const __m512bh&>(v);
+}
+
+// M = 1: one weight row after the other (one sequential stream per thread), four sums.
+void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
+  const std::byte* x = a.xq;
+  for (size_t n = n0; n < n1; ++n) {
+    const std::byte* wr = a.w + n * a.ldw_bytes;
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    size_t k = 0;
+    for (; k + 128 <= a.K; k += 128) {
+      c0 = _mm512_dpbf16_ps(c0, load_bf16x32(x + 2 * k), load_bf16x32(wr + 2 * k));
+      c1 = _mm512_dpbf16_ps(c1, load_bf16x32(x + 2 * k + 64), load_bf16x32(wr + 2 * k + 64));
+      c2 = _mm512_dpbf16_ps(c2, load_bf16x32(x + 2 * k + 128), load_bf16x32(wr + 2 * k + 128));
+      c3 = _mm512_dpbf16_ps(c3, load_bf16x32(x + 2 * k + 192), load_bf16x32(wr + 2 * k + 192));
+    }
+    for (; k + 32 <= a.K; k += 32) c0 = _mm512_dpbf16_ps(c0, load_bf16x32(x + 2 * k), load_bf16x32(wr + 2 * k));
+    if (k < a.K) c1 = _mm512_dpbf16_ps(c1, load_bf16x32(x + 2 * k), load_bf16_part(wr + 2 * k, a.K - k));
+    float v = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)));
+    if (a.bias) v += a.bias[n];
+    a.y[n] = v;
+  }
+}
+
+// RM activation rows × RN weight rows, each weight vector meeting every row.
+template <int RM, int RN>
+void dot_bf16_tile(const GemmArgs& a, size_t m0, size_t n0) {
+  __m512 acc[RM][RN];
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int r = 0; r < RN; ++r) acc[m][r] = _mm512_setzero_ps();
+  }
+  const std::byte* wr[RN];
+  VLM_UNROLL
+  for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r) * a.ldw_bytes;
+  auto step = [&](size_t k, auto load_w) {
+    __m512bh wv[RN];
+    VLM_UNROLL
+    for (int r = 0; r < RN; ++r) wv[r] = load_w(wr[r] + 2 * k);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      const __m512bh xv = load_bf16x32(a.xq + (m0 + m) * a.ldxq + 2 * k);
+      VLM_UNROLL
+      for (int r = 0; r < RN; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+    }
+  };
+  size_t k = 0;
+  for (; k + 32 <= a.K; k += 32)
+    step(k, [&](const std::byte* p) {
+      __builtin_prefetch(p + kTileAhead, 0, 3);  // RN streams far apart: see dot_tile
+      return load_bf16x32(p);
+    });
+  if (k < a.K) step(k, [&](const std::byte* p) { return load_bf16_part(p, a.K - k); });
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int r = 0; r < RN; ++r) {
+      float v = _mm512_reduce_add_ps(acc[m][r]);
+      if (a.bias) v += a.bias[n0 + r];
+      a.y[(m0 + m) * a.ldy + n0 + r] = v;
+    }
+  }
+}
+
+template <int RM>
+void dot_bf16_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
+  size_t n = n0;
+  for (; n + 4 <= n1; n += 4) dot_bf16_tile<RM, 4>(a, m0, n);
+  for (; n < n1; ++n) dot_bf16_tile<RM, 1>(a, m0, n);
+}
+
+// Weight rows in slices that stay in L2 while every group of four x rows meets them, as in
+// the widening path's dot_typed.
+void dot_bf16dot(const GemmArgs& a, size_t n0, size_t n1) {
+  if (a.M == 1) return dot_bf16_row1(a, n0, n1);
+  const size_t slice = std::max<size_t>(1, (size_t(128) << 10) / (2 * a.K));
+  for (size_t s = n0; s < n1; s += slice) {
+    const size_t e = std::min(n1, s + slice);
+    size_t m = 0;
+    for (; m + 4 <= a.M; m += 4) dot_bf16_rows<4>(a, m, s, e);
+    switch (a.M - m) {
+      case 3: dot_bf16_rows<3>(a, m, s, e); break;
+      case 2: dot_bf16_rows<2>(a, m, s, e); break;
+      case 1: dot_bf16_rows<1>(a, m, s, e); break;
+      default: break;
+    }
+  }
+}
+
 }  // namespace
 
 double bf16_dot_loop(size_t iters) {
@@ -161,6 +264,6 @@ double bf16_dot_loop(size_t iters) {
   return 64.0 * double(iters) * N;  // 16 lanes × 2 products × (multiply + add)
 }
 
-const IsaKernels kAvx512Kernels = make_kernels<S512>("avx512", &gemm_bf16dot);
+const IsaKernels kAvx512Kernels = make_kernels<S512>("avx512", &gemm_bf16dot, &dot_bf16dot);
 
 }  // namespace vlm::kernels::detail

@@ -358,16 +358,18 @@ float read_loop(const float* p, size_t n) {
 }
 
 template <class S, DType D>
-constexpr FormatKernels format_kernels(decltype(FormatKernels::gemm_bf16) gemm_bf16 = nullptr) {
-  return FormatKernels{&dot_typed<S, D>, &gemm_typed<S, D>, gemm_bf16};
+constexpr FormatKernels format_kernels(decltype(FormatKernels::gemm_bf16) gemm_bf16 = nullptr,
+                                       decltype(FormatKernels::dot_bf16) dot_bf16 = nullptr) {
+  return FormatKernels{&dot_typed<S, D>, &gemm_typed<S, D>, gemm_bf16, dot_bf16};
 }
 
 template <class S>
-constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm_bf16) bf16dot = nullptr) {
+constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm_bf16) gemm_bf16 = nullptr,
+                                  decltype(FormatKernels::dot_bf16) dot_bf16 = nullptr) {
   return IsaKernels{name,
                     format_kernels<S, DType::F32>(),
                     format_kernels<S, DType::F16>(),
-                    format_kernels<S, DType::BF16>(bf16dot),
+                    format_kernels<S, DType::BF16>(gemm_bf16, dot_bf16),
                     S::W * S::NV,
                     S::MR,
                     2 * kNC * kKC,

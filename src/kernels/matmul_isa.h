@@ -33,7 +33,8 @@ struct GemmArgs {
 // The f32/f16/bf16 kernels of one ISA and its packed-path geometry. dot: any M (nk only),
 // y[:, n0:n1] with weights streamed once. gemm: y[m0:m1, n0:n1] register-tiled from
 // packed panels (pack holds pack_floats floats, 64-byte aligned; n0 a multiple of panel).
-// gemm_bf16 (AVX512-BF16, bf16 nk only): the same with x rounded to bf16 and vdpbf16ps.
+// gemm_bf16 / dot_bf16 (AVX512-BF16, bf16 nk only): gemm / dot with x rounded to bf16 and
+// vdpbf16ps.
 struct IsaKernels {
   const char* name;
   FormatKernels f32, f16, bf16;
