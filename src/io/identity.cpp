@@ -52,7 +52,9 @@ std::string default_scaling_policy(DType embedding_dtype) {
   return embedding_dtype == DType::BF16 ? "bf16-normalizer" : "f32-normalizer";
 }
 
-std::string default_precision(DType matrix_dtype) { return matrix_dtype == DType::BF16 ? "bf16" : "f32"; }
+std::string default_precision(DType matrix_dtype) {
+  return matrix_dtype == DType::F32 || matrix_dtype == DType::F16 ? "f32" : "bf16";
+}
 
 void add_precision(Identity& id, std::string_view precision) {
   auto it = id.fields.begin();

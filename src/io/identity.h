@@ -33,7 +33,8 @@ struct Identity {
 std::string default_mask_mode(const ModelConfig& c);
 std::string default_scaling_policy(DType embedding_dtype);
 // The matrix-product precision (kernels/exec.h): "bf16" when the decoder's matrices are
-// stored in bf16 (what the checkpoint was trained to run in), else "f32".
+// stored in bf16 (what the checkpoint was trained to run in) or block-quantized (whose
+// rounding is coarser than bf16's: docs/gguf.md), "f32" for f32 and f16.
 std::string default_precision(DType matrix_dtype);
 // Adds the run's precision ("f32" or "bf16") as the field "precision", after the other run
 // options: the same weights give other numbers at another precision.

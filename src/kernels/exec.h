@@ -27,6 +27,10 @@ Isa parse_isa(std::string_view name, std::string_view what);
 //         bf16 computes. AVX512-BF16 does it with vdpbf16ps; elsewhere the kernels round x
 //         and run the f32 path, which gives the same products. Attention's products of
 //         activations with activations (scores, weighted values) run as F32 (exact()).
+//   Block-quantized weights (Q8_0 ...) take x quantized per 32 values to int8 under either
+//   mode (quant.h); under Bf16 on AVX512-BF16, a product of more than 32 rows (a prefill)
+//   instead dequantizes the weights exactly and rounds them and x to bf16 for vdpbf16ps
+//   (docs/gguf.md, "Prefill on the bf16 dot").
 enum class Precision { F32, Bf16 };
 const char* precision_name(Precision p);  // "f32", "bf16"
 Precision parse_precision(std::string_view name, std::string_view what);

@@ -52,14 +52,17 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
 }
 
 // ggml's block formats: integer dot kernels on activations quantized per 32 (Q8Act), [N, K]
-// layout only. Without AVX512-VNNI the Avx512 row runs the AVX2 kernels.
+// layout only. Without AVX512-VNNI the Avx512 row runs the AVX2 kernels. With AVX512-BF16,
+// a Precision::Bf16 product of more than kDotMaxM rows dequantizes the weights into the bf16
+// GEMM instead (gemm_bf16dot_blocks).
 template <GgmlType G>
 Format block_format(const char* name, FormatKernels detail::QuantKernels::*member) {
   using namespace detail;
-  const QuantKernels& wide = quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2;
+  FormatKernels wide = (quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2).*member;
+  if (bf16_dot_supported()) wide.gemm_bf16 = &gemm_bf16dot_blocks;
   return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
                 &dequantize<G>, DType::Q8Act, nullptr, false,
-                {kQuantScalar.*member, kQuantAvx2.*member, wide.*member}};
+                {kQuantScalar.*member, kQuantAvx2.*member, wide}};
 }
 
 void q8act_to_f32(const std::byte* src, float* dst, size_t n) {
@@ -188,18 +191,21 @@ void run(GemmArgs a, const Exec& ex) {
   const FormatKernels& fk = f.isa[int(ex.isa)];
   if (!fk.dot) fail("matmul: no {} kernels for {} weights", isa_name(ex.isa), f.name);
   const IsaKernels& k = detail::kernels_for(ex.isa);
-  const bool bf16 = ex.precision == Precision::Bf16 && f.act == DType::F32;
-  const bool use_dot = (a.M <= kDotMaxM || !fk.gemm) && !a.kn;
-  // The AVX512-BF16 kernels take x as bf16 (the GEMM rounds it while packing, the dot
-  // kernels get it rounded here); every other path gets x rounded to bf16 and kept in f32,
-  // then computes the same exact products with f32 FMAs.
-  const bool native = bf16 && !a.kn && bf16_dot_supported() && (use_dot ? fk.dot_bf16 != nullptr : fk.gemm_bf16 != nullptr);
-  if (bf16 && !native) {
+  // The AVX512-BF16 kernels take x as bf16: the GEMMs round it while packing, the dot
+  // kernels get it rounded here (bf16_x). Otherwise, under Precision::Bf16, f32-activation
+  // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
+  // and block formats quantize x per block as at f32.
+  const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
+  const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || (hw_bf16 && fk.gemm_bf16)));
+  const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : fk.gemm_bf16 != nullptr);
+  if (native && use_dot) {
+    bf16_x(a);
+  } else if (!native && f.act != DType::F32) {
+    convert_x(a, format_of(f.act));
+  } else if (!native && ex.precision == Precision::Bf16) {
     a.x = rounded_x(a);
     a.ldx = a.K;
   }
-  if (native && use_dot) bf16_x(a);
-  if (f.act != DType::F32) convert_x(a, format_of(f.act));
   if (use_dot) {
     auto* dot = native ? fk.dot_bf16 : fk.dot;
     // Chunks of at least 64 rows keep a thread's reads one long sequential stream.

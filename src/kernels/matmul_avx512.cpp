@@ -2,7 +2,11 @@
 // the opt-in AVX512-BF16 path (vdpbf16ps on bf16 pairs) for bf16 weights.
 #include <algorithm>
 
+#include "core/error.h"
+#include "io/gguf.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/quant.h"
+#include "kernels/quant_blocks.h"
 #include "kernels/simd_avx512.h"
 
 namespace vlm::kernels::detail {
@@ -101,7 +105,9 @@ constexpr void fill_table_bf16(MicroBf16 (*t)[4], std::index_sequence<R...>) {
   (fill_row_bf16<int(R) + 1>(t[R], std::make_index_sequence<4>()), ...);
 }
 
-void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+// pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does.
+template <class PackB>
+void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB pack_b) {
   static const auto table = [] {
     struct T {
       MicroBf16 f[kMR][4];
@@ -121,7 +127,7 @@ void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me,
       const size_t kc = a.K - k0 < kKCb ? a.K - k0 : kKCb, kp = (kc + 1) / 2;
       for (size_t p = 0; p < panels; ++p) {
         const size_t c = nc - p * kNR < kNR ? nc - p * kNR : kNR;
-        pack_b_pairs(a, n0 + p * kNR, c, k0, kc, bpack + p * panel_words);
+        pack_b(n0 + p * kNR, c, k0, kc, bpack + p * panel_words);
       }
       const float* bias = a.bias ? a.bias + n0 : nullptr;
       for (size_t m0 = mb; m0 < me; m0 += kMCb) {
@@ -141,6 +147,19 @@ void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me,
     }
   }
 }
+
+void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  gemm_bf16dot_with(a, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
+    pack_b_pairs(a, n0, cols, k0, kc, dst);
+  });
+}
+
+// dequantize_row's values with the same f32 operations (exact int → f32 conversions, the
+// same products and differences in the same order; the _round forms keep a product from
+// being fused with the difference that follows it), 16 at a time. n is whole blocks.
+inline __m512 u8x16_to_ps(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
+inline __m512 mul_exact(__m512 a, __m512 b) { return _mm512_mul_round_ps(a, b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 
 // ---- small M on the bf16 dot: x as bf16 words (a.xq, rows padded with zeros to whole
 // vectors), 32 products per vdpbf16ps, so a decode step does half the instructions per
@@ -244,6 +263,103 @@ void dot_bf16dot(const GemmArgs& a, size_t n0, size_t n1) {
 }
 
 }  // namespace
+
+void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t n) {
+  using namespace quant_blocks;
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  switch (t) {
+    case GgmlType::Q8_0:
+      for (const auto* b = reinterpret_cast<const BlockQ8_0*>(src); n; n -= 32, ++b, y += 32) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+        for (int h = 0; h < 2; ++h)
+          _mm512_storeu_ps(y + 16 * h, mul_exact(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b->qs + 16 * h))), d));
+      }
+      return;
+    case GgmlType::Q4_0:
+      for (const auto* b = reinterpret_cast<const BlockQ4_0*>(src); n; n -= 32, ++b, y += 32) {
+        const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d)), eight = _mm512_set1_ps(8.f);
+        const __m128i q = load16(b->qs);
+        // float(code − 8): the difference of small integers is exact in f32 too
+        _mm512_storeu_ps(y, mul_exact(_mm512_sub_ps(u8x16_to_ps(_mm_and_si128(q, m4)), eight), d));
+        _mm512_storeu_ps(y + 16, mul_exact(_mm512_sub_ps(u8x16_to_ps(_mm_and_si128(_mm_srli_epi16(q, 4), m4)), eight), d));
+      }
+      return;
+    case GgmlType::Q4_K:
+      for (const auto* b = reinterpret_cast<const BlockQ4_K*>(src); n; n -= 256, ++b) {
+        const float d = _cvtsh_ss(b->d), dmin = _cvtsh_ss(b->dmin);
+        for (int j = 0; j < 8; j += 2) {
+          uint8_t sc, m;
+          scale_min_k4(j, b->scales, sc, m);
+          const __m512 d1 = _mm512_set1_ps(d * float(sc)), m1 = _mm512_set1_ps(dmin * float(m));
+          scale_min_k4(j + 1, b->scales, sc, m);
+          const __m512 d2 = _mm512_set1_ps(d * float(sc)), m2 = _mm512_set1_ps(dmin * float(m));
+          for (int h = 0; h < 2; ++h) {  // low nibbles are values 0..31 of the pair, high 32..63
+            const __m128i q = load16(b->qs + 16 * j + 16 * h);
+            _mm512_storeu_ps(y + 16 * h, _mm512_sub_ps(mul_exact(d1, u8x16_to_ps(_mm_and_si128(q, m4))), m1));
+            _mm512_storeu_ps(y + 32 + 16 * h,
+                            _mm512_sub_ps(mul_exact(d2, u8x16_to_ps(_mm_and_si128(_mm_srli_epi16(q, 4), m4))), m2));
+          }
+          y += 64;
+        }
+      }
+      return;
+    case GgmlType::Q6_K:
+      for (const auto* b = reinterpret_cast<const BlockQ6_K*>(src); n; n -= 256, ++b) {
+        const float d = _cvtsh_ss(b->d);
+        const __m512i k32 = _mm512_set1_epi32(32), m4d = _mm512_set1_epi32(0x0F), m3 = _mm512_set1_epi32(3);
+        for (int half = 0; half < 2; ++half, y += 128) {
+          const uint8_t* ql = b->ql + 64 * half;
+          const uint8_t* qh = b->qh + 32 * half;
+          const int8_t* sc = b->scales + 8 * half;
+          for (int g = 0; g < 2; ++g) {  // l = 16g .. 16g + 15, sub-block is = g
+            const __m512i lo = _mm512_cvtepu8_epi32(load16(ql + 16 * g));
+            const __m512i hi = _mm512_cvtepu8_epi32(load16(ql + 32 + 16 * g));
+            const __m512i qhv = _mm512_cvtepu8_epi32(load16(qh + 16 * g));
+            const __m512i q[4] = {
+                _mm512_or_si512(_mm512_and_si512(lo, m4d), _mm512_slli_epi32(_mm512_and_si512(qhv, m3), 4)),
+                _mm512_or_si512(_mm512_and_si512(hi, m4d),
+                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qhv, 2), m3), 4)),
+                _mm512_or_si512(_mm512_srli_epi32(lo, 4),
+                                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qhv, 4), m3), 4)),
+                _mm512_or_si512(_mm512_srli_epi32(hi, 4), _mm512_slli_epi32(_mm512_srli_epi32(qhv, 6), 4)),
+            };
+            for (int r = 0; r < 4; ++r) {  // y[l + 32r] = d·sc[is + 2r]·(q − 32), left to right
+              const __m512 ds = _mm512_set1_ps(d * float(sc[g + 2 * r]));
+              _mm512_storeu_ps(y + 32 * r + 16 * g, mul_exact(ds, _mm512_cvtepi32_ps(_mm512_sub_epi32(q[r], k32))));
+            }
+          }
+        }
+      }
+      return;
+    default:
+      fail("matmul: {} is not a block format", ggml_type_name(t));
+  }
+}
+
+// Block-quantized weights on the same GEMM: each row's K block (kKCb = 256 values, whole
+// blocks of every format) is dequantized exactly (dequantize_blocks_avx512) and rounded to bf16
+// (nearest even) into a dense [kNR][kKCb] scratch, which is then packed like bf16 weights.
+// The dequantization is paid once per weight value and call, against M products.
+void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  const GgmlType t = ggml_type_of(a.dtype);
+  const size_t block = size_t(ggml_traits(t).block_elems), block_bytes = ggml_traits(t).block_bytes;
+  static_assert(kKCb % 256 == 0, "K blocks must hold whole blocks of every format");
+  alignas(64) uint16_t rows[kNR * kKCb];
+  alignas(64) float tmp[kKCb];
+  GemmArgs dense = a;
+  dense.w = reinterpret_cast<const std::byte*>(rows);
+  dense.ldw_bytes = 2 * kKCb;
+  gemm_bf16dot_with(a, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
+    for (size_t i = 0; i < cols; ++i) {
+      dequantize_blocks_avx512(t, a.w + (n0 + i) * a.ldw_bytes + k0 / block * block_bytes, tmp, kc);
+      for (size_t k = 0; k < kc; k += 32) {  // kc is whole blocks: a multiple of 32
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp + k + 16), _mm512_load_ps(tmp + k));
+        _mm512_store_si512(rows + i * kKCb + k, reinterpret_cast<const __m512i&>(h));
+      }
+    }
+    pack_b_pairs(dense, 0, cols, 0, kc, dst);
+  });
+}
 
 double bf16_dot_loop(size_t iters) {
   constexpr int N = 12;  // independent chains: more than latency × throughput of vdpbf16ps

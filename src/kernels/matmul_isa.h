@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "core/dtype.h"
+#include "io/gguf.h"
 #include "kernels/format.h"
 #include "kernels/matmul.h"
 
@@ -49,6 +50,11 @@ struct IsaKernels {
 
 // AVX512-BF16 only: a register-resident vdpbf16ps loop (the bf16 dot peak); FLOPs done.
 double bf16_dot_loop(size_t iters);
+// AVX512 only: n values (whole blocks) of block format t, bit for bit dequantize_row's.
+void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t n);
+// AVX512-BF16 only: FormatKernels::gemm_bf16 for the block formats (weights dequantized
+// exactly, then rounded to bf16 with x).
+void gemm_bf16dot_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
 
 extern const IsaKernels kScalarKernels;
 extern const IsaKernels kAvx2Kernels;

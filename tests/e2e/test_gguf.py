@@ -94,6 +94,10 @@ def vlm_greedy(model_dir, ids, n):
     return [int(t) for t in r.stdout.split("\n")[0].split()]
 
 
+with open("/proc/cpuinfo") as _f:
+    AVX512_BF16 = "avx512_bf16" in _f.read().split()
+
+
 def vlm_dump(model, out, *args):
     r = subprocess.run([BIN, "dump", "--model", *model, "--out", out, "--steps", "0", *args], capture_output=True,
                        text=True, timeout=600)
@@ -393,7 +397,10 @@ class Gguf(unittest.TestCase):
 
     @unittest.skipUnless(os.path.isdir(NODE_LLAMA), "node-llama-cpp not installed (npm install in tools/npm)")
     def test_vlm_quantize_files_run_in_llama_cpp_like_in_vlm(self):
-        prompt = [2] + [1000 + 37 * i % 7000 for i in range(29)]
+        # 45 prompt rows: more than the 32 up to which a product runs on the int8 dot kernels, so under the
+        # default precision (bf16) the prefill takes the dequantize-to-bf16 GEMM where the CPU has AVX512-BF16,
+        # and under f32 the int8 kernels; decode is int8 either way.
+        prompt = [2] + [1000 + 37 * i % 7000 for i in range(44)]
         n = 12
         report = {}
         for t in ("q8_0", "q4_0", "q4_k_m"):
@@ -411,18 +418,26 @@ class Gguf(unittest.TestCase):
                 self.assertEqual(six, ["blk.2.attn_v.weight", "blk.2.ffn_down.weight", "blk.5.attn_v.weight",
                                        "blk.5.ffn_down.weight", "token_embd.weight"])
             lc = llama(path, {"logits": [prompt], "generate": [{"ids": prompt, "n": n}]})
-            out = vlm_dump([path], os.path.join(self.tmp, f"vq-dump-{t}"), "--tokens", json.dumps(prompt))
-            mine = np.load(os.path.join(out, "logits.npy"))
             theirs = np.array(lc["logits"][0], dtype=np.float64)
-            diff = float(np.abs(mine - theirs).max())
-            report[t] = (round(diff, 4), int((mine.argmax(-1) == theirs.argmax(-1)).sum()),
-                         lc["generate"][0] == vlm_greedy(path, prompt, n))
+            logits = {}
+            for precision in ("bf16", "f32"):
+                out = vlm_dump([path], os.path.join(self.tmp, f"vq-dump-{t}-{precision}"), "--tokens",
+                               json.dumps(prompt), "--precision", precision)
+                with open(os.path.join(out, "identity.json")) as f:
+                    self.assertEqual(json.load(f)["fields"]["precision"], precision)
+                mine = logits[precision] = np.load(os.path.join(out, "logits.npy"))
+                diff = float(np.abs(mine - theirs).max())
+                report[f"{t} {precision}"] = (round(diff, 4), int((mine.argmax(-1) == theirs.argmax(-1)).sum()),
+                                              lc["generate"][0] == vlm_greedy(path, prompt, n))
+            if AVX512_BF16:  # the bf16 prefill GEMM ran: its rounding differs from the int8 kernels'
+                self.assertFalse(np.array_equal(logits["bf16"], logits["f32"]), t)
         print(f"\nvlm vs llama.cpp on vlm quantize's files (max |dlogit|, top-1 of {len(prompt)}, greedy equal): "
               f"{report}", file=sys.stderr)
         for t, (diff, top1, greedy) in report.items():
-            # Same weights on both sides; what differs is the activation rounding (vlm: int8 per 32; llama.cpp:
-            # Q8_0 per 32, Q8_K per 256 for the K-quants) and ggml's f16 GELU table. Bound: 0.5 at logits of ~20
-            # (2.5%), a fifth of what Q4 quantization itself moves them (docs/gguf.md §6: 2.5 vs f32).
+            # Same weights on both sides; what differs is the activation rounding (vlm: int8 per 32, or bf16 x and
+            # weights in a bf16 prefill; llama.cpp: Q8_0 per 32, Q8_K per 256 for the K-quants) and ggml's f16
+            # GELU table. Bound: 0.5 at logits of ~20 (2.5%), a fifth of what Q4 quantization itself moves them
+            # (docs/gguf.md §6: 2.5 vs f32).
             self.assertLess(diff, 0.5, t)
             self.assertEqual(top1, len(prompt), t)
             self.assertTrue(greedy, t)

@@ -1,5 +1,6 @@
 #include "kernels/quant.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_isa.h"
 
 #include <gtest/gtest.h>
 
@@ -100,6 +101,12 @@ TEST(Quant, DequantizeIsBitExact) {
         const float want = expected_value(t, w.data() + b * ggml_traits(t).block_bytes, int(i));
         ASSERT_EQ(f32_to_bits(y[b * be + i]), f32_to_bits(want)) << ggml_type_name(t) << " block " << b << " value " << i;
       }
+    // The AVX512 dequantizer of the bf16 prefill GEMM gives the same bits.
+    if (!isa_supported(Isa::Avx512)) continue;
+    std::vector<float> v(y.size(), NAN);
+    detail::dequantize_blocks_avx512(t, w.data(), v.data(), v.size());
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_EQ(f32_to_bits(v[i]), f32_to_bits(y[i])) << ggml_type_name(t) << " avx512 value " << i;
   }
 }
 
@@ -192,6 +199,47 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
 
 // Strided rows (a wider stored row), strided x/y and a bias: the same numbers as the dense
 // product plus the bias, on every ISA.
+// More than 32 rows at Precision::Bf16 on AVX512-BF16: the weights are dequantized exactly and
+// rounded to bf16 with x, then summed in f32 on vdpbf16ps; so within (K + 2)·u·Σ|x̂·ŵ| of the
+// double product of the rounded values, and not the Q8-activation result of Precision::F32.
+TEST(Quant, Bf16PrecisionPrefillRoundsDequantizedWeights) {
+  if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  ThreadPool pool(3);
+  constexpr double kU = 1.0 / (1 << 24);
+  for (GgmlType t : kBlockTypes) {
+    const size_t be = size_t(ggml_traits(t).block_elems);
+    for (size_t K : {be, 3 * be, (be == 32 ? 13 : 5) * be})  // K blocks of 256 and their remainders
+      for (size_t N : {1, 70, 130})
+        for (size_t M : {33, 50, 200}) {
+          const std::vector<std::byte> wb = random_rows(t, N, K, rng);
+          std::vector<float> wr(N * K), x(M * K);
+          for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wr[n * K], K);
+          for (auto& v : wr) v = round_bf16(v);
+          for (auto& v : x) v = normal(rng);
+          const Weight w{wb.data(), dtype_of(t), N, K};
+          std::vector<float> y(M * N, NAN), y32(M * N, NAN);
+          matmul(x.data(), M, w, y.data(), Exec(pool, Isa::Avx512, Precision::Bf16));
+          matmul(x.data(), M, w, y32.data(), Exec(pool, Isa::Avx512, Precision::F32));
+          size_t differ = 0;
+          for (size_t m = 0; m < M; ++m)
+            for (size_t n = 0; n < N; ++n) {
+              double exact = 0, mag = 0;
+              for (size_t k = 0; k < K; ++k) {
+                const double p = double(wr[n * K + k]) * round_bf16(x[m * K + k]);
+                exact += p;
+                mag += std::fabs(p);
+              }
+              ASSERT_NEAR(y[m * N + n], exact, (K + 2) * kU * mag + 1e-30)
+                  << ggml_type_name(t) << " M" << M << " N" << N << " K" << K;
+              differ += y[m * N + n] != y32[m * N + n];
+            }
+          EXPECT_GT(differ, 0u) << ggml_type_name(t) << ": the bf16 path was not taken";
+        }
+  }
+}
+
 TEST(Quant, StridedRowsAndBiasOnEveryIsa) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.f, 1.f);
