@@ -56,6 +56,7 @@ std::span<const Prefix> prefixes(Naming n) {
     case Naming::Old: return kOld;
     case Naming::New: return kNew;
     case Naming::CausalLM: return kCausal;
+    case Naming::Gguf: break;  // GGUF names map through gguf_name_of, not by prefix
   }
   return {};
 }
