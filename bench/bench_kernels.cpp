@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "models/gemma3/registry.h"
 #include "core/thread_pool.h"
+#include "io/identity.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/roofline.h"
@@ -82,8 +83,10 @@ std::string load_average() {
 int decode_profile(const char* dir, int context, int steps) {
   const int threads = default_threads() > 2 ? 2 : default_threads();
   ThreadPool pool(threads);
-  const Exec ex(pool);
   Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false});
+  // The precision the engine runs this checkpoint at by default.
+  const Exec ex(pool, best_isa(),
+                parse_precision(default_precision(ck.get("text.layers.0.self_attn.q_proj.weight").dtype), "precision"));
   const TextConfig& c = ck.config().text;
   const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size), d = size_t(c.head_dim);
   const size_t nH = size_t(c.num_heads), nKV = size_t(c.num_kv_heads), L = size_t(context);
@@ -168,8 +171,9 @@ int decode_profile(const char* dir, int context, int steps) {
   }
   double all_bytes = 0;
   for (double b : bytes) all_bytes += b;
-  fmt::print("decode step replayed on the kernels: {} ({} layers, context {}), {} threads, {}, load average {}",
-             dir, c.num_layers, L, threads, isa_name(ex.isa), load_average());
+  fmt::print("decode step replayed on the kernels: {} ({} layers, context {}), {} threads, {}, precision {}, "
+             "load average {}",
+             dir, c.num_layers, L, threads, isa_name(ex.isa), precision_name(ex.precision), load_average());
   fmt::print("read bandwidth probe {:.1f} GB/s; best of {} steps per op:\n", bw / 1e9, steps);
   for (int op = 0; op < kOps; ++op)
     fmt::print("  {:<10} {:9.1f} MB {:9.2f} ms {:7.1f} GB/s {:6.1f}% of probe\n", names[op], bytes[op] / 1e6,
