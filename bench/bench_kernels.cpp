@@ -86,7 +86,8 @@ int decode_profile(const char* dir, int context, int steps) {
   Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false});
   // The precision the engine runs this checkpoint at by default.
   const Exec ex(pool, best_isa(),
-                parse_precision(default_precision(ck.get("text.layers.0.self_attn.q_proj.weight").dtype), "precision"));
+                parse_precision(default_precision(models::gemma3::layer_tensor(ck, 0, models::gemma3::LayerTensor::Q).dtype),
+                                "precision"));
   const TextConfig& c = ck.config().text;
   const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size), d = size_t(c.head_dim);
   const size_t nH = size_t(c.num_heads), nKV = size_t(c.num_kv_heads), L = size_t(context);

@@ -162,9 +162,11 @@ const float* rounded_x(const GemmArgs& a) {
 void bf16_x(GemmArgs& a) {
   thread_local std::vector<uint16_t> buf;
   const size_t ld = (a.K + 31) / 32 * 32;
-  buf.assign(a.M * ld, 0);
-  for (size_t m = 0; m < a.M; ++m)
+  buf.resize(a.M * ld);
+  for (size_t m = 0; m < a.M; ++m) {
     for (size_t k = 0; k < a.K; ++k) buf[m * ld + k] = f32_to_bf16(a.x[m * a.ldx + k]);
+    std::fill(buf.begin() + ptrdiff_t(m * ld + a.K), buf.begin() + ptrdiff_t((m + 1) * ld), uint16_t(0));
+  }
   a.xq = reinterpret_cast<const std::byte*>(buf.data());
   a.ldxq = 2 * ld;
 }

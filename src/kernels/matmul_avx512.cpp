@@ -1,5 +1,6 @@
-// AVX-512 (F/BW/VL/DQ) matmul kernels: 16 floats per vector, 6×64 register tiles; and
-// the opt-in AVX512-BF16 path (vdpbf16ps on bf16 pairs) for bf16 weights.
+// AVX-512 (F/BW/VL/DQ) matmul kernels: 16 floats per vector, 6×64 register tiles; and the
+// AVX512-BF16 path of Precision::Bf16 (vdpbf16ps on bf16 pairs): the GEMM and dot kernels for
+// bf16 weights, and the GEMM for block-quantized weights dequantized into it.
 #include <algorithm>
 
 #include "core/error.h"
@@ -154,9 +155,8 @@ void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me,
   });
 }
 
-// dequantize_row's values with the same f32 operations (exact int → f32 conversions, the
-// same products and differences in the same order; the _round forms keep a product from
-// being fused with the difference that follows it), 16 at a time. n is whole blocks.
+// Helpers of dequantize_blocks_avx512. mul_exact's _round form keeps a product from being
+// fused with the difference that follows it (dequantize_row rounds both).
 inline __m512 u8x16_to_ps(__m128i b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)); }
 inline __m512 mul_exact(__m512 a, __m512 b) { return _mm512_mul_round_ps(a, b, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
@@ -264,6 +264,8 @@ void dot_bf16dot(const GemmArgs& a, size_t n0, size_t n1) {
 
 }  // namespace
 
+// dequantize_row's values with the same f32 operations (exact int → f32 conversions, the
+// same products and differences in the same order), 16 at a time. n is whole blocks.
 void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t n) {
   using namespace quant_blocks;
   const __m128i m4 = _mm_set1_epi8(0x0F);
