@@ -1,7 +1,8 @@
 // Image encode time of one 896x896 image through gemma3-4b-shaped SigLIP + projector
 // weights (27 layers, hidden 1152, 4096 patches -> 256 tokens of 2560), 2 threads
-// unless VLM_THREADS says otherwise, with the achieved FLOP/s as a fraction of this
-// machine's f32 FMA peak measured in the same run.
+// unless VLM_THREADS says otherwise, at the engine's default precision for these weights
+// (io/identity.h), with the achieved FLOP/s as a fraction of that precision's peak
+// measured in the same run (bf16 dot or f32 FMA).
 // Usage: bench_vision [MODEL_DIR] (default build/ckpt/gemma3-4b; make one with
 //   tools/make_checkpoint.py --preset gemma3-4b). Only the vision tensors are read.
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
+#include "io/identity.h"
 #include "kernels/roofline.h"
 #include "models/gemma3/registry.h"
 #include "models/gemma3/vision_encoder.h"
@@ -35,20 +37,25 @@ int main(int argc, char** argv) {
     im.rgb.resize(size_t(S) * size_t(S) * 3);
     for (size_t i = 0; i < im.rgb.size(); ++i) im.rgb[i] = uint8_t((i * 2654435761u) >> 24);
     ThreadPool pool(threads);
-    fmt::print("model {} ({}), image {}x{}, {} patches x {} -> {} tokens x {}, {} threads, matmul {}\n",
+    const kernels::Precision precision =
+        kernels::parse_precision(default_precision(enc.tower().weight_dtype()), "precision");
+    const kernels::Exec ex(pool, kernels::best_isa(), precision);
+    fmt::print("model {} ({}), image {}x{}, {} patches x {} -> {} tokens x {}, {} threads, matmul {} at {}\n",
                dir.string(), dtype_name(enc.tower().weight_dtype()), S, S, enc.tower().num_patches(),
                enc.tower().hidden(), enc.projector().tokens(), enc.projector().out_dim(), threads,
-               kernels::isa_name(kernels::best_isa()));
+               kernels::isa_name(kernels::best_isa()), kernels::precision_name(precision));
     const double flops = enc.tower().flops(1) + enc.projector().flops(1);
     double best = 1e30;
     for (int rep = 0; rep < 2; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
-      const vision::ImageEncoding e = enc.encode({im}, pool);
+      const vision::ImageEncoding e = enc.encode({im}, ex);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       best = std::min(best, s);
       fmt::print("  run {}: {:.3f} s ({} features)\n", rep, s, e.features.size());
     }
-    const double peak = kernels::measure_peak_flops(threads);
+    const bool dot = precision == kernels::Precision::Bf16 && kernels::bf16_dot_supported();
+    const double peak = kernels::measure_peak_flops(threads, kernels::best_isa(),
+                                                    dot ? kernels::Precision::Bf16 : kernels::Precision::F32);
     fmt::print("encode: {:.3f} s best of 2, {:.1f} GFLOP -> {:.1f} GFLOP/s = {:.1f}% of measured peak "
                "{:.1f} GFLOP/s\n",
                best, flops * 1e-9, flops / best * 1e-9, 100.0 * flops / best / peak, peak * 1e-9);

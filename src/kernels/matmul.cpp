@@ -158,16 +158,20 @@ const float* rounded_x(const GemmArgs& a) {
 }
 
 // x rows as bf16 (nearest even) in a.xq, each padded with zeros to whole 64-byte vectors,
-// in a per-thread buffer (FormatKernels::dot_bf16).
-void bf16_x(GemmArgs& a) {
+// in a per-thread buffer (FormatKernels::dot_bf16 and gemm_bf16): converted once per call,
+// rows spread over the pool.
+void bf16_x(GemmArgs& a, ThreadPool& pool) {
   thread_local std::vector<uint16_t> buf;
   const size_t ld = (a.K + 31) / 32 * 32;
   buf.resize(a.M * ld);
-  for (size_t m = 0; m < a.M; ++m) {
-    for (size_t k = 0; k < a.K; ++k) buf[m * ld + k] = f32_to_bf16(a.x[m * a.ldx + k]);
-    std::fill(buf.begin() + ptrdiff_t(m * ld + a.K), buf.begin() + ptrdiff_t((m + 1) * ld), uint16_t(0));
-  }
-  a.xq = reinterpret_cast<const std::byte*>(buf.data());
+  uint16_t* out = buf.data();
+  pool.parallel_for(a.M, [&](size_t m0, size_t m1) {
+    for (size_t m = m0; m < m1; ++m) {
+      for (size_t k = 0; k < a.K; ++k) out[m * ld + k] = f32_to_bf16(a.x[m * a.ldx + k]);
+      std::fill(out + m * ld + a.K, out + (m + 1) * ld, uint16_t(0));
+    }
+  }, std::max<size_t>(1, (size_t(16) << 10) / ld));
+  a.xq = reinterpret_cast<const std::byte*>(out);
   a.ldxq = 2 * ld;
 }
 
@@ -193,15 +197,14 @@ void run(GemmArgs a, const Exec& ex) {
   const FormatKernels& fk = f.isa[int(ex.isa)];
   if (!fk.dot) fail("matmul: no {} kernels for {} weights", isa_name(ex.isa), f.name);
   const IsaKernels& k = detail::kernels_for(ex.isa);
-  // The AVX512-BF16 kernels take x as bf16: the GEMMs round it while packing, the dot
-  // kernels get it rounded here (bf16_x). Otherwise, under Precision::Bf16, f32-activation
+  // The AVX512-BF16 kernels take x as bf16, rounded here once (bf16_x). Otherwise, under Precision::Bf16, f32-activation
   // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
   // and block formats quantize x per block as at f32.
   const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
   const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || (hw_bf16 && fk.gemm_bf16)));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : fk.gemm_bf16 != nullptr);
-  if (native && use_dot) {
-    bf16_x(a);
+  if (native) {
+    bf16_x(a, pool);
   } else if (!native && f.act != DType::F32) {
     convert_x(a, format_of(f.act));
   } else if (!native && ex.precision == Precision::Bf16) {
@@ -326,6 +329,24 @@ bool bf16_dot_supported() {
 
 Exec::Exec(ThreadPool& p, Isa i, Precision pr) : pool(&p), isa(i), precision(pr) {
   if (!isa_supported(i)) fail("kernels: this CPU does not support the {} path", isa_name(i));
+}
+
+void pack_kv_bf16(const float* k, const float* v, size_t ld, size_t n, size_t d, Bf16Kv& kv) {
+  if (!bf16_dot_supported()) fail("pack_kv_bf16: this CPU has no AVX512-BF16 dot");
+  const size_t panels = (n + 63) / 64;
+  kv.n = n, kv.d = d;
+  kv.k.resize(panels * ((d + 1) / 2) * 64);
+  kv.v.resize(panels * 32 * ((d + 15) / 16 * 16));
+  detail::pack_keys_bf16(k, ld, n, d, kv.k.data());
+  detail::pack_values_bf16(v, ld, n, d, kv.v.data());
+}
+
+void attend_bf16(const float* q, size_t ldq, size_t rows, const Bf16Kv& kv, size_t k0, size_t k1, float scale,
+                 const float* mask, size_t ldm, float* out, size_t ldo) {
+  if (!bf16_dot_supported()) fail("attend_bf16: this CPU has no AVX512-BF16 dot");
+  if (k0 >= k1 || k1 > kv.n) fail("attend_bf16: keys [{}, {}) outside the {} packed", k0, k1, kv.n);
+  if (rows == 0) return;
+  detail::attend_bf16({q, ldq, rows, kv.k.data(), kv.v.data(), kv.d, k0, k1, scale, mask, ldm, out, ldo});
 }
 
 }  // namespace vlm::kernels

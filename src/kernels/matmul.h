@@ -6,6 +6,8 @@
 // compare against.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
@@ -50,5 +52,20 @@ void matmul_kn(const float* x, size_t M, const Weight& w, float* y, const Exec& 
 enum class Layout { NK, KN };
 void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout,
                     const float* bias, float* y, size_t ldy, const Exec& ex);
+
+// Attention's products on the AVX512-BF16 dot (only where bf16_dot_supported(); nn/attention
+// under Precision::Bf16). The keys and values of one head, rounded to bf16 (nearest even) and
+// packed once for every query row that reads them:
+struct Bf16Kv {
+  std::vector<uint32_t> k, v;
+  size_t n = 0, d = 0;
+};
+// k and v: [n, d], rows ld floats apart.
+void pack_kv_bf16(const float* k, const float* v, size_t ld, size_t n, size_t d, Bf16Kv& kv);
+// out[rows, d] = softmax(q·kᵀ · scale + mask) · v over the keys [k0, k1) of kv, for query rows
+// q (ldq apart), with q and the probabilities rounded to bf16 and f32 sums. mask: the additive
+// [rows, k1 − k0] tile (rows ldm apart) or null. Runs on the calling thread.
+void attend_bf16(const float* q, size_t ldq, size_t rows, const Bf16Kv& kv, size_t k0, size_t k1, float scale,
+                 const float* mask, size_t ldm, float* out, size_t ldo);
 
 }  // namespace vlm::kernels

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "io/gguf.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/quant_blocks.h"
 #include "kernels/simd_avx512.h"
@@ -14,7 +15,8 @@ namespace vlm::kernels::detail {
 namespace {
 
 // bf16-dot blocking: K in pairs (one 32-bit word holds two bf16), so a K block of 256
-// keeps the packed micro-panel (128 words × 64 columns) at 32 KiB, in L1.
+// keeps the packed micro-panel (128 words × 64 columns) at 32 KiB, in L1, and kMCb rows of x
+// (96 KiB of a K block) stay in L2 while every panel of a column block meets them.
 constexpr size_t kKCb = 256, kMCb = 192, kNR = 64, kMR = 6;
 
 // Packs W(n0 .. n0+cols, k0 .. k0+kc) of a bf16 nk weight as words [kc/2][64]: word
@@ -45,30 +47,8 @@ void pack_b_pairs(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t k
     }
 }
 
-// x rows m0..m1, columns k0..k0+kc, rounded to bf16 (nearest even) as words [m][kc/2].
-void pack_a_pairs(const GemmArgs& a, size_t m0, size_t m1, size_t k0, size_t kc, uint32_t* dst) {
-  const size_t kp = (kc + 1) / 2;
-  for (size_t m = m0; m < m1; ++m) {
-    const float* src = a.x + m * a.ldx + k0;
-    uint32_t* d = dst + (m - m0) * kp;
-    size_t k = 0;
-    for (; k + 32 <= kc; k += 32) {
-      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + k + 16), _mm512_loadu_ps(src + k));
-      _mm512_storeu_si512(d + k / 2, reinterpret_cast<const __m512i&>(h));
-    }
-    if (k < kc) {
-      alignas(64) float tmp[32] = {};
-      std::memcpy(tmp, src + k, (kc - k) * 4);
-      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp + 16), _mm512_load_ps(tmp));
-      alignas(64) uint32_t words[16];
-      _mm512_store_si512(words, reinterpret_cast<const __m512i&>(h));
-      std::memcpy(d + k / 2, words, (kp - k / 2) * 4);
-    }
-  }
-}
-
 template <int R, int NVv>
-void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, float* y, size_t ldy,
+void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* y, size_t ldy,
                 size_t cols, bool first, const float* bias) {
   __m512 acc[R][NVv];
   VLM_UNROLL
@@ -80,7 +60,7 @@ void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, flo
     __m512bh bv[NVv];
     VLM_UNROLL
     for (int v = 0; v < NVv; ++v) {
-      const __m512i w = _mm512_loadu_si512(B + p * kNR + v * 16);
+      const __m512i w = _mm512_loadu_si512(B + p * ldb + v * 16);
       bv[v] = reinterpret_cast<const __m512bh&>(w);
     }
     VLM_UNROLL
@@ -94,7 +74,8 @@ void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, flo
   store_tile<S512, R, NVv>(acc, y, ldy, cols, first, bias);
 }
 
-using MicroBf16 = void (*)(size_t, const uint32_t*, size_t, const uint32_t*, float*, size_t, size_t,
+// R rows of A (words [kp] each, lda apart) × up to 64 columns of B (words [kp][ldb]).
+using MicroBf16 = void (*)(size_t, const uint32_t*, size_t, const uint32_t*, size_t, float*, size_t, size_t,
                            bool, const float*);
 
 template <int R, size_t... V>
@@ -107,18 +88,27 @@ constexpr void fill_table_bf16(MicroBf16 (*t)[4], std::index_sequence<R...>) {
 }
 
 // pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does.
+// micro_bf16 for r rows and v vectors of columns: micro_table().f[r - 1][v - 1].
+struct MicroTable {
+  MicroBf16 f[kMR][4];
+};
+const MicroTable& micro_table() {
+  static const MicroTable t = [] {
+    MicroTable m{};
+    fill_table_bf16(m.f, std::make_index_sequence<kMR>());
+    return m;
+  }();
+  return t;
+}
+
 template <class PackB>
 void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB pack_b) {
-  static const auto table = [] {
-    struct T {
-      MicroBf16 f[kMR][4];
-    } t{};
-    fill_table_bf16(t.f, std::make_index_sequence<kMR>());
-    return t;
-  }();
-  auto* bpack = reinterpret_cast<uint32_t*>(pack);      // kNC × kKCb/2 words
-  uint32_t* apack = bpack + kNC * (kKCb / 2);          // kMCb × kKCb/2 words
-  static_assert(kNC * (kKCb / 2) + kMCb * (kKCb / 2) <= 2 * kNC * kKC, "pack buffer too small");
+  const MicroTable& table = micro_table();
+  auto* bpack = reinterpret_cast<uint32_t*>(pack);  // kNC × kKCb/2 words
+  static_assert(kNC * (kKCb / 2) <= 2 * kNC * kKC, "pack buffer too small");
+  // x is already bf16 (a.xq, matmul.cpp bf16_x): its rows are the A operand as they are.
+  const auto* xq = reinterpret_cast<const uint32_t*>(a.xq);
+  const size_t lda = a.ldxq / 4;
   constexpr size_t panel_words = kKCb / 2 * kNR;
   const size_t step = column_block(ne - nb, kNR);
   for (size_t n0 = nb; n0 < ne; n0 += step) {
@@ -133,13 +123,12 @@ void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_
       const float* bias = a.bias ? a.bias + n0 : nullptr;
       for (size_t m0 = mb; m0 < me; m0 += kMCb) {
         const size_t m1 = me - m0 < kMCb ? me : m0 + kMCb;
-        pack_a_pairs(a, m0, m1, k0, kc, apack);
         for (size_t p = 0; p < panels; ++p) {
           const size_t c = nc - p * kNR < kNR ? nc - p * kNR : kNR;
           const size_t nv = (c + 15) / 16;
           for (size_t m = m0; m < m1; m += kMR) {
             const size_t r = m1 - m < kMR ? m1 - m : kMR;
-            table.f[r - 1][nv - 1](kp, apack + (m - m0) * kp, kp, bpack + p * panel_words,
+            table.f[r - 1][nv - 1](kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, kNR,
                                    a.y + m * a.ldy + n0 + p * kNR, a.ldy, c, k0 == 0,
                                    bias ? bias + p * kNR : nullptr);
           }
@@ -361,6 +350,84 @@ void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, siz
     }
     pack_b_pairs(dense, 0, cols, 0, kc, dst);
   });
+}
+
+// ---- attention's products on the bf16 dot (matmul.h, attend_bf16): keys, values, queries
+// and probabilities as bf16, f32 sums, on micro_bf16.
+
+// Two bf16 values (nearest even) in one word, a in the low half.
+inline uint32_t bf16_pair(float a, float b) { return uint32_t(f32_to_bf16(a)) | uint32_t(f32_to_bf16(b)) << 16; }
+
+void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst) {
+  const size_t dp = (d + 1) / 2, panels = (n + kNR - 1) / kNR;
+  for (size_t p = 0; p < panels; ++p) {
+    uint32_t* panel = dst + p * dp * kNR;
+    for (size_t j = 0; j < kNR; ++j) {
+      const size_t key = p * kNR + j;
+      const float* r = k + key * ld;
+      for (size_t i = 0; i < dp; ++i)
+        panel[i * kNR + j] = key >= n ? 0 : bf16_pair(r[2 * i], 2 * i + 1 < d ? r[2 * i + 1] : 0.f);
+    }
+  }
+}
+
+void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst) {
+  const size_t dv = (d + 15) / 16 * 16, pairs = (n + kNR - 1) / kNR * kNR / 2;
+  for (size_t p = 0; p < pairs; ++p) {
+    const float* r0 = v + 2 * p * ld;
+    const float* r1 = r0 + ld;
+    for (size_t j = 0; j < dv; ++j)
+      dst[p * dv + j] = j >= d ? 0 : bf16_pair(2 * p < n ? r0[j] : 0.f, 2 * p + 1 < n ? r1[j] : 0.f);
+  }
+}
+
+void attend_bf16(const AttendArgs& a) {
+  const MicroTable& table = micro_table();
+  const size_t d = a.d, dp = (d + 1) / 2, dv = (d + 15) / 16 * 16;
+  // Scores over whole key panels [a0, a1); the keys outside [k0, k1) get probability 0.
+  const size_t a0 = a.k0 / kNR * kNR, a1 = (a.k1 + kNR - 1) / kNR * kNR, w = a1 - a0, wp = w / 2;
+  thread_local std::vector<uint32_t> qa, pa;
+  thread_local std::vector<float> scores;
+  qa.resize(a.rows * dp);
+  pa.resize(a.rows * wp);
+  scores.resize(a.rows * w);
+  for (size_t r = 0; r < a.rows; ++r) {
+    const float* q = a.q + r * a.ldq;
+    for (size_t i = 0; i < dp; ++i) qa[r * dp + i] = bf16_pair(q[2 * i], 2 * i + 1 < d ? q[2 * i + 1] : 0.f);
+  }
+  for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
+    for (size_t m = 0; m < a.rows; m += kMR)
+      table.f[std::min(kMR, a.rows - m) - 1][3](dp, qa.data() + m * dp, dp, a.keys + p * dp * kNR, kNR,
+                                                 scores.data() + m * w + (p * kNR - a0), w, kNR, true, nullptr);
+  const size_t n = a.k1 - a.k0;
+  for (size_t r = 0; r < a.rows; ++r) {
+    float* row = scores.data() + r * w;
+    float* x = row + (a.k0 - a0);
+    if (a.mask) {
+      const float* m = a.mask + r * a.ldm;
+      for (size_t j = 0; j < n; ++j) x[j] = x[j] * a.scale + m[j];
+    } else if (a.scale != 1.f) {
+      for (size_t j = 0; j < n; ++j) x[j] *= a.scale;
+    }
+    softmax(x, n, Isa::Avx512);
+    std::fill(row, x, 0.f);
+    std::fill(x + n, row + w, 0.f);
+    for (size_t j = 0; j < w; j += 32) {
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + j + 16), _mm512_loadu_ps(row + j));
+      _mm512_storeu_si512(pa.data() + r * wp + j / 2, reinterpret_cast<const __m512i&>(h));
+    }
+  }
+  // o = P·v, in blocks of kKCb keys so a block of values stays in L1 across the rows.
+  for (size_t kb = 0; kb < wp; kb += kKCb / 2) {
+    const size_t kc = std::min(kKCb / 2, wp - kb);
+    for (size_t c0 = 0; c0 < d; c0 += kNR) {
+      const size_t cols = std::min(kNR, d - c0);
+      for (size_t m = 0; m < a.rows; m += kMR)
+        table.f[std::min(kMR, a.rows - m) - 1][(cols + 15) / 16 - 1](
+            kc, pa.data() + m * wp + kb, wp, a.values + (a0 / 2 + kb) * dv + c0, dv, a.out + m * a.ldo + c0, a.ldo,
+            cols, kb == 0, nullptr);
+    }
+  }
 }
 
 double bf16_dot_loop(size_t iters) {

@@ -3,6 +3,7 @@
 // inline library code compiled for a wider ISA can leak into baseline code.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "core/dtype.h"
 #include "io/gguf.h"
@@ -55,6 +56,25 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
 // AVX512-BF16 only: FormatKernels::gemm_bf16 for the block formats (weights dequantized
 // exactly, then rounded to bf16 with x).
 void gemm_bf16dot_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
+
+// AVX512-BF16 only: attention's products (matmul.h, attend_bf16). Keys [n, d] (rows ld
+// floats apart) pack as pack_b_pairs packs a weight: panels of 64 keys, words [(d + 1) / 2][64],
+// zero past n and d. Values [n, d] pack as words [pairs][dv], with n padded to whole panels
+// of 64 keys and dv = d rounded up to 16: word (p, j) holds V(2p, j) low and V(2p + 1, j) high.
+void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst);
+void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst);
+struct AttendArgs {
+  const float* q;
+  size_t ldq, rows;
+  const uint32_t *keys, *values;  // packed as above
+  size_t d, k0, k1;
+  float scale;
+  const float* mask;  // [rows, k1 - k0], rows ldm apart, or null
+  size_t ldm;
+  float* out;
+  size_t ldo;
+};
+void attend_bf16(const AttendArgs& a);
 
 extern const IsaKernels kScalarKernels;
 extern const IsaKernels kAvx2Kernels;

@@ -1,12 +1,17 @@
 // Scaled dot-product attention shared by every model (the Gemma 3 decoder's grouped-query
 // attention, the SigLIP encoder's full attention): query head h reads KV head
-// h / (nH / nKV); scores = q·k · scale + mask, softmax in f32, o = P·v. The two products
-// run on the matmul kernels (threaded there); softmax rows are threaded over the pool.
+// h / (nH / nKV); scores = q·k · scale + mask, softmax in f32, o = P·v. attention() runs the
+// two products at the Exec's precision: F32 exact, or Bf16 with q, k, v and P rounded to bf16
+// and f32 sums, as a bf16 checkpoint's attention runs in the reference (on AVX512-BF16 one
+// packed kernel per head and row piece, kernels/matmul.h attend_bf16; elsewhere the f32
+// kernels on rounded inputs, the same products). The decoder passes exact() (its KV cache and
+// decode rows are f32); the vision tower passes its precision (docs/gemma3/vision.md).
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "kernels/exec.h"
+#include "kernels/matmul.h"
 
 namespace vlm::nn {
 
@@ -30,6 +35,8 @@ class MaskTiles {
 struct AttnScratch {
   std::vector<float> scores, tile;
   std::vector<size_t> lo, hi;
+  std::vector<float> k_bf16, v_bf16;  // Bf16 without AVX512-BF16: rounded keys and values
+  std::vector<kernels::Bf16Kv> kv;     // Bf16 on AVX512-BF16: each KV head packed
 };
 
 // Lq queries q [Lq, nH, d] against Lk keys/values k/v [Lk, nKV, d]; mask null = every key
@@ -40,7 +47,8 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
                const AttnShape& s, float* out, AttnScratch& scratch, const kernels::Exec& ex);
 
 // One query token against n keys, all visible (a decode row): q [nH, d], k/v [n, nKV, d],
-// out [nH·d]. The query heads sharing a KV head go through the products together.
+// out [nH·d]. The query heads sharing a KV head go through the products together, in f32
+// whatever the Exec's precision (only the decoder decodes).
 void attention_decode(const float* q, const float* k, const float* v, size_t n, const AttnShape& s, float* out,
                       AttnScratch& scratch, const kernels::Exec& ex);
 

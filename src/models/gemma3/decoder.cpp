@@ -259,7 +259,7 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
       std::memcpy(c.value_slot(l, P + int64_t(i)), v + i * krow, bytes);
     }
     const SpecTiles tiles(*slot.mask, false, P, int(valid), 0);
-    nn::attention(q, rows, c.keys(l), c.values(l), size_t(P) + valid, &tiles, attn_, out, act.attn_work, ex_);
+    nn::attention(q, rows, c.keys(l), c.values(l), size_t(P) + valid, &tiles, attn_, out, act.attn_work, ex_.exact());
     return;
   }
   // Sliding layers: the W − 1 cached positions any new row can reach, in position order,
@@ -275,7 +275,7 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   std::memcpy(ck + size_t(m) * krow, k, valid * bytes);
   std::memcpy(cv + size_t(m) * krow, v, valid * bytes);
   const SpecTiles tiles(*slot.mask, true, P, int(valid), base);
-  nn::attention(q, rows, ck, cv, size_t(m) + valid, &tiles, attn_, out, act.attn_work, ex_);
+  nn::attention(q, rows, ck, cv, size_t(m) + valid, &tiles, attn_, out, act.attn_work, ex_.exact());
   for (int64_t i = std::max<int64_t>(0, int64_t(valid) - W); i < int64_t(valid); ++i) {
     std::memcpy(c.key_slot(l, P + i), k + size_t(i) * krow, bytes);
     std::memcpy(c.value_slot(l, P + i), v + size_t(i) * krow, bytes);

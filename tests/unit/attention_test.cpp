@@ -1,0 +1,170 @@
+// nn::attention against a plain float64 loop written from its definition (nn/attention.h):
+// softmax(q·kᵀ · scale + mask) · v per query head, with q, k, v and the probabilities
+// rounded to bf16 under Precision::Bf16. Shapes cover the vision tower's (d = 72, one KV head
+// per head) and the decoder's (d = 256, two query heads per KV head), key counts off the
+// 64-key panels, query rows across the 256-row blocks and the 24-row pieces, and masks with
+// empty rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "kernels/exec.h"
+#include "nn/attention.h"
+
+namespace vlm {
+namespace {
+
+using kernels::Exec;
+using kernels::Isa;
+using kernels::Precision;
+
+constexpr float kBlocked = std::numeric_limits<float>::lowest();
+
+// A dense [Lq, Lk] additive mask handed out as tiles.
+class DenseMask : public nn::MaskTiles {
+ public:
+  DenseMask(size_t lq, size_t lk, std::vector<float> m) : lq_(lq), lk_(lk), m_(std::move(m)) {}
+  void row_span(size_t q, size_t* lo, size_t* hi) const override {
+    *lo = lk_, *hi = 0;
+    for (size_t j = 0; j < lk_; ++j)
+      if (m_[q * lk_ + j] != kBlocked) *lo = std::min(*lo, j), *hi = j + 1;
+  }
+  void tile(size_t q0, size_t q1, size_t k0, size_t k1, float* out) const override {
+    for (size_t q = q0; q < q1; ++q)
+      for (size_t j = k0; j < k1; ++j) *out++ = m_[q * lk_ + j];
+  }
+  float at(size_t q, size_t j) const { return m_[q * lk_ + j]; }
+
+ private:
+  size_t lq_, lk_;
+  std::vector<float> m_;
+};
+
+struct Case {
+  size_t Lq, Lk, heads, kv_heads, d;
+};
+
+std::vector<float> random(size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// The definition in float64; bf16 rounds q, k, v and (in f32) the probabilities.
+std::vector<double> reference(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                              const std::vector<float>& v, const DenseMask* mask, float scale, bool bf16) {
+  auto in = [&](float x) { return double(bf16 ? round_bf16(x) : x); };
+  const size_t d = c.d, group = c.heads / c.kv_heads, qrow = c.heads * d, krow = c.kv_heads * d;
+  std::vector<double> out(c.Lq * qrow, 0.0), s(c.Lk);
+  for (size_t i = 0; i < c.Lq; ++i)
+    for (size_t h = 0; h < c.heads; ++h) {
+      const size_t g = h / group;
+      double mx = -INFINITY;
+      for (size_t j = 0; j < c.Lk; ++j) {
+        double dot = 0;
+        for (size_t t = 0; t < d; ++t) dot += in(q[i * qrow + h * d + t]) * in(k[j * krow + g * d + t]);
+        s[j] = float(dot) * scale + (mask ? mask->at(i, j) : 0.f);
+        if (mask && mask->at(i, j) == kBlocked) s[j] = -INFINITY;
+        mx = std::max(mx, s[j]);
+      }
+      if (mx == -INFINITY) continue;  // no visible key: zeros
+      double sum = 0;
+      for (size_t j = 0; j < c.Lk; ++j) sum += s[j] = std::exp(s[j] - mx);
+      for (size_t j = 0; j < c.Lk; ++j) {
+        const double p = bf16 ? double(round_bf16(float(s[j] / sum))) : s[j] / sum;
+        for (size_t t = 0; t < d; ++t) out[i * qrow + h * d + t] += p * in(v[j * krow + g * d + t]);
+      }
+    }
+  return out;
+}
+
+// Causal with `offset` cached keys, and every row in `empty` seeing nothing.
+DenseMask causal(size_t Lq, size_t Lk, std::vector<size_t> empty) {
+  std::vector<float> m(Lq * Lk, 0.f);
+  for (size_t i = 0; i < Lq; ++i)
+    for (size_t j = 0; j < Lk; ++j)
+      if (j > Lk - Lq + i || std::find(empty.begin(), empty.end(), i) != empty.end()) m[i * Lk + j] = kBlocked;
+  return DenseMask(Lq, Lk, std::move(m));
+}
+
+struct Errors {
+  double max = 0, frac_tight = 0;  // relative to max|ref|; share of cells within 1e-5 of it
+};
+
+Errors compare(const std::vector<float>& ours, const std::vector<double>& ref) {
+  double top = 0;
+  for (double r : ref) top = std::max(top, std::abs(r));
+  Errors e;
+  size_t tight = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::abs(double(ours[i]) - ref[i]) / top;
+    e.max = std::max(e.max, err);
+    tight += err <= 1e-5;
+  }
+  e.frac_tight = double(tight) / double(ref.size());
+  return e;
+}
+
+std::vector<float> run(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
+                       const std::vector<float>& v, const DenseMask* mask, float scale, const Exec& ex) {
+  std::vector<float> out(c.Lq * c.heads * c.d, 123.f);
+  nn::AttnScratch sc;
+  nn::attention(q.data(), c.Lq, k.data(), v.data(), c.Lk, mask, {c.heads, c.kv_heads, c.d, scale}, out.data(), sc, ex);
+  return out;
+}
+
+const Case kCases[] = {
+    {37, 100, 4, 4, 72},    // vision-like heads, keys off the panels
+    {300, 300, 2, 1, 256},  // decoder-like GQA, rows across a 256-row block
+    {5, 64, 3, 3, 16},      // one panel, fewer rows than a register tile
+};
+
+void check_paths(bool masked) {
+  ThreadPool pool(2);
+  std::mt19937 rng(7);
+  std::vector<std::pair<Isa, bool>> paths = {{Isa::Scalar, false}};
+  if (kernels::isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, false});
+  if (kernels::isa_supported(Isa::Avx512)) paths.push_back({Isa::Avx512, kernels::bf16_dot_supported()});
+  for (const Case& c : kCases) {
+    const auto q = random(c.Lq * c.heads * c.d, rng, 1.f);
+    const auto k = random(c.Lk * c.kv_heads * c.d, rng, 1.f);
+    const auto v = random(c.Lk * c.kv_heads * c.d, rng, 1.f);
+    const float scale = 1.f / std::sqrt(float(c.d));
+    const DenseMask mask = causal(c.Lq, c.Lk, {0, c.Lq / 2});
+    const DenseMask* m = masked ? &mask : nullptr;
+    const auto exact = reference(c, q, k, v, m, scale, false);
+    const auto rounded = reference(c, q, k, v, m, scale, true);
+    for (auto [isa, packed] : paths) {
+      SCOPED_TRACE(testing::Message() << "Lq " << c.Lq << " Lk " << c.Lk << " d " << c.d << " isa "
+                                      << kernels::isa_name(isa) << (packed ? " (attend_bf16)" : ""));
+      const Errors f32 = compare(run(c, q, k, v, m, scale, Exec(pool, isa, Precision::F32)), exact);
+      EXPECT_LT(f32.max, 1e-5);
+      const auto ours = run(c, q, k, v, m, scale, Exec(pool, isa, Precision::Bf16));
+      // A probability on a bf16 rounding boundary may round one step the other way (its f32
+      // value differs from the float64 one in the last bits): a few cells move by up to
+      // 2^-8 · p · |v|; the rest agree to f32 summation.
+      const Errors bf16 = compare(ours, rounded);
+      EXPECT_LT(bf16.max, 4e-3);
+      EXPECT_GT(bf16.frac_tight, 0.97) << "max " << bf16.max;
+      // ... and the rounding is there: the exact definition is far away.
+      EXPECT_GT(compare(ours, exact).max, 1e-3);
+      EXPECT_LT(compare(ours, exact).frac_tight, 0.5);
+      if (masked)  // rows with no visible key are zeros
+        for (size_t row : {size_t(0), c.Lq / 2})
+          for (size_t t = 0; t < c.heads * c.d; ++t) ASSERT_EQ(ours[row * c.heads * c.d + t], 0.f);
+    }
+  }
+}
+
+TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionUnmasked) { check_paths(false); }
+TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionMasked) { check_paths(true); }
+
+}  // namespace
+}  // namespace vlm
