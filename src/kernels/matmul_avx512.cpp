@@ -164,25 +164,46 @@ inline __m512bh load_bf16x32(const std::byte* p) {
   return reinterpret_cast<const __m512bh&>(v);
 }
 
-// M = 1: one weight row after the other (one sequential stream per thread), four sums.
+// The rest of row wr's dot product with x from column k on, given its two partial sums.
+inline float finish_row(const GemmArgs& a, const std::byte* wr, size_t k, __m512 c0, __m512 c1) {
+  for (; k + 32 <= a.K; k += 32) c0 = _mm512_dpbf16_ps(c0, load_bf16x32(a.xq + 2 * k), load_bf16x32(wr + 2 * k));
+  if (k < a.K) c1 = _mm512_dpbf16_ps(c1, load_bf16x32(a.xq + 2 * k), load_bf16_part(wr + 2 * k, a.K - k));
+  return _mm512_reduce_add_ps(_mm512_add_ps(c0, c1));
+}
+
+// M = 1: kStreams rows at a time, one from each of kStreams equal parts of the range, so a
+// thread keeps that many sequential streams in flight (with one, the step reached 52–61 % of
+// the bandwidth probe; with four 74–86 %; docs/gguf.md, "Decode streams"). Each x vector is
+// loaded once for all of them.
+constexpr int kStreams = 4;
 void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
-  const std::byte* x = a.xq;
-  for (size_t n = n0; n < n1; ++n) {
-    const std::byte* wr = a.w + n * a.ldw_bytes;
-    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-    size_t k = 0;
-    for (; k + 128 <= a.K; k += 128) {
-      c0 = _mm512_dpbf16_ps(c0, load_bf16x32(x + 2 * k), load_bf16x32(wr + 2 * k));
-      c1 = _mm512_dpbf16_ps(c1, load_bf16x32(x + 2 * k + 64), load_bf16x32(wr + 2 * k + 64));
-      c2 = _mm512_dpbf16_ps(c2, load_bf16x32(x + 2 * k + 128), load_bf16x32(wr + 2 * k + 128));
-      c3 = _mm512_dpbf16_ps(c3, load_bf16x32(x + 2 * k + 192), load_bf16x32(wr + 2 * k + 192));
+  const size_t part = (n1 - n0) / kStreams;
+  for (size_t i = 0; i < part; ++i) {
+    const std::byte* w[kStreams];
+    __m512 c[2][kStreams];
+    VLM_UNROLL
+    for (int j = 0; j < kStreams; ++j) {
+      w[j] = a.w + (n0 + j * part + i) * a.ldw_bytes;
+      c[0][j] = c[1][j] = _mm512_setzero_ps();
     }
-    for (; k + 32 <= a.K; k += 32) c0 = _mm512_dpbf16_ps(c0, load_bf16x32(x + 2 * k), load_bf16x32(wr + 2 * k));
-    if (k < a.K) c1 = _mm512_dpbf16_ps(c1, load_bf16x32(x + 2 * k), load_bf16_part(wr + 2 * k, a.K - k));
-    float v = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)));
-    if (a.bias) v += a.bias[n];
-    a.y[n] = v;
+    size_t k = 0;
+    for (; k + 64 <= a.K; k += 64) {
+      VLM_UNROLL
+      for (int h = 0; h < 2; ++h) {  // each x vector against every stream, then the next
+        const __m512bh xv = load_bf16x32(a.xq + 2 * k + 64 * h);
+        VLM_UNROLL
+        for (int j = 0; j < kStreams; ++j) c[h][j] = _mm512_dpbf16_ps(c[h][j], xv, load_bf16x32(w[j] + 2 * k + 64 * h));
+      }
+    }
+    VLM_UNROLL
+    for (int j = 0; j < kStreams; ++j) {
+      const size_t n = n0 + j * part + i;
+      a.y[n] = finish_row(a, w[j], k, c[0][j], c[1][j]) + (a.bias ? a.bias[n] : 0.f);
+    }
   }
+  for (size_t n = n0 + kStreams * part; n < n1; ++n)
+    a.y[n] = finish_row(a, a.w + n * a.ldw_bytes, 0, _mm512_setzero_ps(), _mm512_setzero_ps()) +
+             (a.bias ? a.bias[n] : 0.f);
 }
 
 // RM activation rows × RN weight rows, each weight vector meeting every row.

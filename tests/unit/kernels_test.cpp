@@ -185,7 +185,7 @@ TEST(Matmul, Bf16DotPathRoundsXOnly) {
   const Shape shapes[] = {{33, 70, 45},  {40, 1, 1},   {37, 65, 17},  {50, 130, 256}, {45, 64, 257},
                           {100, 520, 600}, {64, 17, 31}, {200, 96, 33}, {1, 37, 45},   {1, 300, 1000},
                           {1, 9, 7},     {2, 5, 1},    {3, 19, 129},  {4, 130, 256},  {7, 66, 300},
-                          {8, 70, 2560}, {32, 21, 95}};
+                          {8, 70, 2560}, {32, 21, 95}, {1, 1027, 130}};
   for (const Shape& s : shapes) {
     const StoredWeight w = make_weight(DType::BF16, s.N, s.K, rng);
     const auto x = random_vec(s.M * s.K, rng);
