@@ -154,7 +154,7 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
   for (GgmlType t : kBlockTypes) {
     const size_t be = size_t(ggml_traits(t).block_elems);
     for (size_t K : {be, 3 * be, (be == 32 ? 13 : 3) * be})
-      for (size_t N : {1, 7, 33})
+      for (size_t N : {1, 7, 33, 300})
         for (size_t M : {1, 2, 3, 5, 8}) {  // 4-row groups and every remainder
           const std::vector<std::byte> wb = random_rows(t, N, K, rng);
           std::vector<float> wf(N * K), x(M * K), xq(M * K), bound(M * N, 0.f);
