@@ -159,12 +159,14 @@ const float* rounded_x(const GemmArgs& a) {
 
 // x rows as bf16 (nearest even) in a.xq, each padded with zeros to whole 64-byte vectors,
 // in a per-thread buffer (FormatKernels::dot_bf16 and gemm_bf16): converted once per call,
-// rows spread over the pool.
+// rows spread over the pool. x starts at the weights' offset within a 64-byte line (to a
+// multiple of 4 bytes), so the dot kernels can load whole lines of both (aligning_lead).
 void bf16_x(GemmArgs& a, ThreadPool& pool) {
   thread_local std::vector<uint16_t> buf;
   const size_t ld = (a.K + 31) / 32 * 32;
-  buf.resize(a.M * ld);
-  uint16_t* out = buf.data();
+  buf.resize(a.M * ld + 64);
+  const uintptr_t line = (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63);
+  uint16_t* out = reinterpret_cast<uint16_t*>(line + (reinterpret_cast<uintptr_t>(a.w) & 60));
   pool.parallel_for(a.M, [&](size_t m0, size_t m1) {
     for (size_t m = m0; m < m1; ++m) {
       for (size_t k = 0; k < a.K; ++k) out[m * ld + k] = f32_to_bf16(a.x[m * a.ldx + k]);

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -213,6 +214,33 @@ TEST(Matmul, Bf16DotPathRoundsXOnly) {
         differ += y[m * s.N + n] != y_exact[m * s.N + n];
       }
     if (s.K > 1) EXPECT_GT(differ, 0u) << what << ": the bf16-dot path was not taken";
+  }
+}
+
+// The M = 1 bf16 dot peels the values before the weights' first 64-byte line boundary and
+// places x at the same offset (aligning_lead, bf16_x): the same products at every offset a
+// tensor can sit at in a file, including ones with no whole line in a short row.
+TEST(Matmul, Bf16DotAtEveryWeightOffset) {
+  if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  ThreadPool pool(2);
+  const Exec dot(pool, Isa::Avx512, Precision::Bf16);
+  std::mt19937 rng(13);
+  for (size_t K : {32, 96, 2560}) {
+    const size_t N = 300;
+    const StoredWeight w = make_weight(DType::BF16, N, K, rng);
+    const auto x = random_vec(K, rng);
+    std::vector<float> xr(K);
+    for (size_t k = 0; k < K; ++k) xr[k] = round_bf16(x[k]);
+    std::vector<std::byte> buf(w.bytes.size() + 128);
+    const uintptr_t line = (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63);
+    for (size_t off : {0, 2, 4, 16, 34, 48, 62}) {
+      auto* p = reinterpret_cast<std::byte*>(line + off);
+      std::memcpy(p, w.bytes.data(), w.bytes.size());
+      std::vector<float> y(N, NAN);
+      matmul(x.data(), 1, Weight{p, DType::BF16, N, K}, y.data(), dot);
+      expect_close(y.data(), N, xr.data(), K, 1, w.values, N, K, false, nullptr,
+                   "K=" + std::to_string(K) + " offset " + std::to_string(off));
+    }
   }
 }
 
