@@ -342,18 +342,22 @@ double fma_loop(size_t iters) {
   return 2.0 * double(iters) * N * S::W;
 }
 
+// Reads n floats (a multiple of 4 vectors) from each of `streams` streams `stride` floats apart,
+// four vectors of each in turn: the bandwidth probe's loop, in the shapes the decode kernels
+// read (dot_bf16_row1: four streams in lockstep).
 template <class S>
-float read_loop(const float* p, size_t n) {
+float read_loop(const float* p, size_t n, size_t streams, size_t stride) {
   using V = typename S::V;
   constexpr size_t W = S::W;
   V s0 = S::zero(), s1 = s0, s2 = s0, s3 = s0;
-  size_t i = 0;
-  for (; i + 4 * W <= n; i += 4 * W) {
-    s0 = S::add(s0, S::load(p + i));
-    s1 = S::add(s1, S::load(p + i + W));
-    s2 = S::add(s2, S::load(p + i + 2 * W));
-    s3 = S::add(s3, S::load(p + i + 3 * W));
-  }
+  for (size_t i = 0; i + 4 * W <= n; i += 4 * W)
+    for (size_t j = 0; j < streams; ++j) {
+      const float* q = p + j * stride + i;
+      s0 = S::add(s0, S::load(q));
+      s1 = S::add(s1, S::load(q + W));
+      s2 = S::add(s2, S::load(q + 2 * W));
+      s3 = S::add(s3, S::load(q + 3 * W));
+    }
   return S::hsum(S::add(S::add(s0, s1), S::add(s2, s3)));
 }
 

@@ -45,8 +45,9 @@ struct IsaKernels {
   size_t pack_floats;  // scratch size for gemm
   // A register-resident FMA loop (the roofline's compute peak); returns FLOPs done.
   double (*fma_loop)(size_t iters);
-  // Reads n floats with the widest loads, four independent sums (the bandwidth probe).
-  float (*read_loop)(const float* p, size_t n);
+  // Reads n floats from each of `streams` streams `stride` floats apart, in lockstep, with the
+  // widest loads and four independent sums (the bandwidth probe).
+  float (*read_loop)(const float* p, size_t n, size_t streams, size_t stride);
 };
 
 // AVX512-BF16 only: a register-resident vdpbf16ps loop (the bf16 dot peak); FLOPs done.
