@@ -17,7 +17,7 @@
 namespace vlm {
 
 // Bump when canonical names or the meaning of a field change.
-constexpr int kIdentityLayoutVersion = 3;  // 3: the precision field
+constexpr int kIdentityLayoutVersion = 4;  // 3: the precision field; 4: bf16 covers vision attention
 
 struct Identity {
   std::vector<std::pair<std::string, std::string>> fields;  // in a fixed order

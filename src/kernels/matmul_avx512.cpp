@@ -2,6 +2,7 @@
 // AVX512-BF16 path of Precision::Bf16 (vdpbf16ps on bf16 pairs): the GEMM and dot kernels for
 // bf16 weights, and the GEMM for block-quantized weights dequantized into it.
 #include <algorithm>
+#include <type_traits>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -217,9 +218,9 @@ void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
              (a.bias ? a.bias[n] : 0.f);
 }
 
-// RM activation rows × RN weight rows, each weight vector meeting every row.
+// RM activation rows × RN weight rows n0, n0 + stride, …, each weight vector meeting every row.
 template <int RM, int RN>
-void dot_bf16_tile(const GemmArgs& a, size_t m0, size_t n0) {
+void dot_bf16_tile(const GemmArgs& a, size_t m0, size_t n0, size_t stride) {
   __m512 acc[RM][RN];
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
@@ -228,7 +229,7 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, size_t n0) {
   }
   const std::byte* wr[RN];
   VLM_UNROLL
-  for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r) * a.ldw_bytes;
+  for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r * stride) * a.ldw_bytes;
   auto step = [&](size_t k, auto load_w) {
     __m512bh wv[RN];
     VLM_UNROLL
@@ -252,35 +253,41 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, size_t n0) {
     VLM_UNROLL
     for (int r = 0; r < RN; ++r) {
       float v = _mm512_reduce_add_ps(acc[m][r]);
-      if (a.bias) v += a.bias[n0 + r];
-      a.y[(m0 + m) * a.ldy + n0 + r] = v;
+      if (a.bias) v += a.bias[n0 + r * stride];
+      a.y[(m0 + m) * a.ldy + n0 + r * stride] = v;
     }
   }
 }
 
-template <int RM>
-void dot_bf16_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
-  size_t n = n0;
-  for (; n + 4 <= n1; n += 4) dot_bf16_tile<RM, 4>(a, m0, n);
-  for (; n < n1; ++n) dot_bf16_tile<RM, 1>(a, m0, n);
+// fn(std::integral_constant<int, RM>(), m0) for each group of up to four activation rows.
+template <class Fn>
+void row_groups(size_t M, Fn fn) {
+  size_t m = 0;
+  for (; m + 4 <= M; m += 4) fn(std::integral_constant<int, 4>(), m);
+  switch (M - m) {
+    case 3: fn(std::integral_constant<int, 3>(), m); break;
+    case 2: fn(std::integral_constant<int, 2>(), m); break;
+    case 1: fn(std::integral_constant<int, 1>(), m); break;
+    default: break;
+  }
 }
 
-// Weight rows in slices that stay in L2 while every group of four x rows meets them, as in
-// the widening path's dot_typed.
+// M = 2..32: tiles of four activation rows × kStreams weight rows, one from each of kStreams
+// parts of the range (kStreams streams per thread, as at M = 1: batched decode ×8 +11 %),
+// in slices of the parts that stay in L2 while every group of activation rows meets them.
 void dot_bf16dot(const GemmArgs& a, size_t n0, size_t n1) {
   if (a.M == 1) return dot_bf16_row1(a, n0, n1);
-  const size_t slice = std::max<size_t>(1, (size_t(128) << 10) / (2 * a.K));
-  for (size_t s = n0; s < n1; s += slice) {
-    const size_t e = std::min(n1, s + slice);
-    size_t m = 0;
-    for (; m + 4 <= a.M; m += 4) dot_bf16_rows<4>(a, m, s, e);
-    switch (a.M - m) {
-      case 3: dot_bf16_rows<3>(a, m, s, e); break;
-      case 2: dot_bf16_rows<2>(a, m, s, e); break;
-      case 1: dot_bf16_rows<1>(a, m, s, e); break;
-      default: break;
-    }
+  const size_t part = (n1 - n0) / kStreams;
+  const size_t slice = std::max<size_t>(1, (size_t(128) << 10) / (2 * a.K * kStreams));
+  for (size_t s = 0; s < part; s += slice) {
+    const size_t e = std::min(part, s + slice);
+    row_groups(a.M, [&](auto rm, size_t m) {
+      for (size_t i = s; i < e; ++i) dot_bf16_tile<rm, kStreams>(a, m, n0 + i, part);
+    });
   }
+  row_groups(a.M, [&](auto rm, size_t m) {
+    for (size_t n = n0 + kStreams * part; n < n1; ++n) dot_bf16_tile<rm, 1>(a, m, n, 1);
+  });
 }
 
 }  // namespace
