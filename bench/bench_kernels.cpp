@@ -26,6 +26,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/roofline.h"
+#include "nn/attention.h"
 
 using namespace vlm;
 using namespace vlm::kernels;
@@ -104,10 +105,13 @@ int decode_profile(const char* dir, int context, int steps) {
   }
   const Weight head = as_weight(ck.lm_head());
   std::vector<float> x(H, 0.01f), a(H), q(nH * d), kk(nKV * d), vv(nKV * d), att(nH * d), g(I), u(I),
-      logits(head.rows), norm_w(std::max(H, d), 0.1f), sc(L);
-  // A KV cache of L positions per layer (f32, as the decoder keeps it), random-ish values.
-  std::vector<float> kc(L * nKV * d), vc(L * nKV * d);
+      logits(head.rows), norm_w(std::max(H, d), 0.1f);
+  // A KV cache of L positions for every layer (f32, as the decoder keeps it), random-ish values.
+  const size_t cache = L * nKV * d;
+  std::vector<float> kc(layers.size() * cache), vc(kc.size());
   for (size_t i = 0; i < kc.size(); ++i) kc[i] = vc[i] = float(i % 97) * 1e-3f;
+  const nn::AttnShape shape{nH, nKV, d, 0.0625f};
+  nn::AttnScratch scratch;
   enum Op { Norms, QKV, Attn, O, GateUp, Down, Head, kOps };
   const char* names[kOps] = {"norms", "q/k/v", "attention", "o", "gate/up", "down", "head"};
   double bytes[kOps] = {}, best[kOps];
@@ -130,7 +134,8 @@ int decode_profile(const char* dir, int context, int steps) {
       f();
       t[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     };
-    for (const Layer& ly : layers) {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const Layer& ly = layers[l];
       timed(Norms, [&] { rms_norm(x.data(), norm_w.data(), a.data(), 1, H, 1e-6f, ex.isa); });
       timed(QKV, [&] {
         matmul(a.data(), 1, ly.q, q.data(), ex);
@@ -142,14 +147,8 @@ int decode_profile(const char* dir, int context, int steps) {
         rms_norm(kk.data(), norm_w.data(), kk.data(), nKV, d, 1e-6f, ex.isa);
       });
       timed(Attn, [&] {
-        for (size_t h = 0; h < nH; ++h) {
-          const size_t gq = h / (nH / nKV);
-          matmul_strided(q.data() + h * d, d, 1, f32_weight(kc.data() + gq * d, L, d, nKV * d), Layout::NK,
-                         nullptr, sc.data(), L, ex);
-          softmax(sc.data(), L, ex.isa);
-          matmul_strided(sc.data(), L, 1, f32_weight(vc.data() + gq * d, L, d, nKV * d), Layout::KN, nullptr,
-                         att.data() + h * d, d, ex);
-        }
+        const nn::DecodeRow row{q.data(), kc.data() + l * cache, vc.data() + l * cache, L, att.data()};
+        nn::attention_decode({&row, 1}, shape, scratch, ex);
       });
       timed(O, [&] { matmul(att.data(), 1, ly.o, a.data(), ex); });
       timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), 1, H, 1e-6f, ex.isa); });

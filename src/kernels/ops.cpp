@@ -39,6 +39,11 @@ void gelu_tanh_mul(float* gate, const float* up, size_t n, Isa isa) {
 
 void softmax(float* x, size_t n, Isa isa) { ops(isa).softmax(x, n); }
 
+void attend_chunk(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride, size_t n,
+                  size_t d, float scale, float* p, float* m, float* l, float* o, Isa isa) {
+  ops(isa).attend_chunk(q, H, G, k, v, stride, n, d, scale, p, m, l, o);
+}
+
 void rope_rotate_half(float* x, size_t heads, size_t d, const float* cos, const float* sin) {
   const size_t half = d / 2;
   for (size_t h = 0; h < heads; ++h) {

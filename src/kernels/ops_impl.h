@@ -18,6 +18,8 @@ struct OpsKernels {
   void (*gelu_tanh)(float* x, size_t n);
   void (*gelu_tanh_mul)(float* gate, const float* up, size_t n);
   void (*softmax)(float* x, size_t n);
+  void (*attend_chunk)(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride,
+                       size_t n, size_t d, float scale, float* p, float* m, float* l, float* o);
 };
 extern const OpsKernels kScalarOps;
 extern const OpsKernels kAvx2Ops;
@@ -100,19 +102,19 @@ void gelu_mul_k(float* g, const float* u, size_t n) {
                   n - i);
 }
 
+// x ← e^(x − max x) in place; returns Σ, *mx the max (0 for an all −inf row, whose
+// (−inf) − (−inf) would be NaN: shifted by 0 it gives zeros).
 template <class S>
-void softmax_k(float* x, size_t n) {
+float exp_shifted(float* x, size_t n, float* mx) {
   using V = typename S::V;
-  if (n == 0) return;
   const float ninf = -INFINITY;
   V vm = S::set1(ninf);
   size_t i = 0;
   for (; i + S::W <= n; i += S::W) vm = S::max(vm, S::load(x + i));
   if (i < n) vm = S::max(vm, load_part<S>(x + i, n - i, ninf));
-  float mx = S::hmax(vm);
-  // An all −inf row would give (−inf) − (−inf) = NaN; shift by 0 instead (all zeros out).
-  if (mx == ninf) mx = 0.f;
-  const V m = S::set1(mx);
+  *mx = S::hmax(vm);
+  if (*mx == ninf) *mx = 0.f;
+  const V m = S::set1(*mx);
   V vs = S::zero();
   for (i = 0; i + S::W <= n; i += S::W) {
     const V e = exp_v<S>(S::sub(S::load(x + i), m));
@@ -124,11 +126,21 @@ void softmax_k(float* x, size_t n) {
     store_part<S>(x + i, e, n - i);
     vs = S::add(vs, e);
   }
-  const float sum = S::hsum(vs);
+  return S::hsum(vs);
+}
+
+template <class S>
+void softmax_k(float* x, size_t n) {
+  using V = typename S::V;
+  if (n == 0) return;
+  float mx;
+  const float sum = exp_shifted<S>(x, n, &mx);
   const V inv = S::set1(sum > 0.f ? 1.f / sum : 0.f);
-  for (i = 0; i + S::W <= n; i += S::W) S::store(x + i, S::mul(S::load(x + i), inv));
+  size_t i = 0;
+  for (; i + S::W <= n; i += S::W) S::store(x + i, S::mul(S::load(x + i), inv));
   if (i < n) store_part<S>(x + i, S::mul(load_part<S>(x + i, n - i), inv), n - i);
 }
+
 
 // Σ (v[i] − c) and Σ (v[i] − c)² over one row, in f32 lanes.
 template <class S>
@@ -208,9 +220,81 @@ void layer_norm_k(const float* x, const float* g, const float* b, float* y, size
   }
 }
 
+// p[g·pn + t] = q_g·k_t · scale for NG query heads (rows d apart) and NT key rows (`stride`
+// apart): each load serves NG or NT products, and NG·NT sums are in flight.
+template <class S, int NG, int NT>
+inline void chunk_dots(const float* q, const float* k, size_t stride, size_t d, float scale, float* p, size_t pn) {
+  using V = typename S::V;
+  V a[NT][NG];
+  VLM_UNROLL for (int t = 0; t < NT; ++t) VLM_UNROLL for (int g = 0; g < NG; ++g) a[t][g] = S::zero();
+  for (size_t i = 0; i < d; i += S::W) {
+    const size_t w = d - i < size_t(S::W) ? d - i : 0;  // a partial last vector
+    V x[NT];
+    VLM_UNROLL for (int t = 0; t < NT; ++t) x[t] = w ? load_part<S>(k + t * stride + i, w) : S::load(k + t * stride + i);
+    VLM_UNROLL for (int g = 0; g < NG; ++g) {
+      const V qg = w ? load_part<S>(q + g * d + i, w) : S::load(q + g * d + i);
+      VLM_UNROLL for (int t = 0; t < NT; ++t) a[t][g] = S::fma(qg, x[t], a[t][g]);
+    }
+  }
+  VLM_UNROLL for (int t = 0; t < NT; ++t) VLM_UNROLL for (int g = 0; g < NG; ++g) p[g * pn + t] = S::hsum(a[t][g]) * scale;
+}
+
+// o[g, c] = Σ_t p[g·pn + t]·v[t, c] for NG heads and the NV·W columns at v/o (rows of o d
+// apart): each value load serves NG heads, NG·NV sums stay in registers.
+template <class S, int NG, int NV>
+void chunk_values(const float* p, size_t pn, const float* v, size_t stride, size_t n, float* o, size_t d) {
+  using V = typename S::V;
+  V acc[NG][NV];
+  VLM_UNROLL for (int g = 0; g < NG; ++g) VLM_UNROLL for (int j = 0; j < NV; ++j) acc[g][j] = S::zero();
+  for (size_t t = 0; t < n; ++t) {
+    V x[NV];
+    VLM_UNROLL for (int j = 0; j < NV; ++j) x[j] = S::load(v + t * stride + j * S::W);
+    VLM_UNROLL for (int g = 0; g < NG; ++g) {
+      const V e = S::set1(p[g * pn + t]);
+      VLM_UNROLL for (int j = 0; j < NV; ++j) acc[g][j] = S::fma(e, x[j], acc[g][j]);
+    }
+  }
+  VLM_UNROLL for (int g = 0; g < NG; ++g) VLM_UNROLL for (int j = 0; j < NV; ++j) S::store(o + g * d + j * S::W, acc[g][j]);
+}
+
+// attend_chunk for NG query heads that share the KV head at k/v.
+template <class S, int NG>
+void chunk_heads(const float* q, const float* k, const float* v, size_t stride, size_t n, size_t d, float scale,
+                 float* p, float* m, float* l, float* o) {
+  constexpr int NV = S::W >= 16 ? 8 : 4;  // NG·NV sums and NV values fit the registers
+  size_t t = 0;
+  for (; t + 4 <= n; t += 4) chunk_dots<S, NG, 4>(q, k + t * stride, stride, d, scale, p + t, n);
+  for (; t < n; ++t) chunk_dots<S, NG, 1>(q, k + t * stride, stride, d, scale, p + t, n);
+  for (int g = 0; g < NG; ++g) l[g] = exp_shifted<S>(p + g * n, n, m + g);
+  size_t c = 0;
+  for (; c + NV * S::W <= d; c += NV * S::W) chunk_values<S, NG, NV>(p, n, v + c, stride, n, o + c, d);
+  for (; c + S::W <= d; c += S::W) chunk_values<S, NG, 1>(p, n, v + c, stride, n, o + c, d);
+  for (; c < d; ++c)
+    for (int g = 0; g < NG; ++g) {
+      float sum = 0.f;
+      for (size_t j = 0; j < n; ++j) sum += p[g * n + j] * v[j * stride + c];
+      o[g * d + c] = sum;
+    }
+}
+
+template <class S>
+void attend_chunk_k(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride, size_t n,
+                    size_t d, float scale, float* p, float* m, float* l, float* o) {
+  // Query heads in pairs that share a KV head (the chunk's keys and values stay in L2 across
+  // the pairs).
+  for (size_t h = 0; h < H;) {
+    const size_t kv = h / G * d;
+    const bool two = h + 1 < H && (h + 1) / G == h / G;
+    if (two) chunk_heads<S, 2>(q + h * d, k + kv, v + kv, stride, n, d, scale, p + h * n, m + h, l + h, o + h * d);
+    else chunk_heads<S, 1>(q + h * d, k + kv, v + kv, stride, n, d, scale, p + h * n, m + h, l + h, o + h * d);
+    h += two ? 2 : 1;
+  }
+}
+
 template <class S>
 constexpr OpsKernels make_ops() {
-  return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>};
+  return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>,
+                    &attend_chunk_k<S>};
 }
 
 }  // namespace vlm::kernels::detail

@@ -1,6 +1,7 @@
 #include "nn/attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -12,6 +13,9 @@ namespace vlm::nn {
 namespace {
 constexpr size_t kRowBlock = 256;  // query rows per score block: caps the work rows at 256 × Lk
 constexpr size_t kBf16Rows = 24;   // query rows of one attend_bf16 call: its scores stay in L2
+// Positions per decode task: the 4B's chunk of keys and values (2 × 256 KiB) stays in L2, and
+// a 512-key decode gives 8 tasks to spread over the threads.
+constexpr size_t kDecodeChunk = 64;
 
 // Grows v to at least n elements; never shrinks, so a warm buffer is reused as is.
 template <class T>
@@ -131,49 +135,65 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
   });
 }
 
-void attention_decode(const float* q, const float* k, const float* v, size_t n, const AttnShape& s, float* out,
-                      AttnScratch& sc, const kernels::Exec& exec) {
-  const kernels::Exec ex = exec.exact();  // activations times activations: f32 (kernels/exec.h)
-  ThreadPool& pool = ex.threads();
-  using kernels::Layout;
-  const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads, krow = s.n_kv_heads * d;
-  ensure(sc.scores, s.n_heads * n);
-  float* scores = sc.scores.data();
-  // The `group` query heads sharing KV head g are adjacent rows of q and of out.
-  for (size_t g = 0; g < s.n_kv_heads; ++g) {
-    const kernels::Weight K = kernels::f32_weight(k + g * d, n, d, krow);
-    float* p = scores + g * group * n;
-    kernels::matmul_strided(q + g * group * d, d, group, K, Layout::NK, nullptr, p, n, ex);
-    for (size_t i = 0; i < group; ++i) {
-      float* row = p + i * n;
-      for (size_t j = 0; j < n; ++j) row[j] *= s.scale;
-      kernels::softmax(row, n, ex.isa);
+void reserve_decode(AttnScratch& sc, const AttnShape& s, size_t rows, size_t max_keys) {
+  const size_t tasks = rows * ((max_keys + kDecodeChunk - 1) / kDecodeChunk);
+  sc.tasks.reserve(tasks);
+  ensure(sc.scores, tasks * s.n_heads * kDecodeChunk);
+  ensure(sc.part, tasks * s.n_heads * (s.head_dim + 2));
+}
+
+void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnScratch& sc, const kernels::Exec& ex) {
+  const size_t d = s.head_dim, H = s.n_heads;
+  sc.tasks.clear();  // a row's chunks are adjacent, for the merge
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (size_t t0 = 0; t0 < rows[r].n; t0 += kDecodeChunk) sc.tasks.push_back({r, t0});
+  const size_t part = H * (d + 2);  // per task: m[H], l[H], o[H, d]
+  ensure(sc.scores, sc.tasks.size() * H * kDecodeChunk);
+  ensure(sc.part, sc.tasks.size() * part);
+  struct Job {
+    const DecodeRow* rows;
+    const DecodeTask* tasks;
+    float *p, *part;
+    size_t H, G, d, krow, part_size;
+    float scale;
+    kernels::Isa isa;
+  } job{rows.data(), sc.tasks.data(), sc.scores.data(), sc.part.data(), H, H / s.n_kv_heads, d,
+        s.n_kv_heads * d, part, s.scale, ex.isa};
+  // The loop body sees one small struct, so handing it to the pool allocates nothing.
+  ex.threads().parallel_for(sc.tasks.size(), [&job](size_t i0, size_t i1) {
+    const Job& j = job;
+    for (size_t i = i0; i < i1; ++i) {
+      const DecodeTask& t = j.tasks[i];
+      const DecodeRow& r = j.rows[t.row];
+      const size_t n = std::min(r.n - t.t0, kDecodeChunk);
+      float* out = j.part + i * j.part_size;
+      kernels::attend_chunk(r.q, j.H, j.G, r.k + t.t0 * j.krow, r.v + t.t0 * j.krow, j.krow, n, j.d, j.scale,
+                            j.p + i * j.H * kDecodeChunk, out, out + j.H, out + 2 * j.H, j.isa);
     }
-  }
-  // o = P·v for every head, columns of each head split over the pool. The loop body sees
-  // one small struct, so handing it to the pool allocates nothing.
-  struct Pv {
-    const float *p, *v;
-    float* out;
-    size_t n, d, group, heads, krow;
-  } job{scores, v, out, n, d, group, s.n_heads, krow};
-  pool.parallel_for(s.n_heads * d, [&job](size_t c0, size_t c1) {
-    const Pv& j = job;
-    for (size_t c = c0; c < c1;) {  // one head's column range at a time
-      const size_t h = c / j.d, c_end = std::min(c1, (h + 1) * j.d), off = c - h * j.d;
-      const float* p = j.p + h * j.n;
-      const float* vh = j.v + (h / j.group) * j.d + off;
-      float* o = j.out + c;
-      const size_t w = c_end - c;
-      std::fill(o, o + w, 0.f);
-      for (size_t t = 0; t < j.n; ++t) {
-        const float pt = p[t];
-        const float* vt = vh + t * j.krow;
-        for (size_t x = 0; x < w; ++x) o[x] += pt * vt[x];
+  }, 1);
+  // Each head's softmax over all keys from its chunks: Σ_c e^(m_c − M)·o_c / Σ_c e^(m_c − M)·l_c.
+  for (size_t i = 0; i < sc.tasks.size();) {
+    const size_t row = sc.tasks[i].row;
+    size_t e = i + 1;
+    while (e < sc.tasks.size() && sc.tasks[e].row == row) ++e;
+    for (size_t h = 0; h < H; ++h) {
+      float M = -INFINITY;
+      for (size_t c = i; c < e; ++c) M = std::max(M, sc.part[c * part + h]);
+      float* o = rows[row].out + h * d;
+      std::fill(o, o + d, 0.f);
+      float L = 0.f;
+      for (size_t c = i; c < e; ++c) {
+        const float* pc = sc.part.data() + c * part;
+        const float w = std::exp(pc[h] - M);  // 1 exactly for the chunk holding the max
+        L += w * pc[H + h];
+        const float* oc = pc + 2 * H + h * d;
+        for (size_t x = 0; x < d; ++x) o[x] += w * oc[x];
       }
-      c = c_end;
+      const float inv = 1.f / L;
+      for (size_t x = 0; x < d; ++x) o[x] *= inv;
     }
-  });
+    i = e;
+  }
 }
 
 }  // namespace vlm::nn

@@ -8,6 +8,7 @@
 // decode rows are f32); the vision tower passes its precision (docs/gemma3/vision.md).
 #pragma once
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "kernels/exec.h"
@@ -31,12 +32,26 @@ class MaskTiles {
   virtual void tile(size_t q0, size_t q1, size_t k0, size_t k1, float* out) const = 0;
 };
 
+// One decode row: a single query token q [nH, d] against its own sequence's n keys and
+// values k/v [n, nKV, d], all visible; out [nH·d].
+struct DecodeRow {
+  const float* q;
+  const float *k, *v;
+  size_t n;
+  float* out;
+};
+struct DecodeTask {
+  size_t row, t0;  // a row's chunk of keys from t0
+};
+
 // Work rows of attention(), kept by the caller between calls (they only grow).
 struct AttnScratch {
   std::vector<float> scores, tile;
   std::vector<size_t> lo, hi;
   std::vector<float> k_bf16, v_bf16;  // Bf16 without AVX512-BF16: rounded keys and values
   std::vector<kernels::Bf16Kv> kv;     // Bf16 on AVX512-BF16: each KV head packed
+  std::vector<DecodeTask> tasks;       // attention_decode: its pieces of work
+  std::vector<float> part;             // attention_decode: each piece's unnormalized result
 };
 
 // Lq queries q [Lq, nH, d] against Lk keys/values k/v [Lk, nKV, d]; mask null = every key
@@ -46,10 +61,13 @@ struct AttnScratch {
 void attention(const float* q, size_t Lq, const float* k, const float* v, size_t Lk, const MaskTiles* mask,
                const AttnShape& s, float* out, AttnScratch& scratch, const kernels::Exec& ex);
 
-// One query token against n keys, all visible (a decode row): q [nH, d], k/v [n, nKV, d],
-// out [nH·d]. The query heads sharing a KV head go through the products together, in f32
-// whatever the Exec's precision (only the decoder decodes).
-void attention_decode(const float* q, const float* k, const float* v, size_t n, const AttnShape& s, float* out,
-                      AttnScratch& scratch, const kernels::Exec& ex);
+// The attention of every decode row of a step at once, in f32 whatever the Exec's precision
+// (only the decoder decodes, from its f32 cache): chunks of each row's keys spread over the
+// pool, each key and value row read once for every head (kernels/ops.h attend_chunk), then
+// each head's chunks merged.
+void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnScratch& scratch,
+                      const kernels::Exec& ex);
+// Sizes scratch for attention_decode of up to `rows` rows over up to max_keys keys each.
+void reserve_decode(AttnScratch& scratch, const AttnShape& s, size_t rows, size_t max_keys);
 
 }  // namespace vlm::nn

@@ -3,7 +3,7 @@
 // rounded to bf16 under Precision::Bf16. Shapes cover the vision tower's (d = 72, one KV head
 // per head) and the decoder's (d = 256, two query heads per KV head), key counts off the
 // 64-key panels, query rows across the 256-row blocks and the 24-row pieces, and masks with
-// empty rows.
+// empty rows. nn::attention_decode against the same definition, one query row per sequence.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -165,6 +165,45 @@ void check_paths(bool masked) {
 
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionUnmasked) { check_paths(false); }
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionMasked) { check_paths(true); }
+
+// attention_decode: several rows of one step, each against its own cache, with key counts
+// inside one 256-key chunk, on its edge and across three (the merge), in f32 on every path.
+TEST(Attention, DecodeRowsMatchTheDefinitionOnEveryPath) {
+  ThreadPool pool(2);
+  std::mt19937 rng(11);
+  std::vector<Isa> paths = {Isa::Scalar};
+  if (kernels::isa_supported(Isa::Avx2)) paths.push_back(Isa::Avx2);
+  if (kernels::isa_supported(Isa::Avx512)) paths.push_back(Isa::Avx512);
+  struct Shape {
+    size_t heads, kv_heads, d;
+  };
+  const Shape shapes[] = {{8, 4, 256}, {4, 1, 256}, {6, 2, 72}, {3, 3, 20}};
+  const size_t lengths[] = {1, 37, 256, 257, 700};
+  for (const Shape& sh : shapes) {
+    const float scale = 1.f / std::sqrt(float(sh.d));
+    const nn::AttnShape shape{sh.heads, sh.kv_heads, sh.d, scale};
+    std::vector<std::vector<float>> q, k, v;
+    std::vector<std::vector<double>> want;
+    for (size_t n : lengths) {
+      q.push_back(random(sh.heads * sh.d, rng, 1.f));
+      k.push_back(random(n * sh.kv_heads * sh.d, rng, 1.f));
+      v.push_back(random(n * sh.kv_heads * sh.d, rng, 1.f));
+      want.push_back(reference({1, n, sh.heads, sh.kv_heads, sh.d}, q.back(), k.back(), v.back(), nullptr, scale, false));
+    }
+    for (Isa isa : paths) {
+      SCOPED_TRACE(testing::Message() << "heads " << sh.heads << "/" << sh.kv_heads << " d " << sh.d << " isa "
+                                      << kernels::isa_name(isa));
+      std::vector<std::vector<float>> out(std::size(lengths), std::vector<float>(sh.heads * sh.d, 123.f));
+      std::vector<nn::DecodeRow> rows;
+      for (size_t r = 0; r < std::size(lengths); ++r)
+        rows.push_back({q[r].data(), k[r].data(), v[r].data(), lengths[r], out[r].data()});
+      nn::AttnScratch sc;
+      nn::attention_decode(rows, shape, sc, Exec(pool, isa, Precision::Bf16));  // f32 whatever the precision
+      for (size_t r = 0; r < std::size(lengths); ++r)
+        EXPECT_LT(compare(out[r], want[r]).max, 5e-6) << "keys " << lengths[r];
+    }
+  }
+}
 
 }  // namespace
 }  // namespace vlm

@@ -29,6 +29,7 @@ struct Activations {
   std::vector<float> ctx_k, ctx_v;  // [W + rows, nKV·d] a sliding layer's visible keys in position order
   std::vector<float> head_in;    // [rows, H] final-normed rows that want logits
   std::vector<uint32_t> runs;    // per slot: first row, end row (2 per slot)
+  std::vector<nn::DecodeRow> decode_rows;  // a layer's decode rows, attended together
   // Inputs the convenience wrappers (decode_step) build: [rows, H], per-row ids.
   std::vector<float> embeds;
   std::vector<int32_t> ids;

@@ -65,14 +65,14 @@ Activations::Activations(const TextConfig& c, size_t rows, size_t max_keys) : ma
   ctx_v.resize(ctx_k.size());
   head_in.resize(rows * H);
   runs.reserve(2 * rows);
+  decode_rows.reserve(rows);
   embeds.resize(rows * H);
   ids.resize(rows);
   pos.resize(rows);
   seq.resize(rows);
   want.resize(rows);
   slots.reserve(rows);
-  const size_t group = c.num_kv_heads > 0 ? size_t(c.num_heads / c.num_kv_heads) : 1;
-  attn_work.scores.resize(group * max_keys);
+  nn::reserve_decode(attn_work, {size_t(c.num_heads), size_t(c.num_kv_heads), d, 0.f}, rows, max_keys);
 }
 
 Decoder::Decoder(const Checkpoint& ckpt, const kernels::Exec& ex, EmbedScaling scaling)
@@ -213,8 +213,10 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
     kernels::rope_rotate_half(act.q.data() + r * nH * d, nH, d, cs, sn);
     kernels::rope_rotate_half(act.k.data() + r * nKV * d, nKV, d, cs, sn);
   }
+  act.decode_rows.clear();
   for (size_t s = 0; s < slots.size(); ++s)
     if (act.runs[2 * s] != kNoRow) attend(l, b, slots[s], act.runs[2 * s], act.runs[2 * s + 1], act);
+  if (!act.decode_rows.empty()) nn::attention_decode(act.decode_rows, attn_, act.attn_work, ex_);
   kernels::matmul(act.attn.data(), n, L.o, t, ex_);
   observe("attn_out", t, H);
   kernels::rms_norm(t, L.post_attn_norm.data(), t, n, H, eps_, ex_.isa);
@@ -246,10 +248,10 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   const float* v = act.v.data() + r0 * krow;
   float* out = act.attn.data() + r0 * qrow;
 
-  if (!slot.mask) {  // a decode row sees every visible cached key and itself
+  if (!slot.mask) {  // a decode row sees every visible cached key and itself; attended with the step's others
     std::memcpy(c.key_slot(l, P), k, bytes);
     std::memcpy(c.value_slot(l, P), v, bytes);
-    nn::attention_decode(q, c.keys(l), c.values(l), c.visible(l, P + 1), attn_, out, act.attn_work, ex_);
+    act.decode_rows.push_back({q, c.keys(l), c.values(l), c.visible(l, P + 1), out});
     return;
   }
   if (!L.sliding) {
