@@ -106,7 +106,8 @@ int cmd_bench(int argc, char** argv) {
   if (int64_t(pp) + 2 > m.context() || int64_t(tg) + 2 > m.context() || int64_t(batch_steps) + 3 > m.context())
     fail("--pp {} / --tg {}: beyond the context of {} positions", pp, tg, m.context());
   const kernels::Precision prec = m.precision();
-  const bool bf16_dot = prec == kernels::Precision::Bf16 && kernels::bf16_dot_supported();
+  // The kernels prefill and the image run on (kernels/exec.h, Exec::dot_gemm) set the peak.
+  const bool bf16_dot = prec == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && m.exec().dot_gemm;
 
   // What one decode step reads and one prefill row multiplies.
   const Checkpoint& ck = m.checkpoint();
@@ -130,7 +131,7 @@ int cmd_bench(int argc, char** argv) {
   say(fmt::format("model {} ({} layers, H {}, vocab {}, weights {}), {} threads, isa {}, precision {}{}",
                   model_dir, tc.num_layers, tc.hidden_size, m.vocab(), ck.weight_dtypes(), threads,
                   kernels::isa_name(m.exec().isa), kernels::precision_name(prec),
-                  prec == kernels::Precision::Bf16 ? (bf16_dot ? " (AVX512-BF16 dot)" : " (rounded x, f32 FMA)") : ""));
+                  prec == kernels::Precision::Bf16 ? (bf16_dot ? " (AVX512-BF16 dot)" : " (rounded x, f32 FMA GEMMs)") : ""));
 
   const double peak_f32 = kernels::measure_peak_flops(threads, m.exec().isa);
   const double peak = bf16_dot ? kernels::measure_peak_flops(threads, m.exec().isa, kernels::Precision::Bf16) : peak_f32;

@@ -35,13 +35,26 @@ Isa parse_isa(std::string_view name, std::string_view what);
 enum class Precision { F32, Bf16 };
 const char* precision_name(Precision p);  // "f32", "bf16"
 Precision parse_precision(std::string_view name, std::string_view what);
-// Whether this CPU has the AVX512-BF16 dot product (the fast Bf16 path).
+// Whether this CPU has the AVX512-BF16 dot product.
 bool bf16_dot_supported();
+// Whether its vdpbf16ps does more products per cycle than the f32 FMA, measured once per
+// process (well under 1 ms). It decides which kernels run Bf16 GEMMs (Exec::dot_gemm): on the
+// AMD Zen 4 VM the dot GEMM was the faster; on the Intel Xeon VM of 2026-12-01 the dot did
+// half the FMA's products (0.45 vdpbf16ps per cycle against 1.84 FMAs) and a 512-token prefill
+// ran 1.8× faster on the FMAs with x rounded to bf16 (docs/gguf.md, "Which kernels a bf16
+// product takes").
+bool bf16_dot_gemm_fast();
 
 struct Exec {
   ThreadPool* pool = nullptr;
   Isa isa = Isa::Scalar;
   Precision precision = Precision::F32;
+  // Under Bf16 on AVX512-BF16: whether products of more than 32 rows with f32-activation
+  // weights (bf16/f16/f32: prefill, the vision tower's matrices) run on vdpbf16ps, or on the
+  // f32 FMAs with x rounded to bf16 (the same products; sums in another order). Decode rows,
+  // block formats and the vision tower's attention take the dot either way. Tests set it to
+  // reach both.
+  bool dot_gemm = bf16_dot_gemm_fast();
 
   // The default for a pool: the best ISA of this CPU, exact f32 products. Implicit, so
   // every call that passes a ThreadPool& runs the default.

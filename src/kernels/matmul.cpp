@@ -3,6 +3,7 @@
 #include <cpuid.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -204,7 +205,8 @@ void run(GemmArgs a, const Exec& ex) {
   // and block formats quantize x per block as at f32.
   const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
   const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || (hw_bf16 && fk.gemm_bf16)));
-  const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : fk.gemm_bf16 != nullptr);
+  const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr
+                                          : fk.gemm_bf16 != nullptr && (ex.dot_gemm || f.act != DType::F32));
   if (native) {
     bf16_x(a, pool);
   } else if (!native && f.act != DType::F32) {
@@ -327,6 +329,25 @@ Precision parse_precision(std::string_view name, std::string_view what) {
 bool bf16_dot_supported() {
   static const bool ok = isa_supported(Isa::Avx512) && has_avx512bf16();
   return ok;
+}
+
+bool bf16_dot_gemm_fast() {
+  static const bool fast = [] {
+    if (!bf16_dot_supported()) return false;
+    // Products per second of each loop on this thread, best of five short runs (the two
+    // differ by 2× either way on the CPUs measured, far beyond a run's noise).
+    auto rate = [](double (*loop)(size_t)) {
+      double best = 0;
+      for (int run = 0; run < 5; ++run) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double flops = loop(2048);
+        best = std::max(best, flops / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return best;
+    };
+    return rate(&detail::bf16_dot_loop) > rate(detail::kernels_for(Isa::Avx512).fma_loop);
+  }();
+  return fast;
 }
 
 Exec::Exec(ThreadPool& p, Isa i, Precision pr) : pool(&p), isa(i), precision(pr) {

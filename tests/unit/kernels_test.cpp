@@ -176,7 +176,9 @@ TEST(Matmul, BiasStridesAndKnLayout) {
 TEST(Matmul, Bf16DotPathRoundsXOnly) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   ThreadPool pool(2);
-  const Exec dot(pool, Isa::Avx512, Precision::Bf16), exact(pool, Isa::Avx512);
+  Exec dot(pool, Isa::Avx512, Precision::Bf16);
+  dot.dot_gemm = true;  // the packed GEMM whichever kernels this CPU runs faster
+  const Exec exact(pool, Isa::Avx512);
   std::mt19937 rng(12);
   struct Shape {
     size_t M, N, K;
@@ -244,7 +246,8 @@ TEST(Matmul, Bf16DotAtEveryWeightOffset) {
   }
 }
 
-// Precision::Bf16 on every ISA path and weight dtype: the exact products of x rounded to
+// Precision::Bf16 on every ISA path and weight dtype (on AVX512-BF16 with the GEMMs on the
+// dot and on the FMAs): the exact products of x rounded to
 // bf16 (nearest even) with the stored weights, summed in f32 — so within the usual
 // (K + 2)·u·Σ|x̂·w| of the double product of the rounded x, and equal to matmul_ref's
 // Bf16 mode within twice that; the f32 mode of the same call must differ somewhere.
@@ -256,29 +259,33 @@ TEST(Matmul, Bf16PrecisionOnEveryPathRoundsX) {
   };
   const Shape shapes[] = {{1, 37, 45}, {1, 300, 1000}, {3, 19, 129}, {16, 70, 33}, {33, 70, 45},
                           {40, 130, 300}, {64, 17, 31}};
-  for (Isa isa : isas()) {
-    const Exec bf(pool, isa, Precision::Bf16), exact(pool, isa);
-    for (DType dt : kDTypes)
-      for (const Shape& s : shapes) {
-        const StoredWeight w = make_weight(dt, s.N, s.K, rng);
-        const auto x = random_vec(s.M * s.K, rng);
-        std::vector<float> xr(x.size());
-        for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
-        std::vector<float> y(s.M * s.N, NAN), ref(s.M * s.N, NAN), y32(s.M * s.N, NAN);
-        matmul(x.data(), s.M, w.w, y.data(), bf);
-        matmul(x.data(), s.M, w.w, y32.data(), exact);
-        matmul_ref(x.data(), s.M, w.w, ref.data(), Precision::Bf16);
-        const std::string what = std::string(isa_name(isa)) + " bf16-precision " +
-                                 std::string(dtype_name(dt)) + " M=" + std::to_string(s.M) +
-                                 " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
-        expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
-        expect_close(ref.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr,
-                     what + " (ref)");
-        size_t differ = 0;
-        for (size_t i = 0; i < y.size(); ++i) differ += y[i] != y32[i];
-        EXPECT_GT(differ, 0u) << what << ": x was not rounded";
-      }
-  }
+  for (Isa isa : isas())
+    for (bool dot_gemm : {false, true}) {
+      if (dot_gemm && !(isa == Isa::Avx512 && bf16_dot_supported())) continue;
+      Exec bf(pool, isa, Precision::Bf16);
+      bf.dot_gemm = dot_gemm;
+      const Exec exact(pool, isa);
+      for (DType dt : kDTypes)
+        for (const Shape& s : shapes) {
+          const StoredWeight w = make_weight(dt, s.N, s.K, rng);
+          const auto x = random_vec(s.M * s.K, rng);
+          std::vector<float> xr(x.size());
+          for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
+          std::vector<float> y(s.M * s.N, NAN), ref(s.M * s.N, NAN), y32(s.M * s.N, NAN);
+          matmul(x.data(), s.M, w.w, y.data(), bf);
+          matmul(x.data(), s.M, w.w, y32.data(), exact);
+          matmul_ref(x.data(), s.M, w.w, ref.data(), Precision::Bf16);
+          const std::string what = std::string(isa_name(isa)) + (dot_gemm ? " dot GEMM" : "") + " bf16-precision " +
+                                   std::string(dtype_name(dt)) + " M=" + std::to_string(s.M) +
+                                   " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
+          expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
+          expect_close(ref.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr,
+                       what + " (ref)");
+          size_t differ = 0;
+          for (size_t i = 0; i < y.size(); ++i) differ += y[i] != y32[i];
+          EXPECT_GT(differ, 0u) << what << ": x was not rounded";
+        }
+    }
 }
 
 TEST(Matmul, FormatTableRows) {
