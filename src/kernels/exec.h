@@ -49,10 +49,11 @@ struct Exec {
   ThreadPool* pool = nullptr;
   Isa isa = Isa::Scalar;
   Precision precision = Precision::F32;
-  // Under Bf16 on AVX512-BF16: whether products of more than 32 rows with f32-activation
-  // weights (bf16/f16/f32: prefill, the vision tower's matrices) run on vdpbf16ps, or on the
-  // f32 FMAs with x rounded to bf16 (the same products; sums in another order). Decode rows,
-  // block formats and the vision tower's attention take the dot either way. Tests set it to
+  // Under Bf16 on AVX512-BF16: whether products of more than four rows with f32-activation
+  // weights (bf16/f16/f32: prefill, batched decode, the vision tower's matrices) run on
+  // vdpbf16ps, or on the f32 FMAs with x rounded to bf16 (the same products; sums in another
+  // order). Up to four rows (decode) the dot streams the weights at the memory's rate either
+  // way; block formats and the vision tower's attention take it always. Tests set it to
   // reach both.
   bool dot_gemm = bf16_dot_gemm_fast();
 

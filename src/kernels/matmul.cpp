@@ -178,6 +178,22 @@ void bf16_x(GemmArgs& a, ThreadPool& pool) {
   a.ldxq = 2 * ld;
 }
 
+// x rows rounded to bf16 as f32 in a.xq for FormatKernels::dot_bf16_fma: in 32-value groups
+// from `shift` zeros on (fma_dot_shift), each group's even entries, then its odd ones (how a
+// bf16 weight vector widens in two exact halves), rows zero-padded to whole groups, 64-byte
+// aligned, in a per-thread buffer.
+void wide_x(GemmArgs& a) {
+  thread_local std::vector<float> buf;
+  const size_t shift = fma_dot_shift(a), ld = (a.K + shift + 31) / 32 * 32;
+  buf.assign(a.M * ld + 16, 0.f);
+  float* out = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  for (size_t m = 0; m < a.M; ++m)
+    for (size_t j = shift; j < a.K + shift; ++j)
+      out[m * ld + j / 32 * 32 + j % 2 * 16 + j % 32 / 2] = round_bf16(a.x[m * a.ldx + j - shift]);
+  a.xq = reinterpret_cast<const std::byte*>(out);
+  a.ldxq = ld * sizeof(float);
+}
+
 // x rows in the activation format `act`, in a per-thread buffer.
 void convert_x(GemmArgs& a, const Format& act) {
   if (!act.from_f32) fail("matmul: format {} cannot hold activations", act.name);
@@ -207,7 +223,11 @@ void run(GemmArgs a, const Exec& ex) {
   const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || (hw_bf16 && fk.gemm_bf16)));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr
                                           : fk.gemm_bf16 != nullptr && (ex.dot_gemm || f.act != DType::F32));
-  if (native) {
+  // More than four rows make the dot compute-bound: its FMA twin where vdpbf16ps is the slower.
+  const bool fma_dot = native && use_dot && a.M > 4 && !ex.dot_gemm && fk.dot_bf16_fma;
+  if (fma_dot) {
+    wide_x(a);
+  } else if (native) {
     bf16_x(a, pool);
   } else if (!native && f.act != DType::F32) {
     convert_x(a, format_of(f.act));
@@ -216,7 +236,7 @@ void run(GemmArgs a, const Exec& ex) {
     a.ldx = a.K;
   }
   if (use_dot) {
-    auto* dot = native ? fk.dot_bf16 : fk.dot;
+    auto* dot = fma_dot ? fk.dot_bf16_fma : native ? fk.dot_bf16 : fk.dot;
     // Chunks of at least 64 rows keep a thread's reads one long sequential stream.
     const size_t grain = std::max<size_t>(64, a.N / (4 * size_t(pool.size())));
     pool.parallel_for(a.N, [&](size_t n0, size_t n1) { dot(a, n0, n1); }, grain);

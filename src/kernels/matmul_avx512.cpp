@@ -160,6 +160,12 @@ inline __m512bh load_bf16_part(const std::byte* p, size_t n) {
   const __m512i v = _mm512_maskz_loadu_epi16(__mmask32((uint32_t(1) << n) - 1), p);
   return reinterpret_cast<const __m512bh&>(v);
 }
+// The bf16 values [lo, hi) of the 32 at p, the rest zero (nothing outside them is read).
+inline __m512bh load_bf16_range(const std::byte* p, size_t lo, size_t hi) {
+  const uint32_t m = uint32_t((uint64_t(1) << hi) - 1) & ~uint32_t((uint64_t(1) << lo) - 1);
+  const __m512i v = _mm512_maskz_loadu_epi16(__mmask32(m), p);
+  return reinterpret_cast<const __m512bh&>(v);
+}
 inline __m512bh load_bf16x32(const std::byte* p) {
   const __m512i v = _mm512_loadu_si512(p);
   return reinterpret_cast<const __m512bh&>(v);
@@ -218,12 +224,17 @@ void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
              (a.bias ? a.bias[n] : 0.f);
 }
 
-// RM activation rows from m0 × the RN weight rows at wr over columns [k0, k1), each weight
-// vector meeting every row. The sums start at zero when k0 = 0, else from acc[RM][RN]; they
-// go back to acc unless k1 = K, where they become y's entries for rows n0 + r · stride.
-template <int RM, int RN>
+// RM activation rows from m0 × the RN weight rows at wr over columns [k0, k1) of K, each
+// weight vector meeting every row. The sums start at zero when k0 = 0, else from
+// acc[RM][RN]; they go back to acc unless k1 = K, where they become y's entries for rows
+// n0 + r · stride. Wide: the same products on the f32 FMAs (Exec::dot_gemm off: CPUs whose
+// vdpbf16ps does fewer products per cycle), x as f32 in a.xq (wide_x in matmul.cpp), with
+// columns counted from `shift` zeros before each row (fma_dot_shift), whose words the first
+// load leaves out; a weight vector's even entries are its words shifted into the high
+// halves, its odd ones the high halves masked, both exact f32.
+template <bool Wide, int RM, int RN>
 void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, size_t n0, size_t stride, size_t k0,
-                   size_t k1, __m512* acc_mem) {
+                   size_t k1, size_t K, size_t shift, __m512* acc_mem) {
   __m512 acc[RM][RN];
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
@@ -234,25 +245,44 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, siz
     __m512bh wv[RN];
     VLM_UNROLL
     for (int r = 0; r < RN; ++r) wv[r] = load_w(wr[r] + 2 * k);
-    VLM_UNROLL
-    for (int m = 0; m < RM; ++m) {
-      const __m512bh xv = load_bf16x32(a.xq + (m0 + m) * a.ldxq + 2 * k);
+    if constexpr (Wide) {
+      __m512 we[RN], wo[RN];
       VLM_UNROLL
-      for (int r = 0; r < RN; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+      for (int r = 0; r < RN; ++r) {
+        const __m512i w = reinterpret_cast<const __m512i&>(wv[r]);
+        we[r] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+        wo[r] = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
+      }
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        const float* x = reinterpret_cast<const float*>(a.xq + (m0 + m) * a.ldxq) + k;
+        const __m512 xe = _mm512_load_ps(x), xo = _mm512_load_ps(x + 16);
+        VLM_UNROLL
+        for (int r = 0; r < RN; ++r) acc[m][r] = _mm512_fmadd_ps(xo, wo[r], _mm512_fmadd_ps(xe, we[r], acc[m][r]));
+      }
+    } else {
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        const __m512bh xv = load_bf16x32(a.xq + (m0 + m) * a.ldxq + 2 * k);
+        VLM_UNROLL
+        for (int r = 0; r < RN; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
+      }
     }
   };
   size_t k = k0;
+  if (k == 0 && shift)  // the head of group 0 is not the row's
+    step(k, [&](const std::byte* p) { return load_bf16_range(p, shift, std::min<size_t>(32, k1)); }), k = 32;
   for (; k + 32 <= k1; k += 32)
     step(k, [&](const std::byte* p) {
       __builtin_prefetch(p + kTileAhead, 0, 3);  // RN streams far apart: see dot_tile
       return load_bf16x32(p);
     });
-  if (k < k1) step(k, [&](const std::byte* p) { return load_bf16_part(p, k1 - k); });
+  if (k < k1) step(k, [&](const std::byte* p) { return load_bf16_range(p, 0, k1 - k); });
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
     VLM_UNROLL
     for (int r = 0; r < RN; ++r) {
-      if (k1 < a.K) {
+      if (k1 < K) {
         acc_mem[m * RN + r] = acc[m][r];
         continue;
       }
@@ -280,30 +310,42 @@ void row_groups(size_t M, Fn fn) {
 // weights' piece (RN · 1 KiB) and the rows' (up to 32 KiB) stay in L1 while every group of
 // four rows meets them. Sweeping whole rows instead, the second group read them back from L2
 // and the step took 1.5× as long at M = 8 as at M = 4 (the weights' read alone sets both).
-constexpr size_t kDotBlock = 512;
+// Wide rows are f32, twice the bytes per value.
+template <bool Wide>
+constexpr size_t kDotBlock = Wide ? 256 : 512;
 
 // Every activation row × the RN weight rows n0, n0 + stride, …
-template <int RN>
+template <bool Wide, int RN>
 void dot_bf16_rows(const GemmArgs& a, size_t n0, size_t stride) {
   alignas(64) __m512 acc[32 / 4][4 * RN];  // the sums of each group between column blocks
+  const size_t shift = Wide ? fma_dot_shift(a) : 0, K = a.K + shift;
   const std::byte* wr[RN];
   VLM_UNROLL
-  for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r * stride) * a.ldw_bytes;
-  const size_t block = a.M <= 4 ? a.K : kDotBlock;
-  for (size_t k0 = 0; k0 < a.K; k0 += block) {
-    const size_t k1 = std::min(a.K, k0 + block);
-    row_groups(a.M, [&](auto rm, size_t m) { dot_bf16_tile<rm, RN>(a, m, wr, n0, stride, k0, k1, acc[m / 4]); });
+  for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r * stride) * a.ldw_bytes - 2 * shift;
+  const size_t block = a.M <= 4 ? K : kDotBlock<Wide>;
+  for (size_t k0 = 0; k0 < K; k0 += block) {
+    const size_t k1 = std::min(K, k0 + block);
+    row_groups(a.M, [&](auto rm, size_t m) {
+      dot_bf16_tile<Wide, rm, RN>(a, m, wr, n0, stride, k0, k1, K, shift, acc[m / 4]);
+    });
   }
 }
 
 // M = 2..32: kStreams weight rows at a time, one from each of kStreams parts of the range
 // (kStreams streams per thread, as at M = 1: batched decode ×8 +11 %).
+template <bool Wide>
+void dot_bf16_streams(const GemmArgs& a, size_t n0, size_t n1) {
+  const size_t part = (n1 - n0) / kStreams;
+  for (size_t i = 0; i < part; ++i) dot_bf16_rows<Wide, kStreams>(a, n0 + i, part);
+  for (size_t n = n0 + kStreams * part; n < n1; ++n) dot_bf16_rows<Wide, 1>(a, n, 1);
+}
+
 void dot_bf16dot(const GemmArgs& a, size_t n0, size_t n1) {
   if (a.M == 1) return dot_bf16_row1(a, n0, n1);
-  const size_t part = (n1 - n0) / kStreams;
-  for (size_t i = 0; i < part; ++i) dot_bf16_rows<kStreams>(a, n0 + i, part);
-  for (size_t n = n0 + kStreams * part; n < n1; ++n) dot_bf16_rows<1>(a, n, 1);
+  dot_bf16_streams<false>(a, n0, n1);
 }
+
+void dot_bf16_fma(const GemmArgs& a, size_t n0, size_t n1) { dot_bf16_streams<true>(a, n0, n1); }
 
 }  // namespace
 
@@ -503,6 +545,6 @@ double bf16_dot_loop(size_t iters) {
   return 64.0 * double(iters) * N;  // 16 lanes × 2 products × (multiply + add)
 }
 
-const IsaKernels kAvx512Kernels = make_kernels<S512>("avx512", &gemm_bf16dot, &dot_bf16dot);
+const IsaKernels kAvx512Kernels = make_kernels<S512>("avx512", &gemm_bf16dot, &dot_bf16dot, &dot_bf16_fma);
 
 }  // namespace vlm::kernels::detail

@@ -32,11 +32,19 @@ struct GemmArgs {
   size_t ldxq = 0;
 };
 
+// FormatKernels::dot_bf16_fma's x and weights are read in 32-value groups that start on the
+// weights' 64-byte lines (a load split across two lines costs 30 % here): the bf16 values of a
+// row before its first line boundary form the tail of group 0, whose head is `shift` zeros.
+// 0 when rows differ in alignment.
+inline size_t fma_dot_shift(const GemmArgs& a) {
+  return a.ldw_bytes % 64 ? 0 : (reinterpret_cast<uintptr_t>(a.w) & 63) / 2;
+}
+
 // The f32/f16/bf16 kernels of one ISA and its packed-path geometry. dot: any M (nk only),
 // y[:, n0:n1] with weights streamed once. gemm: y[m0:m1, n0:n1] register-tiled from
 // packed panels (pack holds pack_floats floats, 64-byte aligned; n0 a multiple of panel).
 // gemm_bf16 / dot_bf16 (AVX512-BF16, bf16 nk only): gemm / dot with x rounded to bf16 and
-// vdpbf16ps.
+// vdpbf16ps; dot_bf16_fma: dot_bf16's products on the f32 FMAs.
 struct IsaKernels {
   const char* name;
   FormatKernels f32, f16, bf16;

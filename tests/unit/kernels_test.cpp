@@ -220,29 +220,35 @@ TEST(Matmul, Bf16DotPathRoundsXOnly) {
 }
 
 // The M = 1 bf16 dot peels the values before the weights' first 64-byte line boundary and
-// places x at the same offset (aligning_lead, bf16_x): the same products at every offset a
-// tensor can sit at in a file, including ones with no whole line in a short row.
+// places x at the same offset (aligning_lead, bf16_x), and the 5..32-row FMA twin starts its
+// groups there (fma_dot_shift, wide_x): the same products at every offset a tensor can sit at
+// in a file, including ones with no whole line in a short row.
 TEST(Matmul, Bf16DotAtEveryWeightOffset) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   ThreadPool pool(2);
-  const Exec dot(pool, Isa::Avx512, Precision::Bf16);
   std::mt19937 rng(13);
-  for (size_t K : {32, 96, 2560}) {
-    const size_t N = 300;
-    const StoredWeight w = make_weight(DType::BF16, N, K, rng);
-    const auto x = random_vec(K, rng);
-    std::vector<float> xr(K);
-    for (size_t k = 0; k < K; ++k) xr[k] = round_bf16(x[k]);
-    std::vector<std::byte> buf(w.bytes.size() + 128);
-    const uintptr_t line = (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63);
-    for (size_t off : {0, 2, 4, 16, 34, 48, 62}) {
-      auto* p = reinterpret_cast<std::byte*>(line + off);
-      std::memcpy(p, w.bytes.data(), w.bytes.size());
-      std::vector<float> y(N, NAN);
-      matmul(x.data(), 1, Weight{p, DType::BF16, N, K}, y.data(), dot);
-      expect_close(y.data(), N, xr.data(), K, 1, w.values, N, K, false, nullptr,
-                   "K=" + std::to_string(K) + " offset " + std::to_string(off));
-    }
+  for (bool dot_gemm : {true, false}) {
+    Exec dot(pool, Isa::Avx512, Precision::Bf16);
+    dot.dot_gemm = dot_gemm;
+    for (size_t M : {1, 8})
+      for (size_t K : {32, 96, 2560}) {
+        const size_t N = 300;
+        const StoredWeight w = make_weight(DType::BF16, N, K, rng);
+        const auto x = random_vec(M * K, rng);
+        std::vector<float> xr(M * K);
+        for (size_t k = 0; k < M * K; ++k) xr[k] = round_bf16(x[k]);
+        std::vector<std::byte> buf(w.bytes.size() + 128);
+        const uintptr_t line = (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63);
+        for (size_t off : {0, 2, 4, 16, 34, 48, 62}) {
+          auto* p = reinterpret_cast<std::byte*>(line + off);
+          std::memcpy(p, w.bytes.data(), w.bytes.size());
+          std::vector<float> y(M * N, NAN);
+          matmul(x.data(), M, Weight{p, DType::BF16, N, K}, y.data(), dot);
+          expect_close(y.data(), N, xr.data(), K, M, w.values, N, K, false, nullptr,
+                       "M=" + std::to_string(M) + " K=" + std::to_string(K) + " offset " + std::to_string(off) +
+                           (dot_gemm ? "" : " (FMA twin)"));
+        }
+      }
   }
 }
 
@@ -257,8 +263,10 @@ TEST(Matmul, Bf16PrecisionOnEveryPathRoundsX) {
   struct Shape {
     size_t M, N, K;
   };
-  const Shape shapes[] = {{1, 37, 45}, {1, 300, 1000}, {3, 19, 129}, {16, 70, 33}, {33, 70, 45},
-                          {40, 130, 300}, {64, 17, 31}};
+  // M = 5..32 on AVX512-BF16 without dot_gemm: the dot's FMA twin, K across its 256-column
+  // blocks and off whole 32-value groups.
+  const Shape shapes[] = {{1, 37, 45},  {1, 300, 1000}, {3, 19, 129},   {16, 70, 33},  {33, 70, 45},
+                          {40, 130, 300}, {64, 17, 31}, {5, 66, 600},  {8, 130, 2560}, {32, 21, 95}};
   for (Isa isa : isas())
     for (bool dot_gemm : {false, true}) {
       if (dot_gemm && !(isa == Isa::Avx512 && bf16_dot_supported())) continue;
