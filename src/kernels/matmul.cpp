@@ -385,11 +385,11 @@ void pack_kv_bf16(const float* k, const float* v, size_t ld, size_t n, size_t d,
 }
 
 void attend_bf16(const float* q, size_t ldq, size_t rows, const Bf16Kv& kv, size_t k0, size_t k1, float scale,
-                 const float* mask, size_t ldm, float* out, size_t ldo) {
+                 const float* mask, size_t ldm, float* out, size_t ldo, bool fma) {
   if (!bf16_dot_supported()) fail("attend_bf16: this CPU has no AVX512-BF16 dot");
   if (k0 >= k1 || k1 > kv.n) fail("attend_bf16: keys [{}, {}) outside the {} packed", k0, k1, kv.n);
   if (rows == 0) return;
-  detail::attend_bf16({q, ldq, rows, kv.k.data(), kv.v.data(), kv.d, k0, k1, scale, mask, ldm, out, ldo});
+  detail::attend_bf16({q, ldq, rows, kv.k.data(), kv.v.data(), kv.d, k0, k1, scale, mask, ldm, out, ldo, fma});
 }
 
 }  // namespace vlm::kernels

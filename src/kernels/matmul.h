@@ -64,8 +64,9 @@ struct Bf16Kv {
 void pack_kv_bf16(const float* k, const float* v, size_t ld, size_t n, size_t d, Bf16Kv& kv);
 // out[rows, d] = softmax(q·kᵀ · scale + mask) · v over the keys [k0, k1) of kv, for query rows
 // q (ldq apart), with q and the probabilities rounded to bf16 and f32 sums. mask: the additive
-// [rows, k1 − k0] tile (rows ldm apart) or null. Runs on the calling thread.
+// [rows, k1 − k0] tile (rows ldm apart) or null. fma: the same products on the f32 FMAs
+// (Exec::dot_gemm off). Runs on the calling thread.
 void attend_bf16(const float* q, size_t ldq, size_t rows, const Bf16Kv& kv, size_t k0, size_t k1, float scale,
-                 const float* mask, size_t ldm, float* out, size_t ldo);
+                 const float* mask, size_t ldm, float* out, size_t ldo, bool fma = false);
 
 }  // namespace vlm::kernels

@@ -48,7 +48,10 @@ void pack_b_pairs(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t k
     }
 }
 
-template <int R, int NVv>
+// Wide: the same products on the f32 FMAs (attend_bf16 with fma: CPUs whose vdpbf16ps does
+// fewer products per cycle; docs/gguf.md, "Which kernels a bf16 product takes"): each word's
+// low bf16 widens to f32 shifted into the high half, its high one with the low half masked.
+template <bool Wide, int R, int NVv>
 void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* y, size_t ldy,
                 size_t cols, bool first, const float* bias) {
   __m512 acc[R][NVv];
@@ -57,19 +60,33 @@ void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, siz
     VLM_UNROLL
     for (int v = 0; v < NVv; ++v) acc[r][v] = _mm512_setzero_ps();
   }
+  const __m512i high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
+  auto lo = [](__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); };
+  auto hi = [&](__m512i w) { return _mm512_castsi512_ps(_mm512_and_si512(w, high)); };
   for (size_t p = 0; p < kp; ++p) {
-    __m512bh bv[NVv];
+    __m512i bw[NVv];
     VLM_UNROLL
-    for (int v = 0; v < NVv; ++v) {
-      const __m512i w = _mm512_loadu_si512(B + p * ldb + v * 16);
-      bv[v] = reinterpret_cast<const __m512bh&>(w);
-    }
-    VLM_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const __m512i x = _mm512_set1_epi32(int(A[r * lda + p]));
-      const __m512bh av = reinterpret_cast<const __m512bh&>(x);
+    for (int v = 0; v < NVv; ++v) bw[v] = _mm512_loadu_si512(B + p * ldb + v * 16);
+    if constexpr (Wide) {
+      __m512 b0[NVv], b1[NVv];
       VLM_UNROLL
-      for (int v = 0; v < NVv; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+      for (int v = 0; v < NVv; ++v) b0[v] = lo(bw[v]), b1[v] = hi(bw[v]);
+      VLM_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = _mm512_set1_epi32(int(A[r * lda + p]));
+        const __m512 a0 = lo(x), a1 = hi(x);
+        VLM_UNROLL
+        for (int v = 0; v < NVv; ++v) acc[r][v] = _mm512_fmadd_ps(a1, b1[v], _mm512_fmadd_ps(a0, b0[v], acc[r][v]));
+      }
+    } else {
+      VLM_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i x = _mm512_set1_epi32(int(A[r * lda + p]));
+        const __m512bh av = reinterpret_cast<const __m512bh&>(x);
+        VLM_UNROLL
+        for (int v = 0; v < NVv; ++v)
+          acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, reinterpret_cast<const __m512bh&>(bw[v]));
+      }
     }
   }
   store_tile<S512, R, NVv>(acc, y, ldy, cols, first, bias);
@@ -79,27 +96,28 @@ void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, siz
 using MicroBf16 = void (*)(size_t, const uint32_t*, size_t, const uint32_t*, size_t, float*, size_t, size_t,
                            bool, const float*);
 
-template <int R, size_t... V>
+template <bool Wide, int R, size_t... V>
 constexpr void fill_row_bf16(MicroBf16* row, std::index_sequence<V...>) {
-  ((row[V] = &micro_bf16<R, int(V) + 1>), ...);
+  ((row[V] = &micro_bf16<Wide, R, int(V) + 1>), ...);
 }
-template <size_t... R>
+template <bool Wide, size_t... R>
 constexpr void fill_table_bf16(MicroBf16 (*t)[4], std::index_sequence<R...>) {
-  (fill_row_bf16<int(R) + 1>(t[R], std::make_index_sequence<4>()), ...);
+  (fill_row_bf16<Wide, int(R) + 1>(t[R], std::make_index_sequence<4>()), ...);
 }
 
-// pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does.
-// micro_bf16 for r rows and v vectors of columns: micro_table().f[r - 1][v - 1].
+// micro_bf16 for r rows and v vectors of columns: micro_table(wide).f[r - 1][v - 1].
 struct MicroTable {
   MicroBf16 f[kMR][4];
 };
-const MicroTable& micro_table() {
-  static const MicroTable t = [] {
-    MicroTable m{};
-    fill_table_bf16(m.f, std::make_index_sequence<kMR>());
-    return m;
-  }();
-  return t;
+template <bool Wide>
+MicroTable make_micro_table() {
+  MicroTable m{};
+  fill_table_bf16<Wide>(m.f, std::make_index_sequence<kMR>());
+  return m;
+}
+const MicroTable& micro_table(bool wide = false) {
+  static const MicroTable dot = make_micro_table<false>(), fma = make_micro_table<true>();
+  return wide ? fma : dot;
 }
 
 template <class PackB>
@@ -478,7 +496,7 @@ void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* d
 }
 
 void attend_bf16(const AttendArgs& a) {
-  const MicroTable& table = micro_table();
+  const MicroTable& table = micro_table(a.fma);
   const size_t d = a.d, dp = (d + 1) / 2, dv = (d + 15) / 16 * 16;
   // Scores over whole key panels [a0, a1); the keys outside [k0, k1) get probability 0.
   const size_t a0 = a.k0 / kNR * kNR, a1 = (a.k1 + kNR - 1) / kNR * kNR, w = a1 - a0, wp = w / 2;

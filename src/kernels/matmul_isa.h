@@ -82,6 +82,7 @@ struct AttendArgs {
   size_t ldm;
   float* out;
   size_t ldo;
+  bool fma;  // the products on the f32 FMAs (Exec::dot_gemm off)
 };
 void attend_bf16(const AttendArgs& a);
 

@@ -71,9 +71,9 @@ void for_each_block(const MaskTiles* mask, size_t Lq, size_t Lk, size_t qrow, At
 }
 
 // Precision::Bf16 on AVX512-BF16: every KV head packed once, then (head, 24-row) pieces of each
-// score block spread over the pool, each one attend_bf16 call.
+// score block spread over the pool, each one attend_bf16 call (on the FMAs with fma).
 void attention_bf16dot(const float* q, size_t Lq, const float* k, const float* v, size_t Lk, const MaskTiles* mask,
-                       const AttnShape& s, float* out, AttnScratch& sc, ThreadPool& pool) {
+                       const AttnShape& s, float* out, AttnScratch& sc, ThreadPool& pool, bool fma) {
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const size_t krow = s.n_kv_heads * d, qrow = s.n_heads * d;
   if (sc.kv.size() < s.n_kv_heads) sc.kv.resize(s.n_kv_heads);
@@ -86,7 +86,7 @@ void attention_bf16dot(const float* q, size_t Lq, const float* k, const float* v
       for (size_t j = j0; j < j1; ++j) {
         const size_t h = j % s.n_heads, i0 = j / s.n_heads * kBf16Rows, rows = std::min(kBf16Rows, R - i0);
         kernels::attend_bf16(q + (r0 + i0) * qrow + h * d, qrow, rows, sc.kv[h / group], k0, k1, s.scale,
-                             tile ? tile + i0 * n : nullptr, n, out + (r0 + i0) * qrow + h * d, qrow);
+                             tile ? tile + i0 * n : nullptr, n, out + (r0 + i0) * qrow + h * d, qrow, fma);
       }
     }, 1);
   });
@@ -101,7 +101,7 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
   if (sc.lo.size() < B) sc.lo.resize(B), sc.hi.resize(B);
   const bool bf16 = ex.precision == kernels::Precision::Bf16;
   if (bf16 && ex.isa == kernels::Isa::Avx512 && kernels::bf16_dot_supported())
-    return attention_bf16dot(q, Lq, k, v, Lk, mask, s, out, sc, pool);
+    return attention_bf16dot(q, Lq, k, v, Lk, mask, s, out, sc, pool, !ex.dot_gemm);
   using kernels::Layout;
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const size_t krow = s.n_kv_heads * d, qrow = s.n_heads * d;

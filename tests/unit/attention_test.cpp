@@ -129,9 +129,11 @@ const Case kCases[] = {
 void check_paths(bool masked) {
   ThreadPool pool(2);
   std::mt19937 rng(7);
+  // (ISA, Exec::dot_gemm): on AVX512-BF16 attend_bf16 runs on the dot or on its FMA twin.
   std::vector<std::pair<Isa, bool>> paths = {{Isa::Scalar, false}};
   if (kernels::isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, false});
-  if (kernels::isa_supported(Isa::Avx512)) paths.push_back({Isa::Avx512, kernels::bf16_dot_supported()});
+  if (kernels::isa_supported(Isa::Avx512)) paths.push_back({Isa::Avx512, false});
+  if (kernels::bf16_dot_supported()) paths.push_back({Isa::Avx512, true});
   for (const Case& c : kCases) {
     const auto q = random(c.Lq * c.heads * c.d, rng, 1.f);
     const auto k = random(c.Lk * c.kv_heads * c.d, rng, 1.f);
@@ -141,12 +143,14 @@ void check_paths(bool masked) {
     const DenseMask* m = masked ? &mask : nullptr;
     const auto exact = reference(c, q, k, v, m, scale, false);
     const auto rounded = reference(c, q, k, v, m, scale, true);
-    for (auto [isa, packed] : paths) {
+    for (auto [isa, dot_gemm] : paths) {
       SCOPED_TRACE(testing::Message() << "Lq " << c.Lq << " Lk " << c.Lk << " d " << c.d << " isa "
-                                      << kernels::isa_name(isa) << (packed ? " (attend_bf16)" : ""));
+                                      << kernels::isa_name(isa) << (dot_gemm ? " (dot)" : ""));
       const Errors f32 = compare(run(c, q, k, v, m, scale, Exec(pool, isa, Precision::F32)), exact);
       EXPECT_LT(f32.max, 1e-5);
-      const auto ours = run(c, q, k, v, m, scale, Exec(pool, isa, Precision::Bf16));
+      Exec bf(pool, isa, Precision::Bf16);
+      bf.dot_gemm = dot_gemm;
+      const auto ours = run(c, q, k, v, m, scale, bf);
       // A probability on a bf16 rounding boundary may round one step the other way (its f32
       // value differs from the float64 one in the last bits): a few cells move by up to
       // 2^-8 · p · |v|; the rest agree to f32 summation.
