@@ -264,7 +264,8 @@ int main(int argc, char** argv) {
   const bool dot_ok = bf16_dot_supported();
   for (int variant = 0; variant < (dot_ok ? 3 : 2); ++variant) {
     const DType dt = variant == 1 ? DType::F32 : DType::BF16;
-    const Exec ex(pool, best, variant == 2 ? Precision::Bf16 : Precision::F32);
+    Exec ex(pool, best, variant == 2 ? Precision::Bf16 : Precision::F32);
+    ex.dot_gemm = true;  // the bf16dot rows run vdpbf16ps whichever route this CPU prefers
     for (const auto& c : gemm) {
       if (dt == DType::F32 && c.M == 4096 && c.N == 10240) continue;
       const Buffer b = make_weight(dt, c.N, c.K);

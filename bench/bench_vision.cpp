@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
       best = std::min(best, s);
       fmt::print("  run {}: {:.3f} s ({} features)\n", rep, s, e.features.size());
     }
-    const bool dot = precision == kernels::Precision::Bf16 && kernels::bf16_dot_supported();
+    // The peak of the kernels the matrices ran on (kernels/exec.h, Exec::dot_gemm).
+    const bool dot = precision == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && kernels::bf16_dot_gemm_fast();
     const double peak = kernels::measure_peak_flops(threads, kernels::best_isa(),
                                                     dot ? kernels::Precision::Bf16 : kernels::Precision::F32);
     fmt::print("encode: {:.3f} s best of 2, {:.1f} GFLOP -> {:.1f} GFLOP/s = {:.1f}% of measured peak "

@@ -242,6 +242,9 @@ void run(GemmArgs a, const Exec& ex) {
     pool.parallel_for(a.N, [&](size_t n0, size_t n1) { dot(a, n0, n1); }, grain);
     return;
   }
+  // Block formats reach gemm_bf16 whatever dot_gemm says (their weights are dequantized and
+  // rounded there); without it, its micro-kernel runs on the FMAs.
+  a.fma = !ex.dot_gemm;
   auto* gemm = native ? fk.gemm_bf16 : fk.gemm;
   const size_t threads = size_t(pool.size());
   const size_t panels = (a.N + k.panel - 1) / k.panel;

@@ -115,14 +115,14 @@ MicroTable make_micro_table() {
   fill_table_bf16<Wide>(m.f, std::make_index_sequence<kMR>());
   return m;
 }
-const MicroTable& micro_table(bool wide = false) {
+const MicroTable& micro_table(bool wide) {
   static const MicroTable dot = make_micro_table<false>(), fma = make_micro_table<true>();
   return wide ? fma : dot;
 }
 
 template <class PackB>
 void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB pack_b) {
-  const MicroTable& table = micro_table();
+  const MicroTable& table = micro_table(a.fma);
   auto* bpack = reinterpret_cast<uint32_t*>(pack);  // kNC × kKCb/2 words
   static_assert(kNC * (kKCb / 2) <= 2 * kNC * kKC, "pack buffer too small");
   // x is already bf16 (a.xq, matmul.cpp bf16_x): its rows are the A operand as they are.

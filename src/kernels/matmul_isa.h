@@ -30,6 +30,8 @@ struct GemmArgs {
   // nullptr when the format takes f32 x.
   const std::byte* xq = nullptr;
   size_t ldxq = 0;
+  // gemm_bf16: the products on the f32 FMAs rather than vdpbf16ps (Exec::dot_gemm off).
+  bool fma = false;
 };
 
 // FormatKernels::dot_bf16_fma's x and weights are read in 32-value groups that start on the
