@@ -30,8 +30,8 @@ Isa parse_isa(std::string_view name, std::string_view what);
 //         handed (nn/attention.h): the vision tower's at Bf16, the decoder's at F32 (exact()).
 //   Block-quantized weights (Q8_0 ...) take x quantized per 32 values to int8 under either
 //   mode (quant.h); under Bf16 on AVX512-BF16, a product of more than 32 rows (a prefill)
-//   instead dequantizes the weights exactly and rounds them and x to bf16 for vdpbf16ps
-//   (docs/gguf.md, "Prefill on the bf16 dot").
+//   instead dequantizes the weights exactly and rounds them and x to bf16 for vdpbf16ps (or
+//   its FMA twin, see dot_gemm; docs/gguf.md, "Prefill on the bf16 dot").
 enum class Precision { F32, Bf16 };
 const char* precision_name(Precision p);  // "f32", "bf16"
 Precision parse_precision(std::string_view name, std::string_view what);
@@ -49,12 +49,12 @@ struct Exec {
   ThreadPool* pool = nullptr;
   Isa isa = Isa::Scalar;
   Precision precision = Precision::F32;
-  // Under Bf16 on AVX512-BF16: whether products of more than four rows with f32-activation
-  // weights (bf16/f16/f32: prefill, batched decode, the vision tower's matrices) run on
-  // vdpbf16ps, or on the f32 FMAs with x rounded to bf16 (the same products; sums in another
-  // order). Up to four rows (decode) the dot streams the weights at the memory's rate either
-  // way; block formats and the vision tower's attention take it always. Tests set it to
-  // reach both.
+  // Under Bf16 on AVX512-BF16: whether products of more than four rows (prefill, batched
+  // decode, the vision tower and its attention) run on vdpbf16ps, or on the f32 FMAs with the
+  // same bf16-rounded inputs widened exactly (the same products, summed in another order):
+  // bf16/f16/f32 weights through the f32 GEMM or dot_bf16_fma, block formats and attention
+  // through the FMA twin of the bf16 micro-kernel. Up to four rows (decode) the dot streams
+  // the weights at the memory's rate either way. Tests set it to reach both.
   bool dot_gemm = bf16_dot_gemm_fast();
 
   // The default for a pool: the best ISA of this CPU, exact f32 products. Implicit, so
