@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
       fmt::print("  run {}: {:.3f} s ({} features)\n", rep, s, e.features.size());
     }
     // The peak of the kernels the matrices ran on (kernels/exec.h, Exec::dot_gemm).
-    const bool dot = precision == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && kernels::bf16_dot_gemm_fast();
+    const bool dot = precision == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && ex.dot_gemm;
     const double peak = kernels::measure_peak_flops(threads, kernels::best_isa(),
                                                     dot ? kernels::Precision::Bf16 : kernels::Precision::F32);
     fmt::print("encode: {:.3f} s best of 2, {:.1f} GFLOP -> {:.1f} GFLOP/s = {:.1f}% of measured peak "

@@ -181,15 +181,20 @@ void bf16_x(GemmArgs& a, ThreadPool& pool) {
 // x rows rounded to bf16 as f32 in a.xq for FormatKernels::dot_bf16_fma: in 32-value groups
 // from `shift` zeros on (fma_dot_shift), each group's even entries, then its odd ones (how a
 // bf16 weight vector widens in two exact halves), rows zero-padded to whole groups, 64-byte
-// aligned, in a per-thread buffer.
-void wide_x(GemmArgs& a) {
+// aligned, in a per-thread buffer; rows spread over the pool, as in bf16_x.
+void wide_x(GemmArgs& a, ThreadPool& pool) {
   thread_local std::vector<float> buf;
   const size_t shift = fma_dot_shift(a), ld = (a.K + shift + 31) / 32 * 32;
-  buf.assign(a.M * ld + 16, 0.f);
+  buf.resize(a.M * ld + 16);
   float* out = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-  for (size_t m = 0; m < a.M; ++m)
-    for (size_t j = shift; j < a.K + shift; ++j)
-      out[m * ld + j / 32 * 32 + j % 2 * 16 + j % 32 / 2] = round_bf16(a.x[m * a.ldx + j - shift]);
+  auto slot = [](size_t j) { return j / 32 * 32 + j % 2 * 16 + j % 32 / 2; };
+  pool.parallel_for(a.M, [&](size_t m0, size_t m1) {
+    for (size_t m = m0; m < m1; ++m) {
+      float* row = out + m * ld;
+      for (size_t j = 0; j < ld; ++j)
+        row[slot(j)] = j < shift || j >= a.K + shift ? 0.f : round_bf16(a.x[m * a.ldx + j - shift]);
+    }
+  }, std::max<size_t>(1, (size_t(8) << 10) / ld));
   a.xq = reinterpret_cast<const std::byte*>(out);
   a.ldxq = ld * sizeof(float);
 }
@@ -226,7 +231,7 @@ void run(GemmArgs a, const Exec& ex) {
   // More than four rows make the dot compute-bound: its FMA twin where vdpbf16ps is the slower.
   const bool fma_dot = native && use_dot && a.M > 4 && !ex.dot_gemm && fk.dot_bf16_fma;
   if (fma_dot) {
-    wide_x(a);
+    wide_x(a, pool);
   } else if (native) {
     bf16_x(a, pool);
   } else if (!native && f.act != DType::F32) {

@@ -48,9 +48,15 @@ void pack_b_pairs(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t k
     }
 }
 
-// Wide: the same products on the f32 FMAs (attend_bf16 with fma: CPUs whose vdpbf16ps does
-// fewer products per cycle; docs/gguf.md, "Which kernels a bf16 product takes"): each word's
-// low bf16 widens to f32 shifted into the high half, its high one with the low half masked.
+// The FMA twins of the bf16 dot kernels (CPUs whose vdpbf16ps does fewer products per cycle;
+// docs/gguf.md, "Which kernels a bf16 product takes") widen 32-bit words of two bf16 values
+// exactly: the low value shifted into the high half, the high one with the low half masked.
+inline __m512 bf16_low(__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); }
+inline __m512 bf16_high(__m512i w) {
+  return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
+}
+
+// Wide: the same products on the f32 FMAs (attend_bf16 and gemm_bf16 with fma).
 template <bool Wide, int R, int NVv>
 void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* y, size_t ldy,
                 size_t cols, bool first, const float* bias) {
@@ -60,9 +66,6 @@ void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, siz
     VLM_UNROLL
     for (int v = 0; v < NVv; ++v) acc[r][v] = _mm512_setzero_ps();
   }
-  const __m512i high = _mm512_set1_epi32(int32_t(0xFFFF0000u));
-  auto lo = [](__m512i w) { return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)); };
-  auto hi = [&](__m512i w) { return _mm512_castsi512_ps(_mm512_and_si512(w, high)); };
   for (size_t p = 0; p < kp; ++p) {
     __m512i bw[NVv];
     VLM_UNROLL
@@ -70,11 +73,11 @@ void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, siz
     if constexpr (Wide) {
       __m512 b0[NVv], b1[NVv];
       VLM_UNROLL
-      for (int v = 0; v < NVv; ++v) b0[v] = lo(bw[v]), b1[v] = hi(bw[v]);
+      for (int v = 0; v < NVv; ++v) b0[v] = bf16_low(bw[v]), b1[v] = bf16_high(bw[v]);
       VLM_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m512i x = _mm512_set1_epi32(int(A[r * lda + p]));
-        const __m512 a0 = lo(x), a1 = hi(x);
+        const __m512 a0 = bf16_low(x), a1 = bf16_high(x);
         VLM_UNROLL
         for (int v = 0; v < NVv; ++v) acc[r][v] = _mm512_fmadd_ps(a1, b1[v], _mm512_fmadd_ps(a0, b0[v], acc[r][v]));
       }
@@ -120,6 +123,7 @@ const MicroTable& micro_table(bool wide) {
   return wide ? fma : dot;
 }
 
+// pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does.
 template <class PackB>
 void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB pack_b) {
   const MicroTable& table = micro_table(a.fma);
@@ -173,12 +177,8 @@ inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const 
 // vectors), 32 products per vdpbf16ps, so a decode step does half the instructions per
 // weight byte of the widening FMA path and the x row of K = 10240 (20 KiB) stays in L1.
 
-// The first n < 32 bf16 values at p, the rest zero (a masked load reads nothing past them).
-inline __m512bh load_bf16_part(const std::byte* p, size_t n) {
-  const __m512i v = _mm512_maskz_loadu_epi16(__mmask32((uint32_t(1) << n) - 1), p);
-  return reinterpret_cast<const __m512bh&>(v);
-}
-// The bf16 values [lo, hi) of the 32 at p, the rest zero (nothing outside them is read).
+// The bf16 values [lo, hi) of the 32 at p, the rest zero (a masked load reads nothing
+// outside them).
 inline __m512bh load_bf16_range(const std::byte* p, size_t lo, size_t hi) {
   const uint32_t m = uint32_t((uint64_t(1) << hi) - 1) & ~uint32_t((uint64_t(1) << lo) - 1);
   const __m512i v = _mm512_maskz_loadu_epi16(__mmask32(m), p);
@@ -192,7 +192,7 @@ inline __m512bh load_bf16x32(const std::byte* p) {
 // The rest of row wr's dot product with x from column k on, given its two partial sums.
 inline float finish_row(const GemmArgs& a, const std::byte* wr, size_t k, __m512 c0, __m512 c1) {
   for (; k + 32 <= a.K; k += 32) c0 = _mm512_dpbf16_ps(c0, load_bf16x32(a.xq + 2 * k), load_bf16x32(wr + 2 * k));
-  if (k < a.K) c1 = _mm512_dpbf16_ps(c1, load_bf16_part(a.xq + 2 * k, a.K - k), load_bf16_part(wr + 2 * k, a.K - k));
+  if (k < a.K) c1 = _mm512_dpbf16_ps(c1, load_bf16_range(a.xq + 2 * k, 0, a.K - k), load_bf16_range(wr + 2 * k, 0, a.K - k));
   return _mm512_reduce_add_ps(_mm512_add_ps(c0, c1));
 }
 
@@ -220,7 +220,7 @@ void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
     for (int j = 0; j < kStreams; ++j) {
       w[j] = a.w + (n0 + j * part + i) * a.ldw_bytes;
       c[0][j] = c[1][j] = _mm512_setzero_ps();
-      if (lead) c[1][j] = _mm512_dpbf16_ps(c[1][j], load_bf16_part(a.xq, lead), load_bf16_part(w[j], lead));
+      if (lead) c[1][j] = _mm512_dpbf16_ps(c[1][j], load_bf16_range(a.xq, 0, lead), load_bf16_range(w[j], 0, lead));
     }
     size_t k = lead;
     for (; k + 64 <= a.K; k += 64) {
@@ -248,8 +248,7 @@ void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
 // n0 + r · stride. Wide: the same products on the f32 FMAs (Exec::dot_gemm off: CPUs whose
 // vdpbf16ps does fewer products per cycle), x as f32 in a.xq (wide_x in matmul.cpp), with
 // columns counted from `shift` zeros before each row (fma_dot_shift), whose words the first
-// load leaves out; a weight vector's even entries are its words shifted into the high
-// halves, its odd ones the high halves masked, both exact f32.
+// load leaves out; a weight vector widens into its even entries (bf16_low) and odd ones.
 template <bool Wide, int RM, int RN>
 void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, size_t n0, size_t stride, size_t k0,
                    size_t k1, size_t K, size_t shift, __m512* acc_mem) {
@@ -268,8 +267,7 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, siz
       VLM_UNROLL
       for (int r = 0; r < RN; ++r) {
         const __m512i w = reinterpret_cast<const __m512i&>(wv[r]);
-        we[r] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-        wo[r] = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
+        we[r] = bf16_low(w), wo[r] = bf16_high(w);
       }
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) {

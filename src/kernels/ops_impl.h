@@ -141,7 +141,6 @@ void softmax_k(float* x, size_t n) {
   if (i < n) store_part<S>(x + i, S::mul(load_part<S>(x + i, n - i), inv), n - i);
 }
 
-
 // Σ (v[i] − c) and Σ (v[i] − c)² over one row, in f32 lanes.
 template <class S>
 void sums(const float* v, size_t n, float c, float& s1, float& s2) {

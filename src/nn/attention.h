@@ -63,8 +63,8 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
 
 // The attention of every decode row of a step at once, in f32 whatever the Exec's precision
 // (only the decoder decodes, from its f32 cache): chunks of each row's keys spread over the
-// pool, each key and value row read once for every head (kernels/ops.h attend_chunk), then
-// each head's chunks merged.
+// pool, each chunk's keys and values read from memory once for all heads (kernels/ops.h
+// attend_chunk), then each head's chunks merged.
 void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnScratch& scratch,
                       const kernels::Exec& ex);
 // Sizes scratch for attention_decode of up to `rows` rows over up to max_keys keys each.
