@@ -208,8 +208,8 @@ inline size_t aligning_lead(const GemmArgs& a) {
 
 // M = 1: kStreams rows at a time, one from each of kStreams equal parts of the range, so a
 // thread keeps that many sequential streams in flight (with one, the step reached 52–61 % of
-// the bandwidth probe; with four 74–86 %; docs/gguf.md, "Decode streams"). Each x vector is
-// loaded once for all of them.
+// the bandwidth probe; with four 74–86 %; docs/gguf.md, "Decode streams"), each asked for
+// kRowAhead bytes ahead. Each x vector is loaded once for all of them.
 constexpr int kStreams = 4;
 void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
   const size_t part = (n1 - n0) / kStreams, lead = aligning_lead(a);
@@ -224,6 +224,9 @@ void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
     }
     size_t k = lead;
     for (; k + 64 <= a.K; k += 64) {
+      VLM_UNROLL
+      for (int j = 0; j < kStreams; ++j)
+        for (int h = 0; h < 2; ++h) _mm_prefetch(reinterpret_cast<const char*>(w[j] + 2 * k + 64 * h + kRowAhead), _MM_HINT_T0);
       VLM_UNROLL
       for (int h = 0; h < 2; ++h) {  // each x vector against every stream, then the next
         const __m512bh xv = load_bf16x32(a.xq + 2 * k + 64 * h);

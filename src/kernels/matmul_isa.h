@@ -34,6 +34,11 @@ struct GemmArgs {
   bool fma = false;
 };
 
+// The M = 1 decode kernels (dot_bf16_row1, dot_row1_q8_0) ask for each of their weight
+// streams' bytes this far ahead of the loads: the hardware prefetchers alone left 20-30 % of
+// the read bandwidth unused (docs/gguf.md, "Decode streams").
+inline constexpr size_t kRowAhead = 2048;
+
 // FormatKernels::dot_bf16_fma's x and weights are read in 32-value groups that start on the
 // weights' 64-byte lines (a load split across two lines costs 30 % here): the bf16 values of a
 // row before its first line boundary form the tail of group 0, whose head is `shift` zeros.

@@ -7,6 +7,20 @@
 namespace vlm::kernels::detail {
 namespace {
 QTARGET inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+// One block of 32 signed activation bytes against signed weight bytes: vpdpbusd of the
+// weights as unsigned w + 128 (w xor 0x80) from a start of −128 · Σ x per group of four,
+// which leaves Σ w · x per group exactly: one operation per weight block in place of the
+// two sign moves, the start computed once per x block for every weight row it meets.
+struct XBlock {
+  __m256i x, start;
+  QTARGET explicit XBlock(__m256i xq)
+      : x(xq),
+        start(_mm256_sub_epi32(_mm256_setzero_si256(),
+                               _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), xq))) {}
+  QTARGET __m256i dot(__m256i w) const {
+    return _mm256_dpbusd_epi32(start, _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80))), x);
+  }
+};
 }  // namespace
 }  // namespace vlm::kernels::detail
 #include "kernels/quant_impl.h"

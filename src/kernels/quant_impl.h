@@ -228,28 +228,31 @@ QTARGET void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
   }
 }
 
-// Q8_0 at M = 1: one activation row against S weight rows at once, each x block loaded once
-// for all of them. dot_row1 takes the S rows from S parts of a thread's range, so the thread
-// reads S sequential streams (as the bf16 dot does, matmul_avx512.cpp dot_bf16_row1): 66–72 %
-// of the bandwidth probe with one stream and prefetch_ahead, 79–86 % with four.
+// Q8_0 at M = 1: one activation row against S weight rows at once, each x block prepared once
+// (XBlock) for all of them. dot_row1 takes the S rows from S parts of a thread's range, so the
+// thread reads S sequential streams (as the bf16 dot does, matmul_avx512.cpp dot_bf16_row1),
+// each asked for kRowAhead bytes ahead.
 template <int S>
 QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
   __m256 acc[S][2];
   VLM_UNROLL
   for (int j = 0; j < S; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
   auto block = [&](size_t i, int h) QTARGET {
-    const __m256i xq = load32(x.q + 32 * i);
+    const XBlock xb(load32(x.q + 32 * i));
     const __m256 dx = bcast(x.d + i);
     VLM_UNROLL
     for (int j = 0; j < S; ++j) {
       const auto* b = reinterpret_cast<const BlockQ8_0*>(rows[j]) + i;
-      const __m256i w = load32(b->qs);
-      const __m256i p = dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
-      acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_set1_ps(f16(b->d)), dx), acc[j][h]);
+      const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(b->d)));
+      acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(xb.dot(load32(b->qs))), _mm256_mul_ps(dw, dx), acc[j][h]);
     }
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j]) + sizeof(BlockQ8_0) * i + kRowAhead, _MM_HINT_T0);
+    block(i, 0), block(i + 1, 1);
+  }
   if (i < nb) block(i, 0);
   VLM_UNROLL
   for (int j = 0; j < S; ++j) out[j] = hsum(_mm256_add_ps(acc[j][0], acc[j][1]));
