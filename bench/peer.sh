@@ -7,7 +7,7 @@
 # image is timed too, building llama-mtmd-cli there first from the source node-llama-cpp
 # bundles — about 15 minutes on 2 cores).
 # Text: llama.cpp through node-llama-cpp's prebuilt CPU binary (bench/llama_bench.mjs), on a
-# bf16 GGUF written by tools/convert_hf_to_gguf.py.
+# bf16 GGUF written by tools/convert_hf_to_gguf.py; vlm runs on the same GGUF (and mmproj).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 ckpt=${1:?usage: bench/peer.sh CHECKPOINT_DIR [THREADS]}
@@ -34,7 +34,11 @@ prec=()
 [ -n "${PRECISION:-}" ] && prec=(--precision "$PRECISION")
 img=()
 [ -n "${MTMD_BUILD:-}" ] && img=(--image)
-ours=$("$vlm" bench --model "$ckpt" --threads "$threads" --pp "$pp" --tg "$tg" --batch "$batch" --json \
+# vlm reads the same GGUF files as llama.cpp: the same bytes in the same page-cache pages. Where the
+# page cache put a file changes how fast it streams on this VM (docs/gguf.md, "Decode streams").
+mm=()
+[ -n "${MTMD_BUILD:-}" ] && mm=(--mmproj "$mmproj")
+ours=$("$vlm" bench --model "$gguf" "${mm[@]}" --threads "$threads" --pp "$pp" --tg "$tg" --batch "$batch" --json \
   "${prec[@]}" "${img[@]}" | tail -n 1)
 peer=$(node "$here/bench/llama_bench.mjs" "$gguf" "$threads" "$pp" "$tg" | tail -n 1)
 

@@ -63,6 +63,37 @@ double measure_read_bandwidth(int threads, size_t bytes, Isa isa) {
   return best;
 }
 
+double measure_regions_bandwidth(std::span<const std::span<const std::byte>> regions, int threads, int passes,
+                                 Isa isa) {
+  const detail::IsaKernels& k = detail::kernels_for(isa);
+  ThreadPool pool(threads);
+  constexpr size_t kStreams = 4, kPiece = 256 * kStreams;  // read_loop reads 256 bytes a turn per stream
+  std::atomic<float> sink{0};
+  double best = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    double bytes = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (const auto& r : regions) {
+      // From the first 64-byte boundary: the loads are whole lines, as the kernels' are.
+      const auto* p = r.data() + (64 - reinterpret_cast<uintptr_t>(r.data()) % 64) % 64;
+      const size_t n = r.size() < size_t(p - r.data()) ? 0 : r.size() - size_t(p - r.data());
+      const size_t share = n / size_t(threads) / kPiece * kPiece;
+      if (share == 0) continue;
+      bytes += double(share) * threads;
+      pool.parallel_for(size_t(threads), [&](size_t t0_, size_t t1_) {
+        float s = 0;
+        for (size_t t = t0_; t < t1_; ++t) {
+          const auto* f = reinterpret_cast<const float*>(p + t * share);
+          s += k.read_loop(f, share / 4 / kStreams, kStreams, share / 4 / kStreams);
+        }
+        sink = sink + s;
+      });
+    }
+    best = std::max(best, bytes / seconds_since(t0));
+  }
+  return best;
+}
+
 double measure_peak_flops(int threads, Isa isa, Precision precision) {
   const detail::IsaKernels& k = detail::kernels_for(isa);
   const bool bf16 = precision == Precision::Bf16;

@@ -2,6 +2,7 @@
 // fraction of what this machine can do (decode vs read bandwidth, encode vs FMA peak).
 #pragma once
 #include <cstddef>
+#include <span>
 
 #include "kernels/exec.h"
 
@@ -16,6 +17,13 @@ namespace vlm::kernels {
 // at least as fast as any GEMV does (a shared machine's load makes long passes
 // unrepresentative, and the GEMV figures are best-of too).
 double measure_read_bandwidth(int threads, size_t bytes = size_t(1) << 30, Isa isa = best_isa());
+
+// How fast given bytes stream from where they lie (weights mapped from the page cache, whose
+// placement in memory changes their rate): each region split over `threads` threads, each
+// share read as four streams in lockstep (the decode kernels' shape), region after region as a
+// decode step takes its matrices; best of `passes` passes over all of them.
+double measure_regions_bandwidth(std::span<const std::span<const std::byte>> regions, int threads, int passes = 2,
+                                 Isa isa = best_isa());
 
 // Peak FLOP/s (a multiply-add counts 2) of an ISA path: a register-resident loop run on
 // `threads` threads at once; best of a few runs. F32: FMA; Bf16: the AVX512-BF16 dot

@@ -1,22 +1,28 @@
 """`vlm bench --json` on the tiny VLM fixture: the last line is one JSON object holding every
 figure the issue names, each finite and positive (no timing is judged: that is the bench's
-job, not a test's); a bad option value is a one-line error."""
+job, not a test's); a GGUF model with its --mmproj file benches the same way; a bad option value
+is a one-line error."""
 import json
 import math
 import os
 import subprocess
+import sys
+import tempfile
 import unittest
 
 BIN = os.environ.get("VLM_BIN")
 FIXTURES = os.environ.get("VLM_FIXTURES")
+SRC = os.environ.get("VLM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 FIELDS = ["pp_tok_s", "tg_tok_s", "image_s", "batch_tok_s", "rss_bytes", "roofline_tg_tok_s", "peak_gflops",
-          "read_gb_s", "weight_bytes_per_token", "peak_f32_gflops"]
+          "read_gb_s", "weight_bytes_per_token", "peak_f32_gflops", "weights_read_gb_s",
+          "tg_fraction_of_weights_read", "load_s", "first_token_s"]
 
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
 class TestBench(unittest.TestCase):
-    def bench(self, *extra):
-        r = subprocess.run([BIN, "bench", "--model", os.path.join(FIXTURES, "tiny-bf16"), "--threads", "2",
+    def bench(self, *extra, model=None):
+        model = model or [os.path.join(FIXTURES, "tiny-bf16")]
+        r = subprocess.run([BIN, "bench", "--model", *model, "--threads", "2",
                             "--pp", "40", "--tg", "8", "--batch", "3", "--image", "--json", *extra],
                            capture_output=True, text=True, timeout=600)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -33,8 +39,21 @@ class TestBench(unittest.TestCase):
         # The roofline is the probe's bandwidth over the bytes one step reads.
         self.assertAlmostEqual(j["roofline_tg_tok_s"], j["read_gb_s"] * 1e9 / j["weight_bytes_per_token"],
                                delta=1e-6 * j["roofline_tg_tok_s"])
-        for word in ("prefill:", "decode:", "batched decode:", "image:", "peak RSS:"):
+        for word in ("start:", "prefill:", "decode:", "weights read where they are mapped:", "batched decode:",
+                     "image:", "peak RSS:"):
             self.assertIn(word, log)
+
+    def test_gguf_model_and_mmproj(self):
+        sys.path.insert(0, os.path.join(SRC, "tools"))
+        import convert_hf_to_gguf
+        with tempfile.TemporaryDirectory() as d:
+            model, mmproj = os.path.join(d, "tiny.gguf"), os.path.join(d, "mmproj-tiny.gguf")
+            convert_hf_to_gguf.main([os.path.join(FIXTURES, "tiny-bf16"), "--out", model, "--type", "bf16",
+                                     "--mmproj-out", mmproj, "--mmproj-type", "bf16"])
+            j, _ = self.bench("--mmproj", mmproj, model=[model])
+            self.assertEqual(j["model"], model)
+            self.assertEqual(j["precision"], "bf16")
+            self.assertTrue(math.isfinite(j["image_s"]) and j["image_s"] > 0)
 
     def test_precision_f32_and_bad_values(self):
         j, _ = self.bench("--precision", "f32")
