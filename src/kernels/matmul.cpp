@@ -232,6 +232,11 @@ void run(GemmArgs a, const Exec& ex) {
   const bool fma_dot = native && use_dot && a.M > 4 && !ex.dot_gemm && fk.dot_bf16_fma;
   if (fma_dot) {
     wide_x(a, pool);
+  } else if (native && !use_dot && !ex.dot_gemm) {
+    // gemm_bf16's FMA twin of the bf16 micro-kernel takes x rounded, as f32 (block formats:
+    // K is whole blocks, so every pair is whole).
+    a.xq = reinterpret_cast<const std::byte*>(rounded_x(a));
+    a.ldxq = a.K * sizeof(float);
   } else if (native) {
     bf16_x(a, pool);
   } else if (!native && f.act != DType::F32) {

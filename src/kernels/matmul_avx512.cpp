@@ -56,7 +56,9 @@ inline __m512 bf16_high(__m512i w) {
   return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
 }
 
-// Wide: the same products on the f32 FMAs (attend_bf16 and gemm_bf16 with fma).
+// A's rows are lda words apart. A word of A holds a bf16 pair for the dot; for Wide (the same
+// products on the f32 FMAs: attend_bf16 and gemm_bf16 with fma) it holds one value already
+// rounded to bf16, as f32, two words a pair, so that only B's words are widened here.
 template <bool Wide, int R, int NVv>
 void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* y, size_t ldy,
                 size_t cols, bool first, const float* bias) {
@@ -76,8 +78,8 @@ void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, siz
       for (int v = 0; v < NVv; ++v) b0[v] = bf16_low(bw[v]), b1[v] = bf16_high(bw[v]);
       VLM_UNROLL
       for (int r = 0; r < R; ++r) {
-        const __m512i x = _mm512_set1_epi32(int(A[r * lda + p]));
-        const __m512 a0 = bf16_low(x), a1 = bf16_high(x);
+        const float* ar = reinterpret_cast<const float*>(A + r * lda) + 2 * p;
+        const __m512 a0 = _mm512_set1_ps(ar[0]), a1 = _mm512_set1_ps(ar[1]);
         VLM_UNROLL
         for (int v = 0; v < NVv; ++v) acc[r][v] = _mm512_fmadd_ps(a1, b1[v], _mm512_fmadd_ps(a0, b0[v], acc[r][v]));
       }
@@ -129,9 +131,10 @@ void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_
   const MicroTable& table = micro_table(a.fma);
   auto* bpack = reinterpret_cast<uint32_t*>(pack);  // kNC × kKCb/2 words
   static_assert(kNC * (kKCb / 2) <= 2 * kNC * kKC, "pack buffer too small");
-  // x is already bf16 (a.xq, matmul.cpp bf16_x): its rows are the A operand as they are.
+  // x is already bf16 (a.xq, matmul.cpp bf16_x; with fma rounded_x's f32): its rows are the A
+  // operand as they are, a word per pair (per value with fma).
   const auto* xq = reinterpret_cast<const uint32_t*>(a.xq);
-  const size_t lda = a.ldxq / 4;
+  const size_t lda = a.ldxq / 4, words = a.fma ? 2 : 1;
   constexpr size_t panel_words = kKCb / 2 * kNR;
   const size_t step = column_block(ne - nb, kNR);
   for (size_t n0 = nb; n0 < ne; n0 += step) {
@@ -151,7 +154,7 @@ void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_
           const size_t nv = (c + 15) / 16;
           for (size_t m = m0; m < m1; m += kMR) {
             const size_t r = m1 - m < kMR ? m1 - m : kMR;
-            table.f[r - 1][nv - 1](kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, kNR,
+            table.f[r - 1][nv - 1](kp, xq + m * lda + k0 / 2 * words, lda, bpack + p * panel_words, kNR,
                                    a.y + m * a.ldy + n0 + p * kNR, a.ldy, c, k0 == 0,
                                    bias ? bias + p * kNR : nullptr);
           }
@@ -501,18 +504,25 @@ void attend_bf16(const AttendArgs& a) {
   const size_t d = a.d, dp = (d + 1) / 2, dv = (d + 15) / 16 * 16;
   // Scores over whole key panels [a0, a1); the keys outside [k0, k1) get probability 0.
   const size_t a0 = a.k0 / kNR * kNR, a1 = (a.k1 + kNR - 1) / kNR * kNR, w = a1 - a0, wp = w / 2;
+  // The A operands (queries, probabilities): a word per bf16 pair, or per rounded value for the
+  // FMA twin (micro_bf16).
+  const size_t words = a.fma ? 2 : 1, ldq = dp * words, ldp = wp * words;
   thread_local std::vector<uint32_t> qa, pa;
   thread_local std::vector<float> scores;
-  qa.resize(a.rows * dp);
-  pa.resize(a.rows * wp);
+  qa.resize(a.rows * ldq);
+  pa.resize(a.rows * ldp);
   scores.resize(a.rows * w);
   for (size_t r = 0; r < a.rows; ++r) {
     const float* q = a.q + r * a.ldq;
-    for (size_t i = 0; i < dp; ++i) qa[r * dp + i] = bf16_pair(q[2 * i], 2 * i + 1 < d ? q[2 * i + 1] : 0.f);
+    uint32_t* row = qa.data() + r * ldq;
+    if (a.fma)
+      for (size_t i = 0; i < 2 * dp; ++i) row[i] = i < d ? uint32_t(f32_to_bf16(q[i])) << 16 : 0;
+    else
+      for (size_t i = 0; i < dp; ++i) row[i] = bf16_pair(q[2 * i], 2 * i + 1 < d ? q[2 * i + 1] : 0.f);
   }
   for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
     for (size_t m = 0; m < a.rows; m += kMR)
-      table.f[std::min(kMR, a.rows - m) - 1][3](dp, qa.data() + m * dp, dp, a.keys + p * dp * kNR, kNR,
+      table.f[std::min(kMR, a.rows - m) - 1][3](dp, qa.data() + m * ldq, ldq, a.keys + p * dp * kNR, kNR,
                                                  scores.data() + m * w + (p * kNR - a0), w, kNR, true, nullptr);
   const size_t n = a.k1 - a.k0;
   for (size_t r = 0; r < a.rows; ++r) {
@@ -527,9 +537,16 @@ void attend_bf16(const AttendArgs& a) {
     softmax(x, n, Isa::Avx512);
     std::fill(row, x, 0.f);
     std::fill(x + n, row + w, 0.f);
+    uint32_t* out = pa.data() + r * ldp;
     for (size_t j = 0; j < w; j += 32) {
       const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + j + 16), _mm512_loadu_ps(row + j));
-      _mm512_storeu_si512(pa.data() + r * wp + j / 2, reinterpret_cast<const __m512i&>(h));
+      const __m512i hw = reinterpret_cast<const __m512i&>(h);
+      if (a.fma) {  // the 32 rounded values back to f32, in key order
+        _mm512_storeu_si512(out + j, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hw)), 16));
+        _mm512_storeu_si512(out + j + 16, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hw, 1)), 16));
+      } else {
+        _mm512_storeu_si512(out + j / 2, hw);
+      }
     }
   }
   // o = P·v, in blocks of kKCb keys so a block of values stays in L1 across the rows.
@@ -539,8 +556,8 @@ void attend_bf16(const AttendArgs& a) {
       const size_t cols = std::min(kNR, d - c0);
       for (size_t m = 0; m < a.rows; m += kMR)
         table.f[std::min(kMR, a.rows - m) - 1][(cols + 15) / 16 - 1](
-            kc, pa.data() + m * wp + kb, wp, a.values + (a0 / 2 + kb) * dv + c0, dv, a.out + m * a.ldo + c0, a.ldo,
-            cols, kb == 0, nullptr);
+            kc, pa.data() + m * ldp + kb * words, ldp, a.values + (a0 / 2 + kb) * dv + c0, dv, a.out + m * a.ldo + c0,
+            a.ldo, cols, kb == 0, nullptr);
     }
   }
 }
