@@ -296,7 +296,7 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, siz
     step(k, [&](const std::byte* p) { return load_bf16_range(p, shift, std::min<size_t>(32, k1)); }), k = 32;
   for (; k + 32 <= k1; k += 32)
     step(k, [&](const std::byte* p) {
-      __builtin_prefetch(p + kTileAhead, 0, 3);  // RN streams far apart: see dot_tile
+      __builtin_prefetch(p + kRowAhead, 0, 3);  // RN streams far apart: see dot_tile
       return load_bf16x32(p);
     });
   if (k < k1) step(k, [&](const std::byte* p) { return load_bf16_range(p, 0, k1 - k); });

@@ -34,9 +34,9 @@ struct GemmArgs {
   bool fma = false;
 };
 
-// The M = 1 decode kernels (dot_bf16_row1, dot_row1_q8_0) ask for each of their weight
-// streams' bytes this far ahead of the loads: the hardware prefetchers alone left 20-30 % of
-// the read bandwidth unused (docs/gguf.md, "Decode streams").
+// The decode kernels (dot_bf16_row1, dot_row1_q8_0, and the bf16 tiles of batched decode) ask
+// for each of their weight streams' bytes this far ahead of the loads: the hardware prefetchers
+// alone left 20-30 % of the read bandwidth unused (docs/gguf.md, "Decode streams").
 inline constexpr size_t kRowAhead = 2048;
 
 // FormatKernels::dot_bf16_fma's x and weights are read in 32-value groups that start on the
