@@ -31,12 +31,14 @@ QTARGET inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_
 QTARGET inline float f16(uint16_t h) { return _cvtsh_ss(h); }  // exact widening (F16C)
 QTARGET inline __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }
 
-// Asks for the bytes [p + kBlockAhead, p + kBlockAhead + n) of a weight row: one sequential stream per
-// thread with this much integer work per byte left the cores waiting on memory (Q4_K/Q6_K
-// decode at a third of the read bandwidth).
+// Asks for the bytes of a weight row this far ahead of [p, p + n): one sequential stream per
+// thread (S = 1) with this much integer work per byte left the cores waiting on memory (Q4_K/Q6_K
+// decode at a third of the read bandwidth) without 8 KiB; S streams in lockstep take kRowAhead.
 inline constexpr size_t kBlockAhead = 8192;
+template <int S>
 QTARGET inline void prefetch_ahead(const void* p, size_t n) {
-  for (size_t o = 0; o < n; o += 64) _mm_prefetch(static_cast<const char*>(p) + kBlockAhead + o, _MM_HINT_T0);
+  constexpr size_t ahead = S > 1 ? kRowAhead : kBlockAhead;
+  for (size_t o = 0; o < n; o += 64) _mm_prefetch(static_cast<const char*>(p) + ahead + o, _MM_HINT_T0);
 }
 
 // Each kernel takes RM activation rows against one weight row: a weight block is decoded once
@@ -63,7 +65,7 @@ QTARGET inline void dot_q8_0(const std::byte* row, const Acts<RM>& a, size_t nb,
     }
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) prefetch_ahead(b + i, 2 * sizeof(*b)), block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(b + i, 2 * sizeof(*b)), block(i, 0), block(i + 1, 1);
   if (i < nb) block(i, 0);
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
@@ -90,7 +92,7 @@ QTARGET inline void dot_q4_0(const std::byte* row, const Acts<RM>& a, size_t nb,
     }
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) prefetch_ahead(b + i, 2 * sizeof(*b)), block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(b + i, 2 * sizeof(*b)), block(i, 0), block(i + 1, 1);
   if (i < nb) block(i, 0);
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1])) - off[m];
@@ -116,102 +118,122 @@ QTARGET inline __m256 scaled_u8(const uint8_t* v, float s) {
 
 // Q4_K: the eight sub-block factors d·sc·d_x of a row are one vector product (the row's
 // scales for the block are contiguous), and the min term is a vector FMA per block.
-template <int RM>
-QTARGET inline void dot_q4_k(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
-  __m256 acc[RM][2], mins[RM];
+// RM activation rows against S weight rows (rows[j]); out[m · S + j].
+template <int RM, int S>
+QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
+  __m256 acc[RM][S][2], mins[RM][S];
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = mins[m] = _mm256_setzero_ps();
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) acc[m][j][0] = acc[m][j][1] = mins[m][j] = _mm256_setzero_ps();
+  }
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (size_t i = 0; i < nb; ++i) {
-    const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
-    prefetch_ahead(b, sizeof(BlockQ4_K));
-    uint8_t sc[8], mn[8];
-    scales_mins_k4(b->scales, sc, mn);
-    const __m256 ds = scaled_u8(sc, f16(b->d)), dm = scaled_u8(mn, f16(b->dmin));
-    alignas(32) float f[RM][8];  // d·sc·d_x per sub-block
     VLM_UNROLL
-    for (int m = 0; m < RM; ++m) {
-      _mm256_store_ps(f[m], _mm256_mul_ps(ds, _mm256_loadu_ps(a.x[m].d + 8 * i)));
-      mins[m] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(a.x[m].s + 8 * i), mins[m]);
-    }
-    VLM_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const __m256i q = load32(b->qs + 32 * j);
-      const __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+    for (int j = 0; j < S; ++j) {
+      const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i;
+      prefetch_ahead<S>(b, sizeof(BlockQ4_K));
+      uint8_t sc[8], mn[8];
+      scales_mins_k4(b->scales, sc, mn);
+      const __m256 ds = scaled_u8(sc, f16(b->d)), dm = scaled_u8(mn, f16(b->dmin));
+      alignas(32) float f[RM][8];  // d·sc·d_x per sub-block
       VLM_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const int k = 2 * j + h;
+      for (int m = 0; m < RM; ++m) {
+        _mm256_store_ps(f[m], _mm256_mul_ps(ds, _mm256_loadu_ps(a.x[m].d + 8 * i)));
+        mins[m][j] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(a.x[m].s + 8 * i), mins[m][j]);
+      }
+      VLM_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = load32(b->qs + 32 * c);
+        const __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
         VLM_UNROLL
-        for (int m = 0; m < RM; ++m) {
-          const __m256i p = dot_u8s8(codes[h], load32(a.x[m].q + 32 * (8 * i + size_t(k))));
-          acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), bcast(&f[m][k]), acc[m][h]);
+        for (int h = 0; h < 2; ++h) {
+          const int k = 2 * c + h;
+          VLM_UNROLL
+          for (int m = 0; m < RM; ++m) {
+            const __m256i p = dot_u8s8(codes[h], load32(a.x[m].q + 32 * (8 * i + size_t(k))));
+            acc[m][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), bcast(&f[m][k]), acc[m][j][h]);
+          }
         }
       }
     }
   }
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1])) - hsum(mins[m]);
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j)
+      out[m * S + j] = hsum(_mm256_add_ps(acc[m][j][0], acc[m][j][1])) - hsum(mins[m][j]);
+  }
 }
 
 // Q6_K with the codes made signed (q − 32) and the sign moved onto the activations, as for
-// Q8_0, so no offset term remains.
-template <int RM>
-QTARGET inline void dot_q6_k(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
-  __m256 acc[RM][2];
+// Q8_0, so no offset term remains. RM activation rows against S weight rows, as dot_q4_k.
+template <int RM, int S>
+QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
+  __m256 acc[RM][S][2];
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
+  }
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
   // Chunk c (32 values) spans the 16-value sub-blocks 2c and 2c + 1 and activation block c.
   const __m256i lo_pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi_pairs = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
   for (size_t i = 0; i < nb; ++i) {
-    const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
-    prefetch_ahead(b, sizeof(BlockQ6_K));
-    const __m256 d = _mm256_set1_ps(f16(b->d));
-    const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
-    const __m256 ds_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
-    const __m256 ds_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
-    alignas(32) float f[RM][16];  // d·scale·d_x per 16-value sub-block
     VLM_UNROLL
-    for (int m = 0; m < RM; ++m) {
-      const __m256 xd = _mm256_loadu_ps(a.x[m].d + 8 * i);
-      _mm256_store_ps(f[m], _mm256_mul_ps(ds_lo, _mm256_permutevar8x32_ps(xd, lo_pairs)));
-      _mm256_store_ps(f[m] + 8, _mm256_mul_ps(ds_hi, _mm256_permutevar8x32_ps(xd, hi_pairs)));
-    }
-    VLM_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
-      const __m256i qh = load32(b->qh + 32 * half);
-      const __m256i codes[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
-          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
-      };
+    for (int j = 0; j < S; ++j) {
+      const auto* b = reinterpret_cast<const BlockQ6_K*>(rows[j]) + i;
+      prefetch_ahead<S>(b, sizeof(BlockQ6_K));
+      const __m256 d = _mm256_set1_ps(f16(b->d));
+      const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+      const __m256 ds_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
+      const __m256 ds_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
+      alignas(32) float f[RM][16];  // d·scale·d_x per 16-value sub-block
       VLM_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        const __m256i w = _mm256_sub_epi8(codes[k], k32), aw = _mm256_sign_epi8(w, w);
-        const int c = 4 * half + k;
+      for (int m = 0; m < RM; ++m) {
+        const __m256 xd = _mm256_loadu_ps(a.x[m].d + 8 * i);
+        _mm256_store_ps(f[m], _mm256_mul_ps(ds_lo, _mm256_permutevar8x32_ps(xd, lo_pairs)));
+        _mm256_store_ps(f[m] + 8, _mm256_mul_ps(ds_hi, _mm256_permutevar8x32_ps(xd, hi_pairs)));
+      }
+      VLM_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
+        const __m256i qh = load32(b->qh + 32 * half);
+        const __m256i codes[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+        };
         VLM_UNROLL
-        for (int m = 0; m < RM; ++m) {
-          const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * (8 * i + size_t(c))), w));
-          // int32 lanes 0-3 hold values 0-15 (factor f[2c]), lanes 4-7 values 16-31 (f[2c + 1])
-          const __m256 sv = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&f[m][2 * c])),
-                                                 _mm_broadcast_ss(&f[m][2 * c + 1]), 1);
-          acc[m][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sv, acc[m][k & 1]);
+        for (int k = 0; k < 4; ++k) {
+          const __m256i w = _mm256_sub_epi8(codes[k], k32), aw = _mm256_sign_epi8(w, w);
+          const int c = 4 * half + k;
+          VLM_UNROLL
+          for (int m = 0; m < RM; ++m) {
+            const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * (8 * i + size_t(c))), w));
+            // int32 lanes 0-3 hold values 0-15 (factor f[2c]), lanes 4-7 values 16-31 (f[2c + 1])
+            const __m256 sv = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&f[m][2 * c])),
+                                                   _mm_broadcast_ss(&f[m][2 * c + 1]), 1);
+            acc[m][j][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sv, acc[m][j][k & 1]);
+          }
         }
       }
     }
   }
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(_mm256_add_ps(acc[m][j][0], acc[m][j][1]));
+  }
 }
 
 template <GgmlType T, int RM>
 QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0) dot_q8_0<RM>(row, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_0) dot_q4_0<RM>(row, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_K) dot_q4_k<RM>(row, x, K / 256, out);
-  else dot_q6_k<RM>(row, x, K / 256, out);
+  else if constexpr (T == GgmlType::Q4_K) dot_q4_k<RM, 1>(&row, x, K / 256, out);
+  else dot_q6_k<RM, 1>(&row, x, K / 256, out);
 }
 
 // Activation rows [m0, m0 + RM) against weight rows [n0, n1).
@@ -229,9 +251,7 @@ QTARGET void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
 }
 
 // Q8_0 at M = 1: one activation row against S weight rows at once, each x block prepared once
-// (XBlock) for all of them. dot_row1 takes the S rows from S parts of a thread's range, so the
-// thread reads S sequential streams (as the bf16 dot does, matmul_avx512.cpp dot_bf16_row1),
-// each asked for kRowAhead bytes ahead.
+// (XBlock) for all of them.
 template <int S>
 QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
   __m256 acc[S][2];
@@ -250,7 +270,7 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
   size_t i = 0;
   for (; i + 2 <= nb; i += 2) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) _mm_prefetch(reinterpret_cast<const char*>(rows[j]) + sizeof(BlockQ8_0) * i + kRowAhead, _MM_HINT_T0);
+    for (int j = 0; j < S; ++j) prefetch_ahead<S>(reinterpret_cast<const BlockQ8_0*>(rows[j]) + i, 1);
     block(i, 0), block(i + 1, 1);
   }
   if (i < nb) block(i, 0);
@@ -258,7 +278,19 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
   for (int j = 0; j < S; ++j) out[j] = hsum(_mm256_add_ps(acc[j][0], acc[j][1]));
 }
 
-QTARGET inline void dot_row1_q8_0(const GemmArgs& a, size_t n0, size_t n1) {
+// One activation row against S weight rows in lockstep.
+template <GgmlType T, int S>
+QTARGET inline void dot_streams(const std::byte* const* rows, const Q8Row& x, size_t K, float* out) {
+  if constexpr (T == GgmlType::Q8_0) dot_q8_0_streams<S>(rows, x, K / 32, out);
+  else if constexpr (T == GgmlType::Q4_K) dot_q4_k<1, S>(rows, Acts<1>{{x}}, K / 256, out);
+  else dot_q6_k<1, S>(rows, Acts<1>{{x}}, K / 256, out);
+}
+
+// M = 1 (Q8_0, Q4_K, Q6_K): kStreams rows at a time, one from each of kStreams parts of the
+// thread's range, so the thread reads that many sequential streams (as the bf16 dot does,
+// matmul_avx512.cpp dot_bf16_row1; docs/gguf.md, "Decode streams").
+template <GgmlType T>
+QTARGET inline void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
   constexpr int kStreams = 4;
   const Q8Row x = q8_row(a.xq, a.K);
   auto store = [&](size_t n, float v) { a.y[n] = a.bias ? v + a.bias[n] : v; };
@@ -268,14 +300,14 @@ QTARGET inline void dot_row1_q8_0(const GemmArgs& a, size_t n0, size_t n1) {
     float v[kStreams];
     VLM_UNROLL
     for (int j = 0; j < kStreams; ++j) rows[j] = a.w + (n0 + size_t(j) * part + i) * a.ldw_bytes;
-    dot_q8_0_streams<kStreams>(rows, x, a.K / 32, v);
+    dot_streams<T, kStreams>(rows, x, a.K, v);
     VLM_UNROLL
     for (int j = 0; j < kStreams; ++j) store(n0 + size_t(j) * part + i, v[j]);
   }
   for (size_t n = n0 + kStreams * part; n < n1; ++n) {
     const std::byte* row = a.w + n * a.ldw_bytes;
     float v;
-    dot_q8_0_streams<1>(&row, x, a.K / 32, &v);
+    dot_streams<T, 1>(&row, x, a.K, &v);
     store(n, v);
   }
 }
@@ -284,8 +316,8 @@ QTARGET inline void dot_row1_q8_0(const GemmArgs& a, size_t n0, size_t n1) {
 // taken in slices that stay in L2 while every group of rows meets them.
 template <GgmlType T>
 QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
-  if constexpr (T == GgmlType::Q8_0)
-    if (a.M == 1) return dot_row1_q8_0(a, n0, n1);
+  if constexpr (T != GgmlType::Q4_0)
+    if (a.M == 1) return dot_row1<T>(a, n0, n1);
   const size_t slice = std::max<size_t>(1, (size_t(96) << 10) / std::max<size_t>(1, a.ldw_bytes));
   for (size_t s = n0; s < n1; s += slice) {
     const size_t e = std::min(n1, s + slice);
