@@ -71,31 +71,45 @@ QTARGET inline void dot_q8_0(const std::byte* row, const Acts<RM>& a, size_t nb,
   for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
 }
 
-template <int RM>
-QTARGET inline void dot_q4_0(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
-  __m256 acc[RM][2];
-  float off[RM] = {};
+// RM activation rows against S weight rows (rows[j]); out[m · S + j], as the K-quant tiles.
+template <int RM, int S>
+QTARGET inline void dot_q4_0(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
+  __m256 acc[RM][S][2];
+  float off[RM][S] = {};
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
-  const auto* b = reinterpret_cast<const BlockQ4_0*>(row);
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  auto block = [&](size_t i, int s) QTARGET {
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].qs));
-    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-    const float dw = f16(b[i].d);
-    const __m256 dwv = _mm256_set1_ps(dw);
+  for (int m = 0; m < RM; ++m) {
     VLM_UNROLL
-    for (int m = 0; m < RM; ++m) {
-      const __m256i p = dot_u8s8(w, load32(a.x[m].q + 32 * i));
-      acc[m][s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dwv, bcast(a.x[m].d + i)), acc[m][s]);
-      off[m] += 8 * dw * a.x[m].s[i];
+    for (int j = 0; j < S; ++j) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
+  }
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  auto block = [&](size_t i, int h) QTARGET {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) {
+      const auto* b = reinterpret_cast<const BlockQ4_0*>(rows[j]) + i;
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
+      const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+      const float dw = f16(b->d);
+      const __m256 dwv = _mm256_set1_ps(dw);
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        const __m256i p = dot_u8s8(w, load32(a.x[m].q + 32 * i));
+        acc[m][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dwv, bcast(a.x[m].d + i)), acc[m][j][h]);
+        off[m][j] += 8 * dw * a.x[m].s[i];
+      }
     }
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(b + i, 2 * sizeof(*b)), block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) prefetch_ahead<S>(reinterpret_cast<const BlockQ4_0*>(rows[j]) + i, 2 * sizeof(BlockQ4_0));
+    block(i, 0), block(i + 1, 1);
+  }
   if (i < nb) block(i, 0);
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1])) - off[m];
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(_mm256_add_ps(acc[m][j][0], acc[m][j][1])) - off[m][j];
+  }
 }
 
 // The 8 six-bit scales and mins of a Q4_K block, as ggml's get_scale_min_k4 gives them for
@@ -231,7 +245,7 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM>& a, si
 template <GgmlType T, int RM>
 QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0) dot_q8_0<RM>(row, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_0) dot_q4_0<RM>(row, x, K / 32, out);
+  else if constexpr (T == GgmlType::Q4_0) dot_q4_0<RM, 1>(&row, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_q4_k<RM, 1>(&row, x, K / 256, out);
   else dot_q6_k<RM, 1>(&row, x, K / 256, out);
 }
@@ -282,11 +296,12 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
 template <GgmlType T, int S>
 QTARGET inline void dot_streams(const std::byte* const* rows, const Q8Row& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0) dot_q8_0_streams<S>(rows, x, K / 32, out);
+  else if constexpr (T == GgmlType::Q4_0) dot_q4_0<1, S>(rows, Acts<1>{{x}}, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_q4_k<1, S>(rows, Acts<1>{{x}}, K / 256, out);
   else dot_q6_k<1, S>(rows, Acts<1>{{x}}, K / 256, out);
 }
 
-// M = 1 (Q8_0, Q4_K, Q6_K): kStreams rows at a time, one from each of kStreams parts of the
+// M = 1: kStreams rows at a time, one from each of kStreams parts of the
 // thread's range, so the thread reads that many sequential streams (as the bf16 dot does,
 // matmul_avx512.cpp dot_bf16_row1; docs/gguf.md, "Decode streams").
 template <GgmlType T>
@@ -316,8 +331,7 @@ QTARGET inline void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
 // taken in slices that stay in L2 while every group of rows meets them.
 template <GgmlType T>
 QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
-  if constexpr (T != GgmlType::Q4_0)
-    if (a.M == 1) return dot_row1<T>(a, n0, n1);
+  if (a.M == 1) return dot_row1<T>(a, n0, n1);
   const size_t slice = std::max<size_t>(1, (size_t(96) << 10) / std::max<size_t>(1, a.ldw_bytes));
   for (size_t s = n0; s < n1; s += slice) {
     const size_t e = std::min(n1, s + slice);
