@@ -41,9 +41,11 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
   for (size_t o = 0; o < n; o += 64) _mm_prefetch(static_cast<const char*>(p) + ahead + o, _MM_HINT_T0);
 }
 
-// Each kernel takes RM activation rows against one weight row: a weight block is decoded once
-// and meets every row, and the rows' sums are independent chains, so at RM = 1 each kernel
-// alternates two sums over consecutive (sub-)blocks to keep FMA latency off the critical path.
+// Each kernel takes RM activation rows against S weight rows (rows[j]; dot_q8_0 one row, its
+// M = 1 twin dot_q8_0_streams S rows) and writes out[m · S + j]: a weight block is decoded once
+// and meets every activation row, and every (row, weight row) sum is its own chain, split in two
+// over consecutive (sub-)blocks to keep FMA latency off the critical path. Prefill and batches
+// take RM = 4, S = 1; decode RM = 1, S = 4 (dot_row1).
 template <int RM>
 struct Acts {
   Q8Row x[RM];
@@ -71,7 +73,6 @@ QTARGET inline void dot_q8_0(const std::byte* row, const Acts<RM>& a, size_t nb,
   for (int m = 0; m < RM; ++m) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));
 }
 
-// RM activation rows against S weight rows (rows[j]); out[m · S + j], as the K-quant tiles.
 template <int RM, int S>
 QTARGET inline void dot_q4_0(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
   __m256 acc[RM][S][2];
@@ -132,7 +133,6 @@ QTARGET inline __m256 scaled_u8(const uint8_t* v, float s) {
 
 // Q4_K: the eight sub-block factors d·sc·d_x of a row are one vector product (the row's
 // scales for the block are contiguous), and the min term is a vector FMA per block.
-// RM activation rows against S weight rows (rows[j]); out[m · S + j].
 template <int RM, int S>
 QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
   __m256 acc[RM][S][2], mins[RM][S];
@@ -181,7 +181,7 @@ QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, si
 }
 
 // Q6_K with the codes made signed (q − 32) and the sign moved onto the activations, as for
-// Q8_0, so no offset term remains. RM activation rows against S weight rows, as dot_q4_k.
+// Q8_0, so no offset term remains.
 template <int RM, int S>
 QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
   __m256 acc[RM][S][2];

@@ -74,15 +74,16 @@ double measure_regions_bandwidth(std::span<const std::span<const std::byte>> reg
     double bytes = 0;
     const auto t0 = std::chrono::steady_clock::now();
     for (const auto& r : regions) {
-      // From the first 64-byte boundary: the loads are whole lines, as the kernels' are.
+      // From the first 64-byte boundary: the loads are whole lines, as the kernels' are. The bytes
+      // are summed as f32 whatever they hold (NaN included): only the reading is timed.
       const auto* p = r.data() + (64 - reinterpret_cast<uintptr_t>(r.data()) % 64) % 64;
       const size_t n = r.size() < size_t(p - r.data()) ? 0 : r.size() - size_t(p - r.data());
       const size_t share = n / size_t(threads) / kPiece * kPiece;
       if (share == 0) continue;
       bytes += double(share) * threads;
-      pool.parallel_for(size_t(threads), [&](size_t t0_, size_t t1_) {
+      pool.parallel_for(size_t(threads), [&](size_t b, size_t e) {
         float s = 0;
-        for (size_t t = t0_; t < t1_; ++t) {
+        for (size_t t = b; t < e; ++t) {
           const auto* f = reinterpret_cast<const float*>(p + t * share);
           s += k.read_loop(f, share / 4 / kStreams, kStreams, share / 4 / kStreams);
         }
