@@ -61,6 +61,7 @@ namespace detail {
 // GemmArgs::xq (quantized once per call by matmul()).
 struct QuantKernels {
   FormatKernels q8_0, q4_0, q4_k, q6_k;
+  void (*quantize)(const float* x, std::byte* out, size_t K);  // quantize_activations' bytes
 };
 extern const QuantKernels kQuantScalar, kQuantAvx2, kQuantAvx512;
 }  // namespace detail

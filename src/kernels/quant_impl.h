@@ -346,9 +346,46 @@ QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
   }
 }
 
+// quantize_activations (quant.h) eight values at a time, with the same f32 operations: the block
+// maximum, d = amax/127 and 1/d in scalar, x·(1/d) per value, rounded half away from zero as
+// std::round does (the truncation, plus the sign where the exact remainder is at least 1/2).
+QTARGET void quantize_x(const float* x, std::byte* out, size_t K) {
+  const size_t nb = K / 32;
+  auto* d = reinterpret_cast<float*>(out);
+  float* s = d + nb;
+  auto* q = reinterpret_cast<int8_t*>(out + 8 * nb);
+  const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  for (size_t b = 0; b < nb; ++b, x += 32, q += 32) {
+    __m256 v[4], mx = _mm256_setzero_ps();
+    VLM_UNROLL
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i), mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    d[b] = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d[b] != 0.0f ? 1.0f / d[b] : 0.0f);
+    __m256i qi[4], sum = _mm256_setzero_si256();
+    VLM_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      const __m256 t = _mm256_mul_ps(v[i], id), tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 away = _mm256_and_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(t, tr)), half, _CMP_GE_OQ),
+                                        _mm256_or_ps(one, _mm256_and_ps(sign, t)));
+      qi[i] = _mm256_cvttps_epi32(_mm256_add_ps(tr, away));
+      sum = _mm256_add_epi32(sum, qi[i]);
+    }
+    // The packs interleave the 128-bit lanes: dwords (a0-3, b0-3, c0-3, d0-3 | a4-7, ...).
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    s[b] = d[b] * float(_mm_cvtsi128_si32(t));
+  }
+}
+
 constexpr QuantKernels make_quant_kernels() {
   return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q4_K>},
-          {&quant_dot<GgmlType::Q6_K>}};
+          {&quant_dot<GgmlType::Q6_K>}, &quantize_x};
 }
 
 }  // namespace

@@ -309,6 +309,43 @@ TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
   for (int j = 0; j < 32; ++j) EXPECT_EQ(int8_t(b[2 + j]), int8_t(std::round(x[j] * (127 / 4.0f)))) << j;
 }
 
+// The activation quantizer of every ISA writes the scalar one's bytes: the block scales, the
+// sums and the codes, on values that land exactly on a half (ties round away from zero), zero
+// blocks and ordinary ones.
+TEST(Quant, ActivationQuantizerIsTheSameOnEveryIsa) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const size_t K = 64 * 32;
+  std::vector<float> x(K);
+  for (size_t b = 0; b < K / 32; ++b) {
+    float* blk = &x[b * 32];
+    if (b % 4 == 0) {  // d = 127 · 0.25 / 127: x·(1/d) = ±(2j + 1)/2, every one a half, and 127
+      for (int j = 0; j < 32; ++j) blk[j] = (j % 2 ? 1.f : -1.f) * float(2 * j + 1) * 0.125f;
+      blk[31] = 127 * 0.25f;
+    } else if (b % 4 == 1) {
+      std::fill(blk, blk + 32, 0.f);
+    } else {
+      for (int j = 0; j < 32; ++j) blk[j] = normal(rng) * (b % 4 == 2 ? 1.f : 1e-3f);
+    }
+  }
+  const size_t bytes = K / 32 * 8 + K;
+  std::vector<std::byte> want(bytes);
+  detail::kQuantScalar.quantize(x.data(), want.data(), K);
+  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+    if (!isa_supported(isa) || (isa == Isa::Avx512 && !quant_vnni_supported())) {
+      ADD_FAILURE() << "this CPU lacks the " << isa_name(isa) << " path: not tested";
+      continue;
+    }
+    std::vector<std::byte> got(bytes);
+    (isa == Isa::Avx2 ? detail::kQuantAvx2 : detail::kQuantAvx512).quantize(x.data(), got.data(), K);
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " byte " << i;
+  }
+  // The halves above do round away: x·(1/d) = −0.5 → −1 and −2.5 → −3 in block 0.
+  const Q8Row r = q8_row(want.data(), K);
+  EXPECT_EQ(r.q[0], -1);
+  EXPECT_EQ(r.q[2], -3);
+}
+
 TEST(Quant, MatmulRefusesPartialBlocksAndKnLayout) {
   float x[64] = {}, y[4];
   std::vector<std::byte> w(1024);
