@@ -244,9 +244,9 @@ void run(GemmArgs a, const Exec& ex) {
     a.ldxq = a.K * sizeof(float);
   } else if (native) {
     bf16_x(a, pool);
-  } else if (!native && f.act != DType::F32) {
+  } else if (f.act != DType::F32) {
     convert_x(a, format_of(f.act));
-  } else if (!native && ex.precision == Precision::Bf16) {
+  } else if (ex.precision == Precision::Bf16) {
     a.x = rounded_x(a, pool);
     a.ldx = a.K;
   }

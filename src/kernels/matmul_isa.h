@@ -34,7 +34,7 @@ struct GemmArgs {
   bool fma = false;
 };
 
-// The decode kernels (dot_bf16_row1, dot_row1_q8_0, and the bf16 tiles of batched decode) ask
+// The decode kernels (dot_bf16_row1, the block formats' dot_row1, and the bf16 tiles of batched decode) ask
 // for each of their weight streams' bytes this far ahead of the loads: the hardware prefetchers
 // alone left 20-30 % of the read bandwidth unused (docs/gguf.md, "Decode streams").
 inline constexpr size_t kRowAhead = 2048;

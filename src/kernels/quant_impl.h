@@ -30,6 +30,7 @@ QTARGET inline float hsum(__m256 v) {
 QTARGET inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 QTARGET inline float f16(uint16_t h) { return _cvtsh_ss(h); }  // exact widening (F16C)
 QTARGET inline __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }
+QTARGET inline __m256 bcast_f16(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h))); }
 
 // Asks for the bytes of a weight row this far ahead of [p, p + n): one sequential stream per
 // thread (S = 1) with this much integer work per byte left the cores waiting on memory (Q4_K/Q6_K
@@ -42,7 +43,9 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
 }
 
 // Each kernel takes RM activation rows against S weight rows (rows[j]; dot_q8_0 one row, its
-// M = 1 twin dot_q8_0_streams S rows) and writes out[m · S + j]: a weight block is decoded once
+// M = 1 twin dot_q8_0_streams S rows: the twin prepares each x block once for its S weight rows
+// (XBlock), while against one weight row the sign moves of each weight block serve all RM
+// activation rows) and writes out[m · S + j]: a weight block is decoded once
 // and meets every activation row, and every (row, weight row) sum is its own chain, split in two
 // over consecutive (sub-)blocks to keep FMA latency off the critical path. Prefill and batches
 // take RM = 4, S = 1; decode RM = 1, S = 4 (dot_row1).
@@ -59,7 +62,7 @@ QTARGET inline void dot_q8_0(const std::byte* row, const Acts<RM>& a, size_t nb,
   const auto* b = reinterpret_cast<const BlockQ8_0*>(row);
   auto block = [&](size_t i, int s) QTARGET {
     const __m256i w = load32(b[i].qs), aw = _mm256_sign_epi8(w, w);
-    const __m256 dw = _mm256_set1_ps(f16(b[i].d));
+    const __m256 dw = bcast_f16(b[i].d);
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) {
       const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * i), w));
@@ -277,7 +280,7 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
     VLM_UNROLL
     for (int j = 0; j < S; ++j) {
       const auto* b = reinterpret_cast<const BlockQ8_0*>(rows[j]) + i;
-      const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(b->d)));
+      const __m256 dw = bcast_f16(b->d);
       acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(xb.dot(load32(b->qs))), _mm256_mul_ps(dw, dx), acc[j][h]);
     }
   };

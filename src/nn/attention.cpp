@@ -135,11 +135,16 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
   });
 }
 
+// attention_decode's work per task: scores [H, kDecodeChunk], and m[H], l[H], o[H, d].
+void ensure_decode(AttnScratch& sc, const AttnShape& s, size_t tasks) {
+  ensure(sc.scores, tasks * s.n_heads * kDecodeChunk);
+  ensure(sc.part, tasks * s.n_heads * (s.head_dim + 2));
+}
+
 void reserve_decode(AttnScratch& sc, const AttnShape& s, size_t rows, size_t max_keys) {
   const size_t tasks = rows * ((max_keys + kDecodeChunk - 1) / kDecodeChunk);
   sc.tasks.reserve(tasks);
-  ensure(sc.scores, tasks * s.n_heads * kDecodeChunk);
-  ensure(sc.part, tasks * s.n_heads * (s.head_dim + 2));
+  ensure_decode(sc, s, tasks);
 }
 
 void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnScratch& sc, const kernels::Exec& ex) {
@@ -148,8 +153,7 @@ void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnS
   for (size_t r = 0; r < rows.size(); ++r)
     for (size_t t0 = 0; t0 < rows[r].n; t0 += kDecodeChunk) sc.tasks.push_back({r, t0});
   const size_t part = H * (d + 2);  // per task: m[H], l[H], o[H, d]
-  ensure(sc.scores, sc.tasks.size() * H * kDecodeChunk);
-  ensure(sc.part, sc.tasks.size() * part);
+  ensure_decode(sc, s, sc.tasks.size());
   struct Job {
     const DecodeRow* rows;
     const DecodeTask* tasks;

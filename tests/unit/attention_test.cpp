@@ -171,7 +171,8 @@ TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionUnmasked) { check_paths
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionMasked) { check_paths(true); }
 
 // attention_decode: several rows of one step, each against its own cache, with key counts
-// inside one 256-key chunk, on its edge and across three (the merge), in f32 on every path.
+// inside one 64-key chunk, on a chunk edge (256) and across several (the merge), in f32 on
+// every path.
 TEST(Attention, DecodeRowsMatchTheDefinitionOnEveryPath) {
   ThreadPool pool(2);
   std::mt19937 rng(11);
