@@ -1,7 +1,6 @@
 // ISA-generic bodies of the matmul kernels, written against a SIMD traits class S:
 //   S::V, S::W (floats per vector), S::MR (rows per register tile), S::NV (vectors
-//   per tile row), S::DOT_RN (weight rows per dot tile at M = 1), S::DOT_RM /
-//   S::DOT_RN2 (tile for M > 1), zero/load/store/bcast/fma/add/hsum,
+//   per tile row), S::DOT_RM / S::DOT_RN2 (tile for M > 1), zero/load/store/bcast/fma/add/hsum,
 //   load_bf16/load_f16 (exact widening of W elements), transpose (W×W in place).
 // Every function is a template on S (or static), and each ISA file defines S with
 // internal linkage, so the instantiations of different ISAs never merge at link time.
@@ -11,7 +10,9 @@
 #include <cstring>
 #include <utility>
 
+#include "core/dtype.h"
 #include "kernels/matmul_isa.h"
+#include "kernels/quant.h"
 #include "kernels/simd.h"
 
 namespace vlm::kernels::detail {
@@ -126,30 +127,51 @@ void dot_rest(const GemmArgs& a, size_t m, size_t rm, size_t n0, size_t n1) {
   }
 }
 
-// M = 1 (decode): one weight row after the other, so the rows a thread reads form a
-// single sequential stream that the hardware prefetcher follows (16 rows interleaved
-// 5 KiB apart streamed ~40% slower on Zen 4); four sums hide the FMA latency.
+// M = 1 (decode): kStreams rows at a time, one from each of kStreams equal parts of the
+// thread's range, each asked for kRowAhead bytes ahead, so a thread keeps that many
+// sequential streams in flight (docs/gguf.md, "Decode streams"; the AVX512-BF16 twin is
+// dot_bf16_row1). Each x vector is loaded once for every stream.
+template <class S, DType D>
+float dot_one_row(const GemmArgs& a, const std::byte* wr, size_t k, typename S::V c0, typename S::V c1) {
+  constexpr size_t W = S::W, es = kElemSize<D>;
+  for (; k + W <= a.K; k += W) c0 = S::fma(S::load(a.x + k), load_w<S, D>(wr + k * es), c0);
+  if (k < a.K) c1 = S::fma(load_part<S>(a.x + k, a.K - k), load_w_part<S, D>(wr + k * es, a.K - k), c1);
+  return S::hsum(S::add(c0, c1));
+}
+
 template <class S, DType D>
 void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
   using V = typename S::V;
+  constexpr int kStreams = 4;
   constexpr size_t W = S::W, es = kElemSize<D>;
-  const float* x = a.x;
-  for (size_t n = n0; n < n1; ++n) {
-    const std::byte* wr = a.w + n * a.ldw_bytes;
-    V c0 = S::zero(), c1 = c0, c2 = c0, c3 = c0;
+  // Vectors per stream per turn: a whole 64-byte line of weights where that is 2 to 4 vectors.
+  constexpr size_t U = 64 / (W * es) < 2 ? 2 : 64 / (W * es) > 4 ? 4 : 64 / (W * es);
+  const size_t part = (n1 - n0) / kStreams;
+  for (size_t i = 0; i < part; ++i) {
+    const std::byte* wr[kStreams];
+    V c[kStreams][2];
+    VLM_UNROLL
+    for (int j = 0; j < kStreams; ++j) wr[j] = a.w + (n0 + j * part + i) * a.ldw_bytes, c[j][0] = c[j][1] = S::zero();
     size_t k = 0;
-    for (; k + 4 * W <= a.K; k += 4 * W) {
-      c0 = S::fma(S::load(x + k), load_w<S, D>(wr + k * es), c0);
-      c1 = S::fma(S::load(x + k + W), load_w<S, D>(wr + (k + W) * es), c1);
-      c2 = S::fma(S::load(x + k + 2 * W), load_w<S, D>(wr + (k + 2 * W) * es), c2);
-      c3 = S::fma(S::load(x + k + 3 * W), load_w<S, D>(wr + (k + 3 * W) * es), c3);
+    for (; k + U * W <= a.K; k += U * W) {
+      VLM_UNROLL
+      for (int j = 0; j < kStreams; ++j)
+        for (size_t b = 0; b < U * W * es; b += 64) __builtin_prefetch(wr[j] + k * es + b + kRowAhead, 0, 3);
+      VLM_UNROLL
+      for (size_t u = 0; u < U; ++u) {
+        const V xv = S::load(a.x + k + u * W);
+        VLM_UNROLL
+        for (int j = 0; j < kStreams; ++j) c[j][u % 2] = S::fma(xv, load_w<S, D>(wr[j] + (k + u * W) * es), c[j][u % 2]);
+      }
     }
-    for (; k + W <= a.K; k += W) c0 = S::fma(S::load(x + k), load_w<S, D>(wr + k * es), c0);
-    if (k < a.K) c1 = S::fma(load_part<S>(x + k, a.K - k), load_w_part<S, D>(wr + k * es, a.K - k), c1);
-    float v = S::hsum(S::add(S::add(c0, c1), S::add(c2, c3)));
-    if (a.bias) v += a.bias[n];
-    a.y[n] = v;
+    VLM_UNROLL
+    for (int j = 0; j < kStreams; ++j) {
+      const size_t n = n0 + j * part + i;
+      a.y[n] = dot_one_row<S, D>(a, wr[j], k, c[j][0], c[j][1]) + (a.bias ? a.bias[n] : 0.f);
+    }
   }
+  for (size_t n = n0 + kStreams * part; n < n1; ++n)
+    a.y[n] = dot_one_row<S, D>(a, a.w + n * a.ldw_bytes, 0, S::zero(), S::zero()) + (a.bias ? a.bias[n] : 0.f);
 }
 
 template <class S, DType D>
@@ -274,9 +296,12 @@ constexpr void fill_table(MicroFn<S> (*t)[S::NV], std::index_sequence<R...>) {
   (fill_row<S, int(R) + 1>(t[R], std::make_index_sequence<S::NV>()), ...);
 }
 
-template <class S, DType D>
-void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+// The packed product of y[mb:me, nb:ne] with K blocks of KC, pack(n0, cols, k0, kc, dst)
+// writing columns [n0, n0 + cols) of W over [k0, k0 + kc) as an f32 panel [kc][NR].
+template <class S, size_t KC, class Pack>
+void gemm_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, Pack&& pack_panel_at) {
   constexpr size_t NR = S::W * S::NV, MR = S::MR, MC = 8 * S::MR * 4;
+  static_assert(KC * kNC <= 2 * kNC * kKC, "the panels of a column block fit IsaKernels::pack_floats");
   static const auto table = [] {
     struct T {
       MicroFn<S> f[S::MR][S::NV];
@@ -292,11 +317,11 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
     const size_t np = (nc + NR - 1) / NR;
     const size_t pw = ((nc + np - 1) / np + S::W - 1) / S::W * S::W;
     const size_t panels = (nc + pw - 1) / pw;
-    for (size_t k0 = 0; k0 < a.K; k0 += kKC) {
-      const size_t kc = a.K - k0 < kKC ? a.K - k0 : kKC;
+    for (size_t k0 = 0; k0 < a.K; k0 += KC) {
+      const size_t kc = a.K - k0 < KC ? a.K - k0 : KC;
       for (size_t p = 0; p < panels; ++p) {
         const size_t c = nc - p * pw < pw ? nc - p * pw : pw;
-        pack_panel<S, D>(a, n0 + p * pw, c, k0, kc, pack + p * kKC * NR);
+        pack_panel_at(n0 + p * pw, c, k0, kc, pack + p * KC * NR);
       }
       const float* bias = a.bias ? a.bias + n0 : nullptr;
       for (size_t m0 = mb; m0 < me; m0 += MC) {
@@ -306,7 +331,7 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
           const size_t nv = (c + S::W - 1) / S::W;
           for (size_t m = m0; m < m1; m += MR) {
             const size_t r = m1 - m < MR ? m1 - m : MR;
-            table.f[r - 1][nv - 1](a, kc, a.x + m * a.ldx + k0, pack + p * kKC * NR,
+            table.f[r - 1][nv - 1](a, kc, a.x + m * a.ldx + k0, pack + p * KC * NR,
                                    a.y + m * a.ldy + n0 + p * pw, c, k0 == 0,
                                    bias ? bias + p * pw : nullptr);
           }
@@ -314,6 +339,39 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
       }
     }
   }
+}
+
+template <class S, DType D>
+void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  gemm_with<S, kKC>(a, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, float* dst) {
+    pack_panel<S, D>(a, n0, cols, k0, kc, dst);
+  });
+}
+
+// FormatKernels::gemm_bf16 of the block formats without the AVX512-BF16 dot: x rounded to bf16
+// as f32 in a.xq, each weight row dequantized exactly (dequantize_row) and rounded to bf16 into
+// the panels, the products on the f32 FMAs: the same products as gemm_bf16dot_blocks. K blocks
+// of 512 hold whole blocks of every format. The dequantization is paid once per weight value and
+// call, against M products.
+template <class S>
+void gemm_blocks_bf16(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  constexpr size_t KC = 512, NR = S::W * S::NV;
+  const GgmlType t = ggml_type_of(a.dtype);
+  const size_t block = size_t(ggml_traits(t).block_elems), block_bytes = ggml_traits(t).block_bytes;
+  GemmArgs xa = a;
+  xa.x = reinterpret_cast<const float*>(a.xq);
+  xa.ldx = a.ldxq / sizeof(float);
+  alignas(64) float row[KC];
+  gemm_with<S, KC>(xa, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, float* dst) {
+    for (size_t i = 0; i < NR; ++i) {
+      if (i < cols) {
+        dequantize_row(t, a.w + (n0 + i) * a.ldw_bytes + k0 / block * block_bytes, row, kc);
+        for (size_t k = 0; k < kc; ++k) dst[k * NR + i] = round_bf16(row[k]);
+      } else {
+        for (size_t k = 0; k < kc; ++k) dst[k * NR + i] = 0.f;
+      }
+    }
+  });
 }
 
 // As many independent FMA chains as the GEMM tile keeps in registers; the result is
@@ -380,7 +438,8 @@ constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm
                     S::MR,
                     2 * kNC * kKC,
                     &fma_loop<S>,
-                    &read_loop<S>};
+                    &read_loop<S>,
+                    &gemm_blocks_bf16<S>};
 }
 
 }  // namespace vlm::kernels::detail

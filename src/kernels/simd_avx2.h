@@ -15,7 +15,7 @@ namespace {
 struct S256 {
   using V = __m256;
   static constexpr int W = 8, MR = 6, NV = 2;
-  static constexpr int DOT_RN = 8, DOT_RM = 2, DOT_RN2 = 4;
+  static constexpr int DOT_RM = 2, DOT_RN2 = 4;
   static V zero() { return _mm256_setzero_ps(); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }

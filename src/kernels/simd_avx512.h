@@ -15,7 +15,7 @@ namespace {
 struct S512 {
   using V = __m512;
   static constexpr int W = 16, MR = 6, NV = 4;
-  static constexpr int DOT_RN = 16, DOT_RM = 4, DOT_RN2 = 4;
+  static constexpr int DOT_RM = 4, DOT_RN2 = 4;
   static V zero() { return _mm512_setzero_ps(); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }

@@ -13,7 +13,7 @@ namespace {
 struct S1 {
   using V = float;
   static constexpr int W = 1, MR = 4, NV = 4;
-  static constexpr int DOT_RN = 4, DOT_RM = 2, DOT_RN2 = 2;
+  static constexpr int DOT_RM = 2, DOT_RN2 = 2;
   static V zero() { return 0.f; }
   static V load(const float* p) { return *p; }
   static void store(float* p, V v) { *p = v; }
