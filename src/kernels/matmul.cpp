@@ -235,8 +235,10 @@ void run(GemmArgs a, const Exec& ex) {
   const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || (hw_bf16 && fk.gemm_bf16)));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr
                                           : fk.gemm_bf16 != nullptr && (ex.dot_gemm || f.act != DType::F32));
-  // More than four rows make the dot compute-bound: its FMA twin where vdpbf16ps is the slower.
-  const bool fma_dot = native && use_dot && a.M > 4 && !ex.dot_gemm && fk.dot_bf16_fma;
+  // More than four rows make the dot compute-bound: its FMA twin where vdpbf16ps is the slower,
+  // and on AVX2 (the AVX512 twin needs the AVX512-BF16 CPU its file is built for).
+  const bool fma_dot = use_dot && a.M > 4 && fk.dot_bf16_fma &&
+                       (native ? !ex.dot_gemm : ex.precision == Precision::Bf16 && !a.kn && ex.isa == Isa::Avx2);
   if (fma_dot) {
     wide_x(a, pool);
   } else if (native && !use_dot && !ex.dot_gemm) {

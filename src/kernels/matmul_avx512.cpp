@@ -315,19 +315,6 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, siz
   }
 }
 
-// fn(std::integral_constant<int, RM>(), m0) for each group of up to four activation rows.
-template <class Fn>
-void row_groups(size_t M, Fn fn) {
-  size_t m = 0;
-  for (; m + 4 <= M; m += 4) fn(std::integral_constant<int, 4>(), m);
-  switch (M - m) {
-    case 3: fn(std::integral_constant<int, 3>(), m); break;
-    case 2: fn(std::integral_constant<int, 2>(), m); break;
-    case 1: fn(std::integral_constant<int, 1>(), m); break;
-    default: break;
-  }
-}
-
 // Columns per pass when more than four activation rows meet the same weight rows: the
 // weights' piece (RN · 1 KiB) and the rows' (up to 32 KiB) stay in L1 while every group of
 // four rows meets them. Sweeping whole rows instead, the second group read them back from L2

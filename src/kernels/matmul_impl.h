@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "core/dtype.h"
@@ -186,6 +187,19 @@ void dot_typed(const GemmArgs& a, size_t n0, size_t n1) {
     size_t m = 0;
     for (; m + S::DOT_RM <= a.M; m += S::DOT_RM) dot_rows<S, D, S::DOT_RM, S::DOT_RN2>(a, m, s, e);
     if (m < a.M) dot_rest<S, D, S::DOT_RM>(a, m, a.M - m, s, e);
+  }
+}
+
+// fn(std::integral_constant<int, RM>(), m0) for each group of up to four activation rows.
+template <class Fn>
+void row_groups(size_t M, Fn fn) {
+  size_t m = 0;
+  for (; m + 4 <= M; m += 4) fn(std::integral_constant<int, 4>(), m);
+  switch (M - m) {
+    case 3: fn(std::integral_constant<int, 3>(), m); break;
+    case 2: fn(std::integral_constant<int, 2>(), m); break;
+    case 1: fn(std::integral_constant<int, 1>(), m); break;
+    default: break;
   }
 }
 

@@ -220,15 +220,17 @@ TEST(Matmul, Bf16DotPathRoundsXOnly) {
 }
 
 // The M = 1 bf16 dot peels the values before the weights' first 64-byte line boundary and
-// places x at the same offset (aligning_lead, bf16_x), and the 5..32-row FMA twin starts its
-// groups there (fma_dot_shift, wide_x): the same products at every offset a tensor can sit at
-// in a file, including ones with no whole line in a short row.
+// places x at the same offset (aligning_lead, bf16_x), and the 5..32-row FMA twins (AVX512 and
+// AVX2) start their groups there (fma_dot_shift, wide_x): the same products at every offset a
+// tensor can sit at in a file, including ones with no whole line in a short row.
 TEST(Matmul, Bf16DotAtEveryWeightOffset) {
-  if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   ThreadPool pool(2);
   std::mt19937 rng(13);
-  for (bool dot_gemm : {true, false}) {
-    Exec dot(pool, Isa::Avx512, Precision::Bf16);
+  for (int path = 0; path < 3; ++path) {  // AVX512-BF16 on the dot, on the FMAs; AVX2
+    const Isa isa = path < 2 ? Isa::Avx512 : Isa::Avx2;
+    const bool dot_gemm = path == 0;
+    if (path < 2 ? !bf16_dot_supported() : !isa_supported(isa)) continue;
+    Exec dot(pool, isa, Precision::Bf16);
     dot.dot_gemm = dot_gemm;
     for (size_t M : {1, 8})
       for (size_t K : {32, 96, 2560}) {
@@ -245,8 +247,8 @@ TEST(Matmul, Bf16DotAtEveryWeightOffset) {
           std::vector<float> y(M * N, NAN);
           matmul(x.data(), M, Weight{p, DType::BF16, N, K}, y.data(), dot);
           expect_close(y.data(), N, xr.data(), K, M, w.values, N, K, false, nullptr,
-                       "M=" + std::to_string(M) + " K=" + std::to_string(K) + " offset " + std::to_string(off) +
-                           (dot_gemm ? "" : " (FMA twin)"));
+                       std::string(isa_name(isa)) + " M=" + std::to_string(M) + " K=" + std::to_string(K) +
+                           " offset " + std::to_string(off) + (dot_gemm ? "" : " (FMA twin)"));
         }
       }
   }
