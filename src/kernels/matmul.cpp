@@ -53,19 +53,17 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
 }
 
 // ggml's block formats: integer dot kernels on activations quantized per 32 (Q8Act), [N, K]
-// layout only. Without AVX512-VNNI the Avx512 row runs the AVX2 kernels. A Precision::Bf16
-// product of more than kDotMaxM rows dequantizes the weights into a GEMM on bf16-rounded
-// inputs instead: the bf16 dot's (gemm_bf16dot_blocks) where the CPU has it, else the f32
-// FMAs' (gemm_blocks_bf16), the same products (docs/gguf.md, "Prefill on the bf16 dot").
+// layout only. Without AVX512-VNNI the Avx512 row runs the AVX2 kernels. With AVX512-BF16,
+// a Precision::Bf16 product of more than kDotMaxM rows dequantizes the weights into the bf16
+// GEMM instead (gemm_bf16dot_blocks).
 template <GgmlType G>
 Format block_format(const char* name, FormatKernels detail::QuantKernels::*member) {
   using namespace detail;
-  FormatKernels avx2 = kQuantAvx2.*member, wide = (quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2).*member;
-  avx2.gemm_bf16 = kAvx2Kernels.gemm_blocks_bf16;
-  wide.gemm_bf16 = bf16_dot_supported() ? &gemm_bf16dot_blocks : kAvx512Kernels.gemm_blocks_bf16;
+  FormatKernels wide = (quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2).*member;
+  if (bf16_dot_supported()) wide.gemm_bf16 = &gemm_bf16dot_blocks;
   return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
                 &dequantize<G>, DType::Q8Act, nullptr, false,
-                {kQuantScalar.*member, avx2, wide}};
+                {kQuantScalar.*member, kQuantAvx2.*member, wide}};
 }
 
 void q8act_to_f32(const std::byte* src, float* dst, size_t n) {
@@ -230,8 +228,8 @@ void run(GemmArgs a, const Exec& ex) {
   const IsaKernels& k = detail::kernels_for(ex.isa);
   // The AVX512-BF16 kernels take x as bf16, rounded here once (bf16_x). Otherwise, under Precision::Bf16, f32-activation
   // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
-  // and block formats quantize x per block as at f32 up to kDotMaxM rows (gemm_bf16 beyond).
-  const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && (bf16_dot_supported() || f.act != DType::F32);
+  // and block formats quantize x per block as at f32.
+  const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
   const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || (hw_bf16 && fk.gemm_bf16)));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr
                                           : fk.gemm_bf16 != nullptr && (ex.dot_gemm || f.act != DType::F32));

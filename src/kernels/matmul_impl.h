@@ -11,9 +11,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "core/dtype.h"
 #include "kernels/matmul_isa.h"
-#include "kernels/quant.h"
 #include "kernels/simd.h"
 
 namespace vlm::kernels::detail {
@@ -310,12 +308,9 @@ constexpr void fill_table(MicroFn<S> (*t)[S::NV], std::index_sequence<R...>) {
   (fill_row<S, int(R) + 1>(t[R], std::make_index_sequence<S::NV>()), ...);
 }
 
-// The packed product of y[mb:me, nb:ne] with K blocks of KC, pack(n0, cols, k0, kc, dst)
-// writing columns [n0, n0 + cols) of W over [k0, k0 + kc) as an f32 panel [kc][NR].
-template <class S, size_t KC, class Pack>
-void gemm_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, Pack&& pack_panel_at) {
+template <class S, DType D>
+void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
   constexpr size_t NR = S::W * S::NV, MR = S::MR, MC = 8 * S::MR * 4;
-  static_assert(KC * kNC <= 2 * kNC * kKC, "the panels of a column block fit IsaKernels::pack_floats");
   static const auto table = [] {
     struct T {
       MicroFn<S> f[S::MR][S::NV];
@@ -331,11 +326,11 @@ void gemm_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, fl
     const size_t np = (nc + NR - 1) / NR;
     const size_t pw = ((nc + np - 1) / np + S::W - 1) / S::W * S::W;
     const size_t panels = (nc + pw - 1) / pw;
-    for (size_t k0 = 0; k0 < a.K; k0 += KC) {
-      const size_t kc = a.K - k0 < KC ? a.K - k0 : KC;
+    for (size_t k0 = 0; k0 < a.K; k0 += kKC) {
+      const size_t kc = a.K - k0 < kKC ? a.K - k0 : kKC;
       for (size_t p = 0; p < panels; ++p) {
         const size_t c = nc - p * pw < pw ? nc - p * pw : pw;
-        pack_panel_at(n0 + p * pw, c, k0, kc, pack + p * KC * NR);
+        pack_panel<S, D>(a, n0 + p * pw, c, k0, kc, pack + p * kKC * NR);
       }
       const float* bias = a.bias ? a.bias + n0 : nullptr;
       for (size_t m0 = mb; m0 < me; m0 += MC) {
@@ -345,7 +340,7 @@ void gemm_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, fl
           const size_t nv = (c + S::W - 1) / S::W;
           for (size_t m = m0; m < m1; m += MR) {
             const size_t r = m1 - m < MR ? m1 - m : MR;
-            table.f[r - 1][nv - 1](a, kc, a.x + m * a.ldx + k0, pack + p * KC * NR,
+            table.f[r - 1][nv - 1](a, kc, a.x + m * a.ldx + k0, pack + p * kKC * NR,
                                    a.y + m * a.ldy + n0 + p * pw, c, k0 == 0,
                                    bias ? bias + p * pw : nullptr);
           }
@@ -353,39 +348,6 @@ void gemm_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, fl
       }
     }
   }
-}
-
-template <class S, DType D>
-void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  gemm_with<S, kKC>(a, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, float* dst) {
-    pack_panel<S, D>(a, n0, cols, k0, kc, dst);
-  });
-}
-
-// FormatKernels::gemm_bf16 of the block formats without the AVX512-BF16 dot: x rounded to bf16
-// as f32 in a.xq, each weight row dequantized exactly (dequantize_row) and rounded to bf16 into
-// the panels, the products on the f32 FMAs: the same products as gemm_bf16dot_blocks. K blocks
-// of 512 hold whole blocks of every format. The dequantization is paid once per weight value and
-// call, against M products.
-template <class S>
-void gemm_blocks_bf16(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  constexpr size_t KC = 512, NR = S::W * S::NV;
-  const GgmlType t = ggml_type_of(a.dtype);
-  const size_t block = size_t(ggml_traits(t).block_elems), block_bytes = ggml_traits(t).block_bytes;
-  GemmArgs xa = a;
-  xa.x = reinterpret_cast<const float*>(a.xq);
-  xa.ldx = a.ldxq / sizeof(float);
-  alignas(64) float row[KC];
-  gemm_with<S, KC>(xa, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, float* dst) {
-    for (size_t i = 0; i < NR; ++i) {
-      if (i < cols) {
-        dequantize_row(t, a.w + (n0 + i) * a.ldw_bytes + k0 / block * block_bytes, row, kc);
-        for (size_t k = 0; k < kc; ++k) dst[k * NR + i] = round_bf16(row[k]);
-      } else {
-        for (size_t k = 0; k < kc; ++k) dst[k * NR + i] = 0.f;
-      }
-    }
-  });
 }
 
 // As many independent FMA chains as the GEMM tile keeps in registers; the result is
@@ -452,8 +414,7 @@ constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm
                     S::MR,
                     2 * kNC * kKC,
                     &fma_loop<S>,
-                    &read_loop<S>,
-                    &gemm_blocks_bf16<S>};
+                    &read_loop<S>};
 }
 
 }  // namespace vlm::kernels::detail

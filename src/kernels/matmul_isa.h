@@ -63,8 +63,6 @@ struct IsaKernels {
   // Reads n floats from each of `streams` streams `stride` floats apart, in lockstep, with the
   // widest loads and four independent sums (the bandwidth probe).
   float (*read_loop)(const float* p, size_t n, size_t streams, size_t stride);
-  // The block formats' FormatKernels::gemm_bf16 where the CPU lacks the AVX512-BF16 dot.
-  void (*gemm_blocks_bf16)(const GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
 };
 
 // AVX512-BF16 only: a register-resident vdpbf16ps loop (the bf16 dot peak); FLOPs done.
