@@ -135,9 +135,12 @@ QTARGET inline __m256 scaled_u8(const uint8_t* v, float s) {
 }
 
 // Q4_K: the eight sub-block factors d·sc·d_x of a row are one vector product (the row's
-// scales for the block are contiguous), and the min term is a vector FMA per block.
+// scales for the block are contiguous), and the min term is a vector FMA per block. Both are
+// worked out for a run of blocks before the codes meet x: the chain from a block's scale bytes to
+// its factors is long, and with it in the same loop the products waited on it.
 template <int RM, int S>
 QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
+  constexpr size_t kRun = 16;  // blocks per run: 2 KiB of factors per row pair
   __m256 acc[RM][S][2], mins[RM][S];
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
@@ -145,31 +148,40 @@ QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, si
     for (int j = 0; j < S; ++j) acc[m][j][0] = acc[m][j][1] = mins[m][j] = _mm256_setzero_ps();
   }
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  for (size_t i = 0; i < nb; ++i) {
-    VLM_UNROLL
-    for (int j = 0; j < S; ++j) {
-      const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i;
-      prefetch_ahead<S>(b, sizeof(BlockQ4_K));
-      uint8_t sc[8], mn[8];
-      scales_mins_k4(b->scales, sc, mn);
-      const __m256 ds = scaled_u8(sc, f16(b->d)), dm = scaled_u8(mn, f16(b->dmin));
-      alignas(32) float f[RM][8];  // d·sc·d_x per sub-block
+  alignas(32) float f[kRun][RM][S][8];  // d·sc·d_x per sub-block
+  for (size_t i0 = 0; i0 < nb; i0 += kRun) {
+    const size_t n = std::min(kRun, nb - i0);
+    for (size_t i = 0; i < n; ++i) {
       VLM_UNROLL
-      for (int m = 0; m < RM; ++m) {
-        _mm256_store_ps(f[m], _mm256_mul_ps(ds, _mm256_loadu_ps(a.x[m].d + 8 * i)));
-        mins[m][j] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(a.x[m].s + 8 * i), mins[m][j]);
-      }
-      VLM_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const __m256i q = load32(b->qs + 32 * c);
-        const __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+      for (int j = 0; j < S; ++j) {
+        const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i0 + i;
+        uint8_t sc[8], mn[8];
+        scales_mins_k4(b->scales, sc, mn);
+        const __m256 ds = scaled_u8(sc, f16(b->d)), dm = scaled_u8(mn, f16(b->dmin));
         VLM_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int k = 2 * c + h;
+        for (int m = 0; m < RM; ++m) {
+          _mm256_store_ps(f[i][m][j], _mm256_mul_ps(ds, _mm256_loadu_ps(a.x[m].d + 8 * (i0 + i))));
+          mins[m][j] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(a.x[m].s + 8 * (i0 + i)), mins[m][j]);
+        }
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      VLM_UNROLL
+      for (int j = 0; j < S; ++j) {
+        const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i0 + i;
+        prefetch_ahead<S>(b, sizeof(BlockQ4_K));
+        VLM_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q = load32(b->qs + 32 * c);
+          const __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
           VLM_UNROLL
-          for (int m = 0; m < RM; ++m) {
-            const __m256i p = dot_u8s8(codes[h], load32(a.x[m].q + 32 * (8 * i + size_t(k))));
-            acc[m][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), bcast(&f[m][k]), acc[m][j][h]);
+          for (int h = 0; h < 2; ++h) {
+            const int k = 2 * c + h;
+            VLM_UNROLL
+            for (int m = 0; m < RM; ++m) {
+              const __m256i p = dot_u8s8(codes[h], load32(a.x[m].q + 32 * (8 * (i0 + i) + size_t(k))));
+              acc[m][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), bcast(&f[i][m][j][k]), acc[m][j][h]);
+            }
           }
         }
       }
