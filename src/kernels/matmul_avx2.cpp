@@ -28,11 +28,7 @@ template <int RM, int RN>
 void wide_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, size_t n0, size_t stride, size_t k0,
                size_t k1, size_t K, size_t shift, __m256* acc_mem) {
   __m256 acc[RM][RN];
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int r = 0; r < RN; ++r) acc[m][r] = k0 ? acc_mem[m * RN + r] : _mm256_setzero_ps();
-  }
+  tile_start<S256>(acc, k0, acc_mem);
   const __m256i odd = _mm256_set1_epi32(int(0xffff0000u));
   // One group of 32 columns from k; w(r) gives row r's 64 bytes of it. Each half of 16 values
   // goes by parity: the RN rows' even entries meet every activation row, then their odd ones,
@@ -77,19 +73,7 @@ void wide_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, size_t 
     for (int r = 0; r < RN; ++r) g[r].fill(wr[r] + 2 * k, 0, k1 - k);
     step(k, [&](int r) { return reinterpret_cast<const std::byte*>(g[r].v); });
   }
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int r = 0; r < RN; ++r) {
-      if (k1 < K) {
-        acc_mem[m * RN + r] = acc[m][r];
-        continue;
-      }
-      float v = S256::hsum(acc[m][r]);
-      if (a.bias) v += a.bias[n0 + r * stride];
-      a.y[(m0 + m) * a.ldy + n0 + r * stride] = v;
-    }
-  }
+  tile_finish<S256>(a, acc, k1, K, acc_mem, m0, n0, stride);
 }
 
 // Columns per pass: the RN weight rows' piece and the activation rows' (up to 32 KiB) stay in L1

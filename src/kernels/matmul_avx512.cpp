@@ -259,11 +259,7 @@ template <bool Wide, int RM, int RN>
 void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, size_t n0, size_t stride, size_t k0,
                    size_t k1, size_t K, size_t shift, __m512* acc_mem) {
   __m512 acc[RM][RN];
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int r = 0; r < RN; ++r) acc[m][r] = k0 ? acc_mem[m * RN + r] : _mm512_setzero_ps();
-  }
+  tile_start<S512>(acc, k0, acc_mem);
   auto step = [&](size_t k, auto load_w) {
     __m512bh wv[RN];
     VLM_UNROLL
@@ -300,19 +296,7 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, siz
       return load_bf16x32(p);
     });
   if (k < k1) step(k, [&](const std::byte* p) { return load_bf16_range(p, 0, k1 - k); });
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int r = 0; r < RN; ++r) {
-      if (k1 < K) {
-        acc_mem[m * RN + r] = acc[m][r];
-        continue;
-      }
-      float v = _mm512_reduce_add_ps(acc[m][r]);
-      if (a.bias) v += a.bias[n0 + r * stride];
-      a.y[(m0 + m) * a.ldy + n0 + r * stride] = v;
-    }
-  }
+  tile_finish<S512>(a, acc, k1, K, acc_mem, m0, n0, stride);
 }
 
 // Columns per pass when more than four activation rows meet the same weight rows: the

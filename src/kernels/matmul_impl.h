@@ -201,6 +201,35 @@ void row_groups(size_t M, Fn fn) {
   }
 }
 
+// The sums of an RM × RN dot tile that covers columns [k0, k1) of K (the 5..32-row tiles
+// take K in column blocks): they start at zero at k0 = 0, else from acc_mem, where they go back
+// unless k1 = K; then they become y's entries for rows m0.. and weight rows n0 + r · stride.
+template <class S, int RM, int RN>
+inline void tile_start(typename S::V (&acc)[RM][RN], size_t k0, const typename S::V* acc_mem) {
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int r = 0; r < RN; ++r) acc[m][r] = k0 ? acc_mem[m * RN + r] : S::zero();
+  }
+}
+template <class S, int RM, int RN>
+inline void tile_finish(const GemmArgs& a, typename S::V (&acc)[RM][RN], size_t k1, size_t K, typename S::V* acc_mem,
+                        size_t m0, size_t n0, size_t stride) {
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int r = 0; r < RN; ++r) {
+      if (k1 < K) {
+        acc_mem[m * RN + r] = acc[m][r];
+        continue;
+      }
+      float v = S::hsum(acc[m][r]);
+      if (a.bias) v += a.bias[n0 + r * stride];
+      a.y[(m0 + m) * a.ldy + n0 + r * stride] = v;
+    }
+  }
+}
+
 // ---- packed path ----
 // Packs W(n0 .. n0+cols, k0 .. k0+kc) as f32 [kc][NR] (columns beyond cols are zero).
 template <class S, DType D>
