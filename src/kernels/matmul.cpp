@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "kernels/simd_scalar.h"
 
@@ -152,13 +153,12 @@ float* pack_buffer(size_t floats) {
 // x rounded to bf16 (nearest even), dense [M, K], in a per-thread buffer; rows spread over
 // the pool (on one thread the rounding of a 4096-row vision x took 2 % of an image's time while
 // the other core waited).
-const float* rounded_x(const GemmArgs& a, ThreadPool& pool) {
+const float* rounded_x(const GemmArgs& a, const Exec& ex) {
   thread_local std::vector<float> buf;
   buf.resize(a.M * a.K);
   float* out = buf.data();
-  pool.parallel_for(a.M, [&](size_t m0, size_t m1) {
-    for (size_t m = m0; m < m1; ++m)
-      for (size_t k = 0; k < a.K; ++k) out[m * a.K + k] = round_bf16(a.x[m * a.ldx + k]);
+  ex.threads().parallel_for(a.M, [&](size_t m0, size_t m1) {
+    for (size_t m = m0; m < m1; ++m) round_to_bf16(a.x + m * a.ldx, out + m * a.K, a.K, ex.isa);
   }, std::max<size_t>(1, (size_t(16) << 10) / std::max<size_t>(1, a.K)));
   return out;
 }
@@ -242,14 +242,14 @@ void run(GemmArgs a, const Exec& ex) {
   } else if (native && !use_dot && !ex.dot_gemm) {
     // gemm_bf16's FMA twin of the bf16 micro-kernel takes x rounded, as f32 (block formats:
     // K is whole blocks, so every pair is whole).
-    a.xq = reinterpret_cast<const std::byte*>(rounded_x(a, pool));
+    a.xq = reinterpret_cast<const std::byte*>(rounded_x(a, ex));
     a.ldxq = a.K * sizeof(float);
   } else if (native) {
     bf16_x(a, pool);
   } else if (f.act != DType::F32) {
     convert_x(a, format_of(f.act));
   } else if (ex.precision == Precision::Bf16) {
-    a.x = rounded_x(a, pool);
+    a.x = rounded_x(a, ex);
     a.ldx = a.K;
   }
   if (use_dot) {

@@ -27,6 +27,9 @@ void gelu_tanh(float* x, size_t n, Isa isa = best_isa());
 // gate[i] = gelu_tanh(gate[i]) · up[i] (the Gemma MLP's gated activation).
 void gelu_tanh_mul(float* gate, const float* up, size_t n, Isa isa = best_isa());
 
+// y[i] = x[i] rounded to bf16 (nearest even) and back to f32, as vlm::round_bf16; y may be x.
+void round_to_bf16(const float* x, float* y, size_t n, Isa isa = best_isa());
+
 // In-place softmax over one row of n entries, with max subtraction. Finite for any
 // finite input (all entries equal to the lowest f32 give a uniform row; entries at the
 // lowest f32 next to normal ones get exactly 0); a row that is all −inf gives zeros

@@ -20,6 +20,7 @@ struct OpsKernels {
   void (*softmax)(float* x, size_t n);
   void (*attend_chunk)(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride,
                        size_t n, size_t d, float scale, float* p, float* m, float* l, float* o);
+  void (*round_to_bf16)(const float* x, float* y, size_t n);
 };
 extern const OpsKernels kScalarOps;
 extern const OpsKernels kAvx2Ops;
@@ -291,9 +292,16 @@ void attend_chunk_k(const float* q, size_t H, size_t G, const float* k, const fl
 }
 
 template <class S>
+void round_bf16_k(const float* x, float* y, size_t n) {
+  size_t i = 0;
+  for (; i + S::W <= n; i += S::W) S::store(y + i, S::round_bf16(S::load(x + i)));
+  if (i < n) store_part<S>(y + i, S::round_bf16(load_part<S>(x + i, n - i)), n - i);
+}
+
+template <class S>
 constexpr OpsKernels make_ops() {
   return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>,
-                    &attend_chunk_k<S>};
+                    &attend_chunk_k<S>, &round_bf16_k<S>};
 }
 
 }  // namespace vlm::kernels::detail

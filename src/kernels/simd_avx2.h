@@ -83,6 +83,14 @@ struct S256 {
     const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
   }
+  // f32 → bf16 (nearest even) → f32, as vlm::round_bf16: NaN stays NaN (quieted).
+  static V round_bf16(V v) {
+    const __m256i u = _mm256_castps_si256(v), hi = _mm256_set1_epi32(int(0xffff0000u));
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), hi);
+    const __m256i nan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)), hi);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(nan), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
 };
 
 }  // namespace

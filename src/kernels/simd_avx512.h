@@ -81,6 +81,14 @@ struct S512 {
     const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
     return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
   }
+  // f32 → bf16 (nearest even) → f32, as vlm::round_bf16: NaN stays NaN (quieted).
+  static V round_bf16(V v) {
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_set1_epi32(int(0xffff0000u));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), hi);
+    const __m512i nan = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x400000)), hi);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan));
+  }
 };
 
 }  // namespace

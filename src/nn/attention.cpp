@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 
-#include "core/dtype.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 
@@ -24,12 +23,10 @@ void ensure(std::vector<T>& v, size_t n) {
 }
 
 // A copy of n values rounded to bf16 (nearest even), in buf.
-const float* rounded(const float* x, size_t n, std::vector<float>& buf, ThreadPool& pool) {
+const float* rounded(const float* x, size_t n, std::vector<float>& buf, const kernels::Exec& ex) {
   ensure(buf, n);
   float* out = buf.data();
-  pool.parallel_for(n, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) out[i] = round_bf16(x[i]);
-  });
+  ex.threads().parallel_for(n, [&](size_t b, size_t e) { kernels::round_to_bf16(x + b, out + b, e - b, ex.isa); });
   return out;
 }
 
@@ -106,8 +103,8 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const size_t krow = s.n_kv_heads * d, qrow = s.n_heads * d;
   if (bf16) {  // the products round q and P (their x); keys and values are rounded here
-    k = rounded(k, Lk * krow, sc.k_bf16, pool);
-    v = rounded(v, Lk * krow, sc.v_bf16, pool);
+    k = rounded(k, Lk * krow, sc.k_bf16, ex);
+    v = rounded(v, Lk * krow, sc.v_bf16, ex);
   }
   for_each_block(mask, Lq, Lk, qrow, sc, out, [&](size_t r0, size_t R, size_t k0, size_t k1, const float* tile) {
     const size_t n = k1 - k0;

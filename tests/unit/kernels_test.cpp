@@ -365,6 +365,22 @@ TEST(Matmul, IsaSelection) {
 
 // ---- ops ----
 
+// round_to_bf16 on every path: bit for bit vlm::round_bf16, ties to even included, NaN kept NaN,
+// infinities and values that round up to infinity, subnormals, and a tail shorter than a vector.
+TEST(Ops, RoundToBf16IsRoundBf16OnEveryPath) {
+  std::vector<float> x = {0.f, -0.f, 1.f, -1.5f, INFINITY, -INFINITY, NAN, -NAN, 3.4028235e38f, 1e-40f, -1e-45f};
+  for (uint32_t low : {0x8000u, 0x18000u, 0x7fffu, 0x8001u, 0xffffu})  // ties to even up and down, just below/above
+    x.push_back(bits_to_f32(0x3f800000u | (low & 0xffffu)) + (low > 0xffffu ? 1.f : 0.f));
+  std::mt19937 rng(31);
+  for (int i = 0; i < 61; ++i) x.push_back(bits_to_f32(uint32_t(rng())));
+  for (Isa isa : isas()) {
+    std::vector<float> y(x.size(), 7.f);
+    round_to_bf16(x.data(), y.data(), x.size(), isa);
+    for (size_t i = 0; i < x.size(); ++i)
+      EXPECT_EQ(f32_to_bits(y[i]), f32_to_bits(round_bf16(x[i]))) << isa_name(isa) << " x " << x[i];
+  }
+}
+
 TEST(Ops, RmsNormMatchesDouble) {
   for (Isa isa : isas()) {
     SCOPED_TRACE(isa_name(isa));
