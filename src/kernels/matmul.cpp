@@ -236,7 +236,7 @@ void run(GemmArgs a, const Exec& ex) {
   // More than four rows make the dot compute-bound: its FMA twin where vdpbf16ps is the slower,
   // and on AVX2 (the AVX512 twin needs the AVX512-BF16 CPU its file is built for).
   const bool fma_dot = use_dot && a.M > 4 && fk.dot_bf16_fma &&
-                       (native ? !ex.dot_gemm : ex.precision == Precision::Bf16 && !a.kn && ex.isa == Isa::Avx2);
+                       (native ? !ex.dot_gemm : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2);
   if (fma_dot) {
     wide_x(a, pool);
   } else if (native && !use_dot && !ex.dot_gemm) {

@@ -140,7 +140,7 @@ QTARGET inline __m256 scaled_u8(const uint8_t* v, float s) {
 // its factors is long, and with it in the same loop the products waited on it.
 template <int RM, int S>
 QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
-  constexpr size_t kRun = 16;  // blocks per run: 2 KiB of factors per row pair
+  constexpr size_t kRun = 16;  // blocks per run: 512 B of factors per (activation, weight) row pair
   __m256 acc[RM][S][2], mins[RM][S];
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {

@@ -369,8 +369,10 @@ TEST(Matmul, IsaSelection) {
 // infinities and values that round up to infinity, subnormals, and a tail shorter than a vector.
 TEST(Ops, RoundToBf16IsRoundBf16OnEveryPath) {
   std::vector<float> x = {0.f, -0.f, 1.f, -1.5f, INFINITY, -INFINITY, NAN, -NAN, 3.4028235e38f, 1e-40f, -1e-45f};
-  for (uint32_t low : {0x8000u, 0x18000u, 0x7fffu, 0x8001u, 0xffffu})  // ties to even up and down, just below/above
-    x.push_back(bits_to_f32(0x3f800000u | (low & 0xffffu)) + (low > 0xffffu ? 1.f : 0.f));
+  // Halfway with an even bf16 (stays) and an odd one (rounds up), just below and above halfway, and
+  // the largest low half (carries into the exponent).
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f807fffu, 0x3f808001u, 0x3f80ffffu})
+    x.push_back(bits_to_f32(bits));
   std::mt19937 rng(31);
   for (int i = 0; i < 61; ++i) x.push_back(bits_to_f32(uint32_t(rng())));
   for (Isa isa : isas()) {
