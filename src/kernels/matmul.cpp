@@ -394,22 +394,57 @@ Exec::Exec(ThreadPool& p, Isa i, Precision pr) : pool(&p), isa(i), precision(pr)
   if (!isa_supported(i)) fail("kernels: this CPU does not support the {} path", isa_name(i));
 }
 
-void pack_kv_bf16(const float* k, const float* v, size_t ld, size_t n, size_t d, Bf16Kv& kv) {
-  if (!bf16_dot_supported()) fail("pack_kv_bf16: this CPU has no AVX512-BF16 dot");
-  const size_t panels = (n + 63) / 64;
-  kv.n = n, kv.d = d;
-  kv.k.resize(panels * ((d + 1) / 2) * 64);
-  kv.v.resize(panels * 32 * ((d + 15) / 16 * 16));
-  detail::pack_keys_bf16(k, ld, n, d, kv.k.data());
-  detail::pack_values_bf16(v, ld, n, d, kv.v.data());
+namespace {
+bool bf16_pairs(const Exec& ex) {
+  return ex.precision == Precision::Bf16 && ex.isa == Isa::Avx512 && bf16_dot_supported();
+}
+}  // namespace
+
+void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, PackedKv& kv, const Exec& ex) {
+  kv.n = n, kv.d = d, kv.isa = ex.isa, kv.precision = ex.precision;
+  if (bf16_pairs(ex)) {
+    const size_t panels = (n + 63) / 64;
+    kv.k_pairs.resize(panels * ((d + 1) / 2) * 64);
+    kv.v_pairs.resize(panels * 32 * ((d + 15) / 16 * 16));
+    detail::pack_keys_bf16(k, ld, n, d, kv.k_pairs.data());
+    detail::pack_values_bf16(v, ld, n, d, kv.v_pairs.data());
+    return;
+  }
+  const detail::IsaKernels& ik = detail::kernels_for(ex.isa);
+  const size_t nr = ik.panel;
+  kv.k.resize((n + nr - 1) / nr * nr * d);
+  kv.v.resize((d + nr - 1) / nr * nr * n);
+  ik.pack_kv(k, v, ld, n, d, kv.k.data(), kv.v.data());
+  if (ex.precision == Precision::Bf16) {
+    round_to_bf16(kv.k.data(), kv.k.data(), kv.k.size(), ex.isa);
+    round_to_bf16(kv.v.data(), kv.v.data(), kv.v.size(), ex.isa);
+  }
 }
 
-void attend_bf16(const float* q, size_t ldq, size_t rows, const Bf16Kv& kv, size_t k0, size_t k1, float scale,
-                 const float* mask, size_t ldm, float* out, size_t ldo, bool fma) {
-  if (!bf16_dot_supported()) fail("attend_bf16: this CPU has no AVX512-BF16 dot");
-  if (k0 >= k1 || k1 > kv.n) fail("attend_bf16: keys [{}, {}) outside the {} packed", k0, k1, kv.n);
+void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t k0, size_t k1, float scale,
+            const float* mask, size_t ldm, float* out, size_t ldo, const Exec& ex) {
+  if (kv.isa != ex.isa || kv.precision != ex.precision)
+    fail("attend: keys and values packed for {} at another precision or ISA than {}", isa_name(kv.isa),
+         isa_name(ex.isa));
+  if (k0 >= k1 || k1 > kv.n) fail("attend: keys [{}, {}) outside the {} packed", k0, k1, kv.n);
   if (rows == 0) return;
-  detail::attend_bf16({q, ldq, rows, kv.k.data(), kv.v.data(), kv.d, k0, k1, scale, mask, ldm, out, ldo, fma});
+  detail::AttendArgs a{q, ldq, rows, kv.k.data(), kv.v.data(), kv.k_pairs.data(), kv.v_pairs.data(), kv.n, kv.d,
+                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, false, !ex.dot_gemm, nullptr};
+  if (bf16_pairs(ex)) return detail::attend_bf16(a);
+  // The scores of whole panels, and under Bf16 the queries rounded (the probabilities are
+  // rounded in the kernel, after the softmax).
+  const detail::IsaKernels& ik = detail::kernels_for(ex.isa);
+  const size_t nr = ik.panel, w = (k1 + nr - 1) / nr * nr - k0 / nr * nr;
+  a.round = ex.precision == Precision::Bf16;
+  thread_local std::vector<float> scratch;
+  scratch.resize(rows * w + (a.round ? rows * kv.d : 0));
+  a.scratch = scratch.data();
+  if (a.round) {
+    float* qr = scratch.data() + rows * w;
+    for (size_t r = 0; r < rows; ++r) round_to_bf16(q + r * ldq, qr + r * kv.d, kv.d, ex.isa);
+    a.q = qr, a.ldq = kv.d;
+  }
+  ik.attend(a);
 }
 
 }  // namespace vlm::kernels

@@ -53,20 +53,23 @@ enum class Layout { NK, KN };
 void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout,
                     const float* bias, float* y, size_t ldy, const Exec& ex);
 
-// Attention's products on the AVX512-BF16 dot (only where bf16_dot_supported(); nn/attention
-// under Precision::Bf16). The keys and values of one head, rounded to bf16 (nearest even) and
-// packed once for every query row that reads them:
-struct Bf16Kv {
-  std::vector<uint32_t> k, v;
+// Attention's products (nn/attention): the keys and values [n, d] of one KV head (rows ld floats
+// apart), packed once for every query row that reads them, in the form the Exec's kernels take:
+// bf16 pairs for the AVX512-BF16 dot (Precision::Bf16 there), else f32 panels of the Exec's
+// ISA, rounded to bf16 under Precision::Bf16. The f32 panels hold about as much as k and v.
+struct PackedKv {
+  std::vector<float> k, v;               // f32 panels
+  std::vector<uint32_t> k_pairs, v_pairs;  // bf16 pairs
   size_t n = 0, d = 0;
+  Isa isa = Isa::Scalar;
+  Precision precision = Precision::F32;
 };
-// k and v: [n, d], rows ld floats apart.
-void pack_kv_bf16(const float* k, const float* v, size_t ld, size_t n, size_t d, Bf16Kv& kv);
+void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, PackedKv& kv, const Exec& ex);
 // out[rows, d] = softmax(q·kᵀ · scale + mask) · v over the keys [k0, k1) of kv, for query rows
-// q (ldq apart), with q and the probabilities rounded to bf16 and f32 sums. mask: the additive
-// [rows, k1 − k0] tile (rows ldm apart) or null. fma: the same products on the f32 FMAs
-// (Exec::dot_gemm off). Runs on the calling thread.
-void attend_bf16(const float* q, size_t ldq, size_t rows, const Bf16Kv& kv, size_t k0, size_t k1, float scale,
-                 const float* mask, size_t ldm, float* out, size_t ldo, bool fma = false);
+// q (ldq apart), at the Exec's precision (Bf16: q and the probabilities rounded to bf16 as well),
+// f32 sums. mask: the additive [rows, k1 − k0] tile (rows ldm apart) or null. kv must be packed
+// for the same Exec (ISA and precision). Runs on the calling thread.
+void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t k0, size_t k1, float scale,
+            const float* mask, size_t ldm, float* out, size_t ldo, const Exec& ex);
 
 }  // namespace vlm::kernels

@@ -441,7 +441,7 @@ void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, siz
   });
 }
 
-// ---- attention's products on the bf16 dot (matmul.h, attend_bf16): keys, values, queries
+// ---- attention's products on the bf16 dot (matmul.h, attend): keys, values, queries
 // and probabilities as bf16, f32 sums, on micro_bf16.
 
 // Two bf16 values (nearest even) in one word, a in the low half.
@@ -493,7 +493,7 @@ void attend_bf16(const AttendArgs& a) {
   }
   for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
     for (size_t m = 0; m < a.rows; m += kMR)
-      table.f[std::min(kMR, a.rows - m) - 1][3](dp, qa.data() + m * ldq, ldq, a.keys + p * dp * kNR, kNR,
+      table.f[std::min(kMR, a.rows - m) - 1][3](dp, qa.data() + m * ldq, ldq, a.key_pairs + p * dp * kNR, kNR,
                                                  scores.data() + m * w + (p * kNR - a0), w, kNR, true, nullptr);
   const size_t n = a.k1 - a.k0;
   for (size_t r = 0; r < a.rows; ++r) {
@@ -527,7 +527,7 @@ void attend_bf16(const AttendArgs& a) {
       const size_t cols = std::min(kNR, d - c0);
       for (size_t m = 0; m < a.rows; m += kMR)
         table.f[std::min(kMR, a.rows - m) - 1][(cols + 15) / 16 - 1](
-            kc, pa.data() + m * ldp + kb * words, ldp, a.values + (a0 / 2 + kb) * dv + c0, dv, a.out + m * a.ldo + c0,
+            kc, pa.data() + m * ldp + kb * words, ldp, a.value_pairs + (a0 / 2 + kb) * dv + c0, dv, a.out + m * a.ldo + c0,
             a.ldo, cols, kb == 0, nullptr);
     }
   }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "kernels/matmul_isa.h"
+#include "kernels/ops.h"
 #include "kernels/simd.h"
 
 namespace vlm::kernels::detail {
@@ -337,16 +338,25 @@ constexpr void fill_table(MicroFn<S> (*t)[S::NV], std::index_sequence<R...>) {
   (fill_row<S, int(R) + 1>(t[R], std::make_index_sequence<S::NV>()), ...);
 }
 
-template <class S, DType D>
-void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  constexpr size_t NR = S::W * S::NV, MR = S::MR, MC = 8 * S::MR * 4;
-  static const auto table = [] {
-    struct T {
-      MicroFn<S> f[S::MR][S::NV];
-    } t{};
+// The register tiles of every shape up to MR rows × NV vectors: f[rows − 1][vectors − 1].
+template <class S>
+struct RegisterTiles {
+  MicroFn<S> f[S::MR][S::NV];
+};
+template <class S>
+const RegisterTiles<S>& register_tiles() {
+  static const RegisterTiles<S> table = [] {
+    RegisterTiles<S> t{};
     fill_table<S>(t.f, std::make_index_sequence<S::MR>());
     return t;
   }();
+  return table;
+}
+
+template <class S, DType D>
+void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  constexpr size_t NR = S::W * S::NV, MR = S::MR, MC = 8 * S::MR * 4;
+  const RegisterTiles<S>& table = register_tiles<S>();
   const size_t step = column_block(ne - nb, NR);
   for (size_t n0 = nb; n0 < ne; n0 += step) {
     const size_t nc = ne - n0 < step ? ne - n0 : step;
@@ -375,6 +385,70 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
           }
         }
       }
+    }
+  }
+}
+
+// ---- attention's products (matmul.h, attend) on the f32 register tiles. Keys pack as a [n, d]
+// nk weight's panels ([d][NR] per NR keys, zero past n) and values as a [n, d] kn weight's
+// ([n][NR] per NR of the d columns), once for every query row; the sums run in gemm_typed's
+// order (K blocks of kKC), so the result is the packed path's.
+template <class S>
+void pack_kv_f32(const float* k, const float* v, size_t ld, size_t n, size_t d, float* kp, float* vp) {
+  constexpr size_t NR = S::W * S::NV;
+  GemmArgs w{};
+  w.dtype = DType::F32, w.ldw_bytes = ld * sizeof(float);
+  w.w = reinterpret_cast<const std::byte*>(k);
+  for (size_t p = 0; p * NR < n; ++p) pack_panel<S, DType::F32>(w, p * NR, n - p * NR < NR ? n - p * NR : NR, 0, d, kp + p * d * NR);
+  w.w = reinterpret_cast<const std::byte*>(v), w.kn = true;
+  for (size_t c = 0; c * NR < d; ++c) pack_panel<S, DType::F32>(w, c * NR, d - c * NR < NR ? d - c * NR : NR, 0, n, vp + c * n * NR);
+}
+
+template <class S>
+void attend_f32(const AttendArgs& a) {
+  constexpr size_t W = S::W, NR = S::W * S::NV, MR = S::MR;
+  const RegisterTiles<S>& table = register_tiles<S>();
+  // Scores over whole key panels [a0, a1), then the keys [k0, k1) of each row.
+  const size_t a0 = a.k0 / NR * NR, a1 = (a.k1 + NR - 1) / NR * NR, w = a1 - a0, n = a.k1 - a.k0;
+  float* scores = a.scratch;
+  GemmArgs qk{};
+  qk.ldx = a.ldq, qk.ldy = w;
+  for (size_t k0 = 0; k0 < a.d; k0 += kKC) {
+    const size_t kc = a.d - k0 < kKC ? a.d - k0 : kKC;
+    for (size_t p = a0 / NR; p < a1 / NR; ++p)
+      for (size_t m = 0; m < a.rows; m += MR)
+        table.f[(a.rows - m < MR ? a.rows - m : MR) - 1][S::NV - 1](qk, kc, a.q + m * a.ldq + k0, a.keys + (p * a.d + k0) * NR,
+                                                         scores + m * w + (p * NR - a0), NR, k0 == 0, nullptr);
+  }
+  using V = typename S::V;
+  const V scale = S::set1(a.scale);
+  for (size_t r = 0; r < a.rows; ++r) {
+    float* x = scores + r * w + (a.k0 - a0);
+    const float* m = a.mask ? a.mask + r * a.ldm : nullptr;
+    size_t j = 0;
+    for (; j + W <= n; j += W) {  // x · scale + mask, each rounded as the definition's f32 ops
+      const V t = S::mul(S::load(x + j), scale);
+      S::store(x + j, m ? S::add(t, S::load(m + j)) : t);
+    }
+    for (; j < n; ++j) {
+      const float t = x[j] * a.scale;
+      x[j] = m ? t + m[j] : t;
+    }
+    softmax(x, n, a.isa);
+    if (a.round) round_to_bf16(x, x, n, a.isa);
+  }
+  // o = P·v, one panel of values and K block at a time, which stays in L1 across the rows.
+  GemmArgs pv{};
+  pv.ldx = w, pv.ldy = a.ldo;
+  for (size_t c0 = 0; c0 < a.d; c0 += NR) {
+    const size_t cols = a.d - c0 < NR ? a.d - c0 : NR, nv = (cols + W - 1) / W;
+    const float* panel = a.values + c0 * a.n;
+    for (size_t kb = 0; kb < n; kb += kKC) {
+      const size_t kc = n - kb < kKC ? n - kb : kKC;
+      for (size_t m = 0; m < a.rows; m += MR)
+        table.f[(a.rows - m < MR ? a.rows - m : MR) - 1][nv - 1](pv, kc, scores + m * w + (a.k0 - a0) + kb,
+                                                      panel + (a.k0 + kb) * NR, a.out + m * a.ldo + c0, cols, kb == 0,
+                                                      nullptr);
     }
   }
 }
@@ -443,7 +517,9 @@ constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm
                     S::MR,
                     2 * kNC * kKC,
                     &fma_loop<S>,
-                    &read_loop<S>};
+                    &read_loop<S>,
+                    &pack_kv_f32<S>,
+                    &attend_f32<S>};
 }
 
 }  // namespace vlm::kernels::detail

@@ -47,6 +47,24 @@ inline size_t fma_dot_shift(const GemmArgs& a) {
   return a.ldw_bytes % 64 ? 0 : (reinterpret_cast<uintptr_t>(a.w) & 63) / 2;
 }
 
+// attention's products (matmul.h, attend) over one packed KV head.
+struct AttendArgs {
+  const float* q;
+  size_t ldq, rows;
+  const float *keys, *values;               // f32 panels (IsaKernels::attend)
+  const uint32_t *key_pairs, *value_pairs;  // bf16 pairs (attend_bf16, pack_keys_bf16)
+  size_t n, d, k0, k1;                      // n keys packed, d values each; [k0, k1) attended
+  float scale;
+  const float* mask;  // [rows, k1 - k0], rows ldm apart, or null
+  size_t ldm;
+  float* out;
+  size_t ldo;
+  Isa isa;         // of softmax and the rounding
+  bool round;      // f32 panels: the probabilities rounded to bf16 (q arrives rounded)
+  bool fma;        // bf16 pairs: the products on the f32 FMAs (Exec::dot_gemm off)
+  float* scratch;  // f32 panels: the scores, rows × (whole panels spanning [k0, k1))
+};
+
 // The f32/f16/bf16 kernels of one ISA and its packed-path geometry. dot: any M (nk only),
 // y[:, n0:n1] with weights streamed once. gemm: y[m0:m1, n0:n1] register-tiled from
 // packed panels (pack holds pack_floats floats, 64-byte aligned; n0 a multiple of panel).
@@ -63,6 +81,11 @@ struct IsaKernels {
   // Reads n floats from each of `streams` streams `stride` floats apart, in lockstep, with the
   // widest loads and four independent sums (the bandwidth probe).
   float (*read_loop)(const float* p, size_t n, size_t streams, size_t stride);
+  // Attention's products on the register tiles (matmul.h, attend): keys and values [n, d]
+  // (rows ld floats apart) into kp (panels of `panel` keys, [d][panel]) and vp (panels of
+  // `panel` columns, [n][panel]), zero past n and d; then attend on them.
+  void (*pack_kv)(const float* k, const float* v, size_t ld, size_t n, size_t d, float* kp, float* vp);
+  void (*attend)(const AttendArgs& a);
 };
 
 // AVX512-BF16 only: a register-resident vdpbf16ps loop (the bf16 dot peak); FLOPs done.
@@ -73,24 +96,12 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
 // exactly, then rounded to bf16 with x).
 void gemm_bf16dot_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
 
-// AVX512-BF16 only: attention's products (matmul.h, attend_bf16). Keys [n, d] (rows ld
+// AVX512-BF16 only: attention's products on the bf16 dot (matmul.h, attend). Keys [n, d] (rows ld
 // floats apart) pack as pack_b_pairs packs a weight: panels of 64 keys, words [(d + 1) / 2][64],
 // zero past n and d. Values [n, d] pack as words [pairs][dv], with n padded to whole panels
 // of 64 keys and dv = d rounded up to 16: word (p, j) holds V(2p, j) low and V(2p + 1, j) high.
 void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst);
 void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst);
-struct AttendArgs {
-  const float* q;
-  size_t ldq, rows;
-  const uint32_t *keys, *values;  // packed as above
-  size_t d, k0, k1;
-  float scale;
-  const float* mask;  // [rows, k1 - k0], rows ldm apart, or null
-  size_t ldm;
-  float* out;
-  size_t ldo;
-  bool fma;  // the products on the f32 FMAs (Exec::dot_gemm off)
-};
 void attend_bf16(const AttendArgs& a);
 
 extern const IsaKernels kScalarKernels;

@@ -102,7 +102,8 @@ double measure_peak_flops(int threads, Isa isa, Precision precision) {
   double (*loop)(size_t) = bf16 ? &detail::bf16_dot_loop : k.fma_loop;
   ThreadPool pool(threads);
   const size_t n = size_t(threads);
-  // Calibrate to about 0.2 s per run.
+  // Calibrate to about 0.1 s per run. The best of 8 short runs: on a shared machine another
+  // tenant takes a core for a second at a time, and 3 runs of 0.2 s read half the peak.
   size_t iters = 1 << 16;
   for (;;) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -110,9 +111,9 @@ double measure_peak_flops(int threads, Isa isa, Precision precision) {
     if (seconds_since(t0) > 0.05) break;
     iters *= 2;
   }
-  iters *= 4;
+  iters *= 2;
   double best = 0;
-  for (int run = 0; run < 3; ++run) {
+  for (int run = 0; run < 8; ++run) {
     std::atomic<double> flops{0};
     const auto t0 = std::chrono::steady_clock::now();
     pool.parallel_for(n, [&](size_t b, size_t e) {

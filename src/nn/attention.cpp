@@ -11,7 +11,7 @@ namespace vlm::nn {
 
 namespace {
 constexpr size_t kRowBlock = 256;  // query rows per score block: caps the work rows at 256 × Lk
-constexpr size_t kBf16Rows = 24;   // query rows of one attend_bf16 call: its scores stay in L2
+constexpr size_t kPieceRows = 24;  // query rows of one attend call: its scores stay in L2
 // Positions per decode task: the 4B's chunk of keys and values (2 × 256 KiB) stays in L2, and
 // a 512-key decode gives 8 tasks to spread over the threads.
 constexpr size_t kDecodeChunk = 64;
@@ -20,14 +20,6 @@ constexpr size_t kDecodeChunk = 64;
 template <class T>
 void ensure(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
-}
-
-// A copy of n values rounded to bf16 (nearest even), in buf.
-const float* rounded(const float* x, size_t n, std::vector<float>& buf, const kernels::Exec& ex) {
-  ensure(buf, n);
-  float* out = buf.data();
-  ex.threads().parallel_for(n, [&](size_t b, size_t e) { kernels::round_to_bf16(x + b, out + b, e - b, ex.isa); });
-  return out;
 }
 
 // The query rows of one score block: the keys [k0, k1) holding every allowed entry of rows
@@ -67,68 +59,30 @@ void for_each_block(const MaskTiles* mask, size_t Lq, size_t Lk, size_t qrow, At
   }
 }
 
-// Precision::Bf16 on AVX512-BF16: every KV head packed once, then (head, 24-row) pieces of each
-// score block spread over the pool, each one attend_bf16 call (on the FMAs with fma).
-void attention_bf16dot(const float* q, size_t Lq, const float* k, const float* v, size_t Lk, const MaskTiles* mask,
-                       const AttnShape& s, float* out, AttnScratch& sc, ThreadPool& pool, bool fma) {
-  const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads;
-  const size_t krow = s.n_kv_heads * d, qrow = s.n_heads * d;
-  if (sc.kv.size() < s.n_kv_heads) sc.kv.resize(s.n_kv_heads);
-  pool.parallel_for(s.n_kv_heads, [&](size_t g0, size_t g1) {
-    for (size_t g = g0; g < g1; ++g) kernels::pack_kv_bf16(k + g * d, v + g * d, krow, Lk, d, sc.kv[g]);
-  }, 1);
-  for_each_block(mask, Lq, Lk, qrow, sc, out, [&](size_t r0, size_t R, size_t k0, size_t k1, const float* tile) {
-    const size_t pieces = (R + kBf16Rows - 1) / kBf16Rows, n = k1 - k0;
-    pool.parallel_for(s.n_heads * pieces, [&](size_t j0, size_t j1) {
-      for (size_t j = j0; j < j1; ++j) {
-        const size_t h = j % s.n_heads, i0 = j / s.n_heads * kBf16Rows, rows = std::min(kBf16Rows, R - i0);
-        kernels::attend_bf16(q + (r0 + i0) * qrow + h * d, qrow, rows, sc.kv[h / group], k0, k1, s.scale,
-                             tile ? tile + i0 * n : nullptr, n, out + (r0 + i0) * qrow + h * d, qrow, fma);
-      }
-    }, 1);
-  });
-}
-
 }  // namespace
 
+// Every KV head packed once (kernels::pack_kv), then (head, kPieceRows-row) pieces of each score
+// block spread over the pool, each one kernels::attend call.
 void attention(const float* q, size_t Lq, const float* k, const float* v, size_t Lk, const MaskTiles* mask,
                const AttnShape& s, float* out, AttnScratch& sc, const kernels::Exec& ex) {
   ThreadPool& pool = ex.threads();
   const size_t B = std::min(Lq, kRowBlock);
   if (sc.lo.size() < B) sc.lo.resize(B), sc.hi.resize(B);
-  const bool bf16 = ex.precision == kernels::Precision::Bf16;
-  if (bf16 && ex.isa == kernels::Isa::Avx512 && kernels::bf16_dot_supported())
-    return attention_bf16dot(q, Lq, k, v, Lk, mask, s, out, sc, pool, !ex.dot_gemm);
-  using kernels::Layout;
   const size_t d = s.head_dim, group = s.n_heads / s.n_kv_heads;
   const size_t krow = s.n_kv_heads * d, qrow = s.n_heads * d;
-  if (bf16) {  // the products round q and P (their x); keys and values are rounded here
-    k = rounded(k, Lk * krow, sc.k_bf16, ex);
-    v = rounded(v, Lk * krow, sc.v_bf16, ex);
-  }
+  if (sc.kv.size() < s.n_kv_heads) sc.kv.resize(s.n_kv_heads);
+  pool.parallel_for(s.n_kv_heads, [&](size_t g0, size_t g1) {
+    for (size_t g = g0; g < g1; ++g) kernels::pack_kv(k + g * d, v + g * d, krow, Lk, d, sc.kv[g], ex);
+  }, 1);
   for_each_block(mask, Lq, Lk, qrow, sc, out, [&](size_t r0, size_t R, size_t k0, size_t k1, const float* tile) {
-    const size_t n = k1 - k0;
-    ensure(sc.scores, R * n);
-    float* scores = sc.scores.data();
-    for (size_t h = 0; h < s.n_heads; ++h) {
-      const size_t g = h / group;
-      const kernels::Weight K = kernels::f32_weight(k + k0 * krow + g * d, n, d, krow);
-      const kernels::Weight V = kernels::f32_weight(v + k0 * krow + g * d, n, d, krow);
-      kernels::matmul_strided(q + r0 * qrow + h * d, qrow, R, K, Layout::NK, nullptr, scores, n, ex);
-      pool.parallel_for(R, [&](size_t i0, size_t i1) {
-        for (size_t i = i0; i < i1; ++i) {
-          float* row = scores + i * n;
-          if (tile) {
-            const float* m = tile + i * n;
-            for (size_t j = 0; j < n; ++j) row[j] = row[j] * s.scale + m[j];
-          } else if (s.scale != 1.f) {
-            for (size_t j = 0; j < n; ++j) row[j] *= s.scale;
-          }
-          kernels::softmax(row, n, ex.isa);
-        }
-      });
-      kernels::matmul_strided(scores, n, R, V, Layout::KN, nullptr, out + r0 * qrow + h * d, qrow, ex);
-    }
+    const size_t pieces = (R + kPieceRows - 1) / kPieceRows, n = k1 - k0;
+    pool.parallel_for(s.n_heads * pieces, [&](size_t j0, size_t j1) {
+      for (size_t j = j0; j < j1; ++j) {
+        const size_t h = j % s.n_heads, i0 = j / s.n_heads * kPieceRows, rows = std::min(kPieceRows, R - i0);
+        kernels::attend(q + (r0 + i0) * qrow + h * d, qrow, rows, sc.kv[h / group], k0, k1, s.scale,
+                        tile ? tile + i0 * n : nullptr, n, out + (r0 + i0) * qrow + h * d, qrow, ex);
+      }
+    }, 1);
   });
 }
 

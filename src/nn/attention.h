@@ -2,10 +2,11 @@
 // attention, the SigLIP encoder's full attention): query head h reads KV head
 // h / (nH / nKV); scores = q·k · scale + mask, softmax in f32, o = P·v. attention() runs the
 // two products at the Exec's precision: F32 exact, or Bf16 with q, k, v and P rounded to bf16
-// and f32 sums, as a bf16 checkpoint's attention runs in the reference (on AVX512-BF16 one
-// packed kernel per head and row piece, kernels/matmul.h attend_bf16; elsewhere the f32
-// kernels on rounded inputs, the same products). The decoder passes exact() (its KV cache and
-// decode rows are f32); the vision tower passes its precision (docs/gemma3/vision.md).
+// and f32 sums, as a bf16 checkpoint's attention runs in the reference. Each KV head is packed
+// once per call and every piece of query rows attends to it in one kernel (kernels/matmul.h,
+// attend: the AVX512-BF16 dot, or the f32 register tiles on rounded inputs, the same products).
+// The decoder passes exact() (its KV cache and decode rows are f32); the vision tower passes its
+// precision (docs/gemma3/vision.md).
 #pragma once
 #include <cstddef>
 #include <span>
@@ -48,10 +49,9 @@ struct DecodeTask {
 struct AttnScratch {
   std::vector<float> scores, tile;
   std::vector<size_t> lo, hi;
-  std::vector<float> k_bf16, v_bf16;  // Bf16 without AVX512-BF16: rounded keys and values
-  std::vector<kernels::Bf16Kv> kv;     // Bf16 on AVX512-BF16: each KV head packed
-  std::vector<DecodeTask> tasks;       // attention_decode: its pieces of work
-  std::vector<float> part;             // attention_decode: each piece's unnormalized result
+  std::vector<kernels::PackedKv> kv;  // attention(): each KV head packed
+  std::vector<DecodeTask> tasks;      // attention_decode: its pieces of work
+  std::vector<float> part;            // attention_decode: each piece's unnormalized result
 };
 
 // Lq queries q [Lq, nH, d] against Lk keys/values k/v [Lk, nKV, d]; mask null = every key
