@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/exec.h"
+#include "kernels/matmul.h"
 #include "nn/attention.h"
 
 namespace vlm {
@@ -169,6 +171,26 @@ void check_paths(bool masked) {
 
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionUnmasked) { check_paths(false); }
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionMasked) { check_paths(true); }
+
+// Packed keys and values hold one Exec's layout and rounding: attend refuses them under another
+// precision or ISA, and a key range outside the packed keys.
+TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
+  ThreadPool pool(1);
+  const size_t n = 40, d = 8;
+  std::vector<float> k(n * d, 0.5f), v(n * d, 0.25f), q(d, 1.f), out(d);
+  kernels::PackedKv kv;
+  const Exec f32(pool, Isa::Scalar, Precision::F32), bf16(pool, Isa::Scalar, Precision::Bf16);
+  kernels::pack_kv(k.data(), v.data(), d, n, d, kv, f32);
+  kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, f32);
+  for (float o : out) EXPECT_NEAR(o, 0.25f, 1e-6f);  // equal scores: the mean of equal values
+  EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, bf16), Error);
+  EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n + 1, 1.f, nullptr, 0, out.data(), d, f32), Error);
+  EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 5, 5, 1.f, nullptr, 0, out.data(), d, f32), Error);
+  if (kernels::isa_supported(Isa::Avx2)) {
+    const Exec avx2(pool, Isa::Avx2, Precision::F32);
+    EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, avx2), Error);
+  }
+}
 
 // attention_decode: several rows of one step, each against its own cache, with key counts
 // inside one 64-key chunk, on a chunk edge (256) and across several (the merge), in f32 on
