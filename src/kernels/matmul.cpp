@@ -434,7 +434,7 @@ void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t 
   // The scores of whole panels, and under Bf16 the queries rounded (the probabilities are
   // rounded in the kernel, after the softmax).
   const detail::IsaKernels& ik = detail::kernels_for(ex.isa);
-  const size_t nr = ik.panel, w = (k1 + nr - 1) / nr * nr - k0 / nr * nr;
+  const size_t nr = ik.panel, w = (k1 + nr - 1) / nr * nr - k0 / nr * nr + detail::kScoresPad;
   a.round = ex.precision == Precision::Bf16;
   thread_local std::vector<float> scratch;
   scratch.resize(rows * w + (a.round ? rows * kv.d : 0));

@@ -417,8 +417,8 @@ void attend_f32(const AttendArgs& a) {
   constexpr size_t W = S::W, NR = S::W * S::NV, MR = S::MR;
   const RegisterTiles<S>& table = register_tiles<S>();
   // Scores over whole key panels [a0, a1), then the keys [k0, k1) of each row.
-  const size_t a0 = a.k0 / NR * NR, a1 = (a.k1 + NR - 1) / NR * NR, w = a1 - a0, n = a.k1 - a.k0;
-  float* scores = a.scratch;
+  const size_t a0 = a.k0 / NR * NR, a1 = (a.k1 + NR - 1) / NR * NR, n = a.k1 - a.k0, w = a1 - a0 + kScoresPad;
+  float* scores = a.scratch;  // rows w apart
   GemmArgs qk{};
   qk.ldx = a.ldq, qk.ldy = w;
   for (size_t k0 = 0; k0 < a.d; k0 += kKC) {
