@@ -499,13 +499,7 @@ void attend_bf16(const AttendArgs& a) {
   for (size_t r = 0; r < a.rows; ++r) {
     float* row = scores.data() + r * w;
     float* x = row + (a.k0 - a0);
-    if (a.mask) {
-      const float* m = a.mask + r * a.ldm;
-      for (size_t j = 0; j < n; ++j) x[j] = x[j] * a.scale + m[j];
-    } else if (a.scale != 1.f) {
-      for (size_t j = 0; j < n; ++j) x[j] *= a.scale;
-    }
-    softmax(x, n, Isa::Avx512);
+    scaled_softmax(x, n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr, false, Isa::Avx512);
     std::fill(row, x, 0.f);
     std::fill(x + n, row + w, 0.f);
     uint32_t* out = pa.data() + r * ldp;

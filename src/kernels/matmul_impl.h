@@ -432,26 +432,12 @@ void attend_f32(const AttendArgs& a) {
     const size_t kc = a.d - k0 < kKC ? a.d - k0 : kKC;
     for (size_t p = a0 / NR; p < a1 / NR; ++p)
       for (size_t m = 0; m < a.rows; m += MR)
-        table.f[(a.rows - m < MR ? a.rows - m : MR) - 1][S::NV - 1](qk, kc, a.q + m * a.ldq + k0, a.keys + (p * a.d + k0) * NR,
-                                                         scores + m * w + (p * NR - a0), NR, k0 == 0, nullptr);
+        table.f[(a.rows - m < MR ? a.rows - m : MR) - 1][S::NV - 1](
+            qk, kc, a.q + m * a.ldq + k0, a.keys + (p * a.d + k0) * NR, scores + m * w + (p * NR - a0), NR, k0 == 0,
+            nullptr);
   }
-  using V = typename S::V;
-  const V scale = S::set1(a.scale);
-  for (size_t r = 0; r < a.rows; ++r) {
-    float* x = scores + r * w + (a.k0 - a0);
-    const float* m = a.mask ? a.mask + r * a.ldm : nullptr;
-    size_t j = 0;
-    for (; j + W <= n; j += W) {  // x · scale + mask, each rounded as the definition's f32 ops
-      const V t = S::mul(S::load(x + j), scale);
-      S::store(x + j, m ? S::add(t, S::load(m + j)) : t);
-    }
-    for (; j < n; ++j) {
-      const float t = x[j] * a.scale;
-      x[j] = m ? t + m[j] : t;
-    }
-    softmax(x, n, a.isa);
-    if (a.round) round_to_bf16(x, x, n, a.isa);
-  }
+  for (size_t r = 0; r < a.rows; ++r)
+    scaled_softmax(scores + r * w + (a.k0 - a0), n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr, a.round, a.isa);
   // o = P·v, one panel of values and K block at a time, which stays in L1 across the rows.
   GemmArgs pv{};
   pv.ldx = w, pv.ldy = a.ldo;

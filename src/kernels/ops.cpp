@@ -39,6 +39,10 @@ void gelu_tanh_mul(float* gate, const float* up, size_t n, Isa isa) {
 
 void softmax(float* x, size_t n, Isa isa) { ops(isa).softmax(x, n); }
 
+void scaled_softmax(float* x, size_t n, float scale, const float* mask, bool round, Isa isa) {
+  ops(isa).scaled_softmax(x, n, scale, mask, round);
+}
+
 void round_to_bf16(const float* x, float* y, size_t n, Isa isa) { ops(isa).round_to_bf16(x, y, n); }
 
 void attend_chunk(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride, size_t n,

@@ -35,6 +35,10 @@ void round_to_bf16(const float* x, float* y, size_t n, Isa isa = best_isa());
 // lowest f32 next to normal ones get exactly 0); a row that is all −inf gives zeros
 // rather than NaN. Probabilities below FLT_MIN are flushed to 0.
 void softmax(float* x, size_t n, Isa isa = best_isa());
+// Attention's probabilities of one row: softmax(x · scale + mask) in place (mask: n additive
+// values, or null), each then rounded to bf16 when round is set. The f32 operations of the
+// scaling, softmax() and round_to_bf16() one after the other, in three passes over x, not five.
+void scaled_softmax(float* x, size_t n, float scale, const float* mask, bool round, Isa isa = best_isa());
 
 // One chunk of a decode row's attention (docs/gemma3/decoder.md#decode-attention): H query
 // heads q[H, d], each G sharing a KV head, against n positions of keys and values k/v (a

@@ -18,6 +18,7 @@ struct OpsKernels {
   void (*gelu_tanh)(float* x, size_t n);
   void (*gelu_tanh_mul)(float* gate, const float* up, size_t n);
   void (*softmax)(float* x, size_t n);
+  void (*scaled_softmax)(float* x, size_t n, float scale, const float* mask, bool round);
   void (*attend_chunk)(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride,
                        size_t n, size_t d, float scale, float* p, float* m, float* l, float* o);
   void (*round_to_bf16)(const float* x, float* y, size_t n);
@@ -103,8 +104,32 @@ void gelu_mul_k(float* g, const float* u, size_t n) {
                   n - i);
 }
 
-// x ← e^(x − max x) in place; returns Σ, *mx the max (0 for an all −inf row, whose
-// (−inf) − (−inf) would be NaN: shifted by 0 it gives zeros).
+// x ← e^(x − m) in place; returns Σ.
+template <class S>
+float exp_sum(float* x, size_t n, float m) {
+  using V = typename S::V;
+  const V mv = S::set1(m);
+  V vs = S::zero();
+  size_t i = 0;
+  for (; i + S::W <= n; i += S::W) {
+    const V e = exp_v<S>(S::sub(S::load(x + i), mv));
+    S::store(x + i, e);
+    vs = S::add(vs, e);
+  }
+  if (i < n) {
+    const V e = exp_v<S>(S::sub(load_part<S>(x + i, n - i, -INFINITY), mv));  // padding gives 0
+    store_part<S>(x + i, e, n - i);
+    vs = S::add(vs, e);
+  }
+  return S::hsum(vs);
+}
+
+// The shift of a row whose largest entry is mx: mx, or 0 for an all −inf row, whose
+// (−inf) − (−inf) would be NaN (shifted by 0 it gives zeros). static: no shared copy across
+// the ISA files.
+static inline float shift_of(float mx) { return mx == -INFINITY ? 0.f : mx; }
+
+// x ← e^(x − max x) in place; returns Σ, *mx the shift (shift_of).
 template <class S>
 float exp_shifted(float* x, size_t n, float* mx) {
   using V = typename S::V;
@@ -113,33 +138,49 @@ float exp_shifted(float* x, size_t n, float* mx) {
   size_t i = 0;
   for (; i + S::W <= n; i += S::W) vm = S::max(vm, S::load(x + i));
   if (i < n) vm = S::max(vm, load_part<S>(x + i, n - i, ninf));
-  *mx = S::hmax(vm);
-  if (*mx == ninf) *mx = 0.f;
-  const V m = S::set1(*mx);
-  V vs = S::zero();
-  for (i = 0; i + S::W <= n; i += S::W) {
-    const V e = exp_v<S>(S::sub(S::load(x + i), m));
-    S::store(x + i, e);
-    vs = S::add(vs, e);
-  }
-  if (i < n) {
-    const V e = exp_v<S>(S::sub(load_part<S>(x + i, n - i, ninf), m));  // padding gives 0
-    store_part<S>(x + i, e, n - i);
-    vs = S::add(vs, e);
-  }
-  return S::hsum(vs);
+  *mx = shift_of(S::hmax(vm));
+  return exp_sum<S>(x, n, *mx);
+}
+
+// x ← x / sum (0 for a zero sum), then rounded to bf16 when asked (as round_bf16_k).
+template <class S>
+void normalize(float* x, size_t n, float sum, bool round) {
+  using V = typename S::V;
+  const V inv = S::set1(sum > 0.f ? 1.f / sum : 0.f);
+  auto scaled = [&](V v) { return round ? S::round_bf16(S::mul(v, inv)) : S::mul(v, inv); };
+  size_t i = 0;
+  for (; i + S::W <= n; i += S::W) S::store(x + i, scaled(S::load(x + i)));
+  if (i < n) store_part<S>(x + i, scaled(load_part<S>(x + i, n - i)), n - i);
 }
 
 template <class S>
 void softmax_k(float* x, size_t n) {
-  using V = typename S::V;
   if (n == 0) return;
   float mx;
-  const float sum = exp_shifted<S>(x, n, &mx);
-  const V inv = S::set1(sum > 0.f ? 1.f / sum : 0.f);
+  normalize<S>(x, n, exp_shifted<S>(x, n, &mx), false);
+}
+
+// softmax(x · scale + mask) with the scaling and the max in one pass (ops.h, scaled_softmax).
+template <class S>
+void scaled_softmax_k(float* x, size_t n, float scale, const float* mask, bool round) {
+  using V = typename S::V;
+  if (n == 0) return;
+  const float ninf = -INFINITY;
+  const V sv = S::set1(scale);
+  V vm = S::set1(ninf);
   size_t i = 0;
-  for (; i + S::W <= n; i += S::W) S::store(x + i, S::mul(S::load(x + i), inv));
-  if (i < n) store_part<S>(x + i, S::mul(load_part<S>(x + i, n - i), inv), n - i);
+  for (; i + S::W <= n; i += S::W) {
+    const V t = S::mul(S::load(x + i), sv);
+    const V u = mask ? S::add(t, S::load(mask + i)) : t;
+    S::store(x + i, u);
+    vm = S::max(vm, u);
+  }
+  if (i < n) {
+    const V t = S::mul(load_part<S>(x + i, n - i), sv);
+    store_part<S>(x + i, mask ? S::add(t, load_part<S>(mask + i, n - i)) : t, n - i);
+    vm = S::max(vm, load_part<S>(x + i, n - i, ninf));
+  }
+  normalize<S>(x, n, exp_sum<S>(x, n, shift_of(S::hmax(vm))), round);
 }
 
 // Σ (v[i] − c) and Σ (v[i] − c)² over one row, in f32 lanes.
@@ -301,7 +342,7 @@ void round_bf16_k(const float* x, float* y, size_t n) {
 template <class S>
 constexpr OpsKernels make_ops() {
   return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>,
-                    &attend_chunk_k<S>, &round_bf16_k<S>};
+                    &scaled_softmax_k<S>, &attend_chunk_k<S>, &round_bf16_k<S>};
 }
 
 }  // namespace vlm::kernels::detail

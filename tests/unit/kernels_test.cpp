@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -459,6 +460,36 @@ TEST(Ops, GeluTanhMatchesFormula) {
       ASSERT_NEAR(y[i], want, tol) << "x=" << v;
       ASSERT_TRUE(std::isfinite(y[i]));
       ASSERT_EQ(gm[i], y[i] * up[i]) << "x=" << v;
+    }
+  }
+}
+
+// scaled_softmax is the scaling (x · scale, then + mask, two f32 roundings), softmax() and
+// round_to_bf16() one after the other, bit for bit, on every ISA: rows with tails, a mask with
+// blocked (−inf, lowest) entries, and a row the mask blocks entirely.
+TEST(Ops, ScaledSoftmaxIsScaleThenSoftmaxThenRounding) {
+  for (Isa isa : isas()) {
+    SCOPED_TRACE(isa_name(isa));
+    std::mt19937 rng(9);
+    for (size_t n : {1, 7, 16, 37, 4096}) {
+      const auto x = random_vec(n, rng);
+      auto mask = random_vec(n, rng);
+      for (size_t i = 0; i < n; i += 3) mask[i] = i % 2 ? -INFINITY : std::numeric_limits<float>::lowest();
+      const std::vector<float> blocked(n, -INFINITY);
+      const std::vector<float>* masks[] = {nullptr, &mask, &blocked};
+      for (const std::vector<float>* m : masks)
+        for (bool round : {false, true}) {
+          std::vector<float> want(n), got = x;
+          for (size_t i = 0; i < n; ++i) {
+            const float t = x[i] * 0.37f;
+            want[i] = m ? t + (*m)[i] : t;
+          }
+          softmax(want.data(), n, isa);
+          if (round) round_to_bf16(want.data(), want.data(), n, isa);
+          scaled_softmax(got.data(), n, 0.37f, m ? m->data() : nullptr, round, isa);
+          for (size_t i = 0; i < n; ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << n << "," << i << "," << round;
+        }
     }
   }
 }
