@@ -15,12 +15,14 @@ constexpr size_t kRowBlock = 256;  // query rows per score block: caps the work 
 // a 512-key decode gives 8 tasks to spread over the threads.
 constexpr size_t kDecodeChunk = 64;
 
-// Query rows of one attend call for a block of R rows: each call reads the head's whole packed
-// keys and values, so more rows per call read them less often (vision-shaped attention: 96 rows
-// ran 1.29x faster than 24 on Zen 3, though 96 rows of 4096 scores outgrow L2), while every
-// thread keeps about 4 calls per block to balance. Between 24 and 96, whole 6-row tiles.
-size_t piece_rows(size_t R, size_t heads, size_t threads) {
-  return std::clamp<size_t>(R * heads / (4 * threads) / 6 * 6, 24, 96);
+// Query rows of one attend call for a block of R rows over n keys: each call reads the head's whole
+// packed keys and values, so more rows per call read them less often (vision-shaped attention: 96
+// rows ran 1.29x faster than 24 on Zen 3, though 96 rows of 4096 scores outgrow L2), while every
+// thread keeps about 4 calls per block to balance and its scores stay within 4 MiB (a long prompt
+// gets fewer rows, not a scratch of rows × n per thread). Between 24 and 96, whole 6-row tiles.
+size_t piece_rows(size_t R, size_t heads, size_t threads, size_t n) {
+  constexpr size_t kScoreFloats = size_t(1) << 20;
+  return std::clamp<size_t>(std::min(R * heads / (4 * threads), kScoreFloats / n) / 6 * 6, 24, 96);
 }
 
 // Grows v to at least n elements; never shrinks, so a warm buffer is reused as is.
@@ -82,8 +84,8 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
     for (size_t g = g0; g < g1; ++g) kernels::pack_kv(k + g * d, v + g * d, krow, Lk, d, sc.kv[g], ex);
   }, 1);
   for_each_block(mask, Lq, Lk, qrow, sc, out, [&](size_t r0, size_t R, size_t k0, size_t k1, const float* tile) {
-    const size_t piece = piece_rows(R, s.n_heads, size_t(pool.size()));
-    const size_t pieces = (R + piece - 1) / piece, n = k1 - k0;
+    const size_t n = k1 - k0, piece = piece_rows(R, s.n_heads, size_t(pool.size()), n);
+    const size_t pieces = (R + piece - 1) / piece;
     pool.parallel_for(s.n_heads * pieces, [&](size_t j0, size_t j1) {
       for (size_t j = j0; j < j1; ++j) {
         const size_t h = j % s.n_heads, i0 = j / s.n_heads * piece, rows = std::min(piece, R - i0);
