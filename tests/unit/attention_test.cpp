@@ -172,6 +172,36 @@ void check_paths(bool masked) {
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionUnmasked) { check_paths(false); }
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionMasked) { check_paths(true); }
 
+// A sliding window (keys (i − 100, i]) over 520 rows: the second and third score blocks start
+// their keys off the packed panels (k0 = 157 and 413), where attend's scores and P·v must line
+// up with the packed keys and values.
+TEST(Attention, SlidingWindowBlocksStartOffThePanels) {
+  ThreadPool pool(2);
+  std::mt19937 rng(13);
+  const Case c{520, 520, 2, 1, 72};
+  std::vector<float> m(c.Lq * c.Lk, 0.f);
+  for (size_t i = 0; i < c.Lq; ++i)
+    for (size_t j = 0; j < c.Lk; ++j)
+      if (j > i || j + 100 <= i) m[i * c.Lk + j] = kBlocked;
+  const DenseMask mask(c.Lq, c.Lk, std::move(m));
+  const auto q = random(c.Lq * c.heads * c.d, rng, 1.f);
+  const auto k = random(c.Lk * c.kv_heads * c.d, rng, 1.f);
+  const auto v = random(c.Lk * c.kv_heads * c.d, rng, 1.f);
+  const float scale = 1.f / std::sqrt(float(c.d));
+  const auto exact = reference(c, q, k, v, &mask, scale, false);
+  const auto rounded = reference(c, q, k, v, &mask, scale, true);
+  std::vector<Isa> isas = {Isa::Scalar};
+  if (kernels::isa_supported(Isa::Avx2)) isas.push_back(Isa::Avx2);
+  if (kernels::isa_supported(Isa::Avx512)) isas.push_back(Isa::Avx512);
+  for (Isa isa : isas) {
+    SCOPED_TRACE(kernels::isa_name(isa));
+    EXPECT_LT(compare(run(c, q, k, v, &mask, scale, Exec(pool, isa, Precision::F32)), exact).max, 1e-5);
+    const Errors bf16 = compare(run(c, q, k, v, &mask, scale, Exec(pool, isa, Precision::Bf16)), rounded);
+    EXPECT_LT(bf16.max, 4e-3);
+    EXPECT_GT(bf16.frac_tight, 0.97) << "max " << bf16.max;
+  }
+}
+
 // Packed keys and values hold one Exec's layout and rounding: attend refuses them under another
 // precision or ISA, and a key range outside the packed keys.
 TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
