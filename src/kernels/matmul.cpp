@@ -428,19 +428,22 @@ void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t 
          isa_name(ex.isa));
   if (k0 >= k1 || k1 > kv.n) fail("attend: keys [{}, {}) outside the {} packed", k0, k1, kv.n);
   if (rows == 0) return;
+  const bool round = ex.precision == Precision::Bf16;
   detail::AttendArgs a{q, ldq, rows, kv.k.data(), kv.v.data(), kv.k_pairs.data(), kv.v_pairs.data(), kv.n, kv.d,
-                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, false, !ex.dot_gemm, nullptr};
+                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, round, !ex.dot_gemm, nullptr, 0};
   if (bf16_pairs(ex)) return detail::attend_bf16(a);
-  // The scores of whole panels, and under Bf16 the queries rounded (the probabilities are
-  // rounded in the kernel, after the softmax).
+  // The scores of whole panels in rows kScoresPad floats longer (4096 keys would put the six rows
+  // of a register tile 16 KiB apart, all in one L1 set), and under Bf16 the queries rounded (the
+  // probabilities are rounded in the kernel, after the softmax).
+  constexpr size_t kScoresPad = 16;
   const detail::IsaKernels& ik = detail::kernels_for(ex.isa);
-  const size_t nr = ik.panel, w = (k1 + nr - 1) / nr * nr - k0 / nr * nr + detail::kScoresPad;
-  a.round = ex.precision == Precision::Bf16;
+  const size_t nr = ik.panel;
+  a.lds = (k1 + nr - 1) / nr * nr - k0 / nr * nr + kScoresPad;
   thread_local std::vector<float> scratch;
-  scratch.resize(rows * w + (a.round ? rows * kv.d : 0));
+  scratch.resize(rows * a.lds + (round ? rows * kv.d : 0));
   a.scratch = scratch.data();
-  if (a.round) {
-    float* qr = scratch.data() + rows * w;
+  if (round) {
+    float* qr = scratch.data() + rows * a.lds;
     for (size_t r = 0; r < rows; ++r) round_to_bf16(q + r * ldq, qr + r * kv.d, kv.d, ex.isa);
     a.q = qr, a.ldq = kv.d;
   }

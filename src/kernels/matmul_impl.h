@@ -414,9 +414,11 @@ void pack_kv_f32(const float* k, const float* v, size_t ld, size_t n, size_t d, 
   GemmArgs w{};
   w.dtype = DType::F32, w.ldw_bytes = ld * sizeof(float);
   w.w = reinterpret_cast<const std::byte*>(k);
-  for (size_t p = 0; p * NR < n; ++p) pack_panel<S, DType::F32>(w, p * NR, n - p * NR < NR ? n - p * NR : NR, 0, d, kp + p * d * NR);
+  for (size_t p = 0; p * NR < n; ++p)
+    pack_panel<S, DType::F32>(w, p * NR, n - p * NR < NR ? n - p * NR : NR, 0, d, kp + p * d * NR);
   w.w = reinterpret_cast<const std::byte*>(v), w.kn = true;
-  for (size_t c = 0; c * NR < d; ++c) pack_panel<S, DType::F32>(w, c * NR, d - c * NR < NR ? d - c * NR : NR, 0, n, vp + c * n * NR);
+  for (size_t c = 0; c * NR < d; ++c)
+    pack_panel<S, DType::F32>(w, c * NR, d - c * NR < NR ? d - c * NR : NR, 0, n, vp + c * n * NR);
 }
 
 template <class S>
@@ -424,8 +426,8 @@ void attend_f32(const AttendArgs& a) {
   constexpr size_t W = S::W, NR = S::W * S::NV, MR = S::MR;
   const RegisterTiles<S>& table = register_tiles<S>();
   // Scores over whole key panels [a0, a1), then the keys [k0, k1) of each row.
-  const size_t a0 = a.k0 / NR * NR, a1 = (a.k1 + NR - 1) / NR * NR, n = a.k1 - a.k0, w = a1 - a0 + kScoresPad;
-  float* scores = a.scratch;  // rows w apart
+  const size_t a0 = a.k0 / NR * NR, a1 = (a.k1 + NR - 1) / NR * NR, n = a.k1 - a.k0, w = a.lds;
+  float* scores = a.scratch;
   GemmArgs qk{};
   qk.ldx = a.ldq, qk.ldy = w;
   for (size_t k0 = 0; k0 < a.d; k0 += kKC) {
@@ -447,9 +449,9 @@ void attend_f32(const AttendArgs& a) {
     for (size_t kb = 0; kb < n; kb += kKC) {
       const size_t kc = n - kb < kKC ? n - kb : kKC;
       for (size_t m = 0; m < a.rows; m += MR)
-        table.f[(a.rows - m < MR ? a.rows - m : MR) - 1][nv - 1](pv, kc, scores + m * w + (a.k0 - a0) + kb,
-                                                      panel + (a.k0 + kb) * NR, a.out + m * a.ldo + c0, cols, kb == 0,
-                                                      nullptr);
+        table.f[(a.rows - m < MR ? a.rows - m : MR) - 1][nv - 1](
+            pv, kc, scores + m * w + (a.k0 - a0) + kb, panel + (a.k0 + kb) * NR, a.out + m * a.ldo + c0, cols,
+            kb == 0, nullptr);
     }
   }
 }

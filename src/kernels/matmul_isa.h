@@ -47,10 +47,7 @@ inline size_t fma_dot_shift(const GemmArgs& a) {
   return a.ldw_bytes % 64 ? 0 : (reinterpret_cast<uintptr_t>(a.w) & 63) / 2;
 }
 
-// attention's products (matmul.h, attend) over one packed KV head. The f32 kernel's score rows
-// are this many floats longer than their whole panels of keys: 4096 keys would put the six rows
-// of a register tile 16 KiB apart, all in one L1 set.
-inline constexpr size_t kScoresPad = 16;
+// attention's products (matmul.h, attend) over one packed KV head.
 struct AttendArgs {
   const float* q;
   size_t ldq, rows;
@@ -65,7 +62,8 @@ struct AttendArgs {
   Isa isa;         // of softmax and the rounding
   bool round;      // f32 panels: the probabilities rounded to bf16 (q arrives rounded)
   bool fma;        // bf16 pairs: the products on the f32 FMAs (Exec::dot_gemm off)
-  float* scratch;  // f32 panels: the scores, rows × (whole panels spanning [k0, k1) + kScoresPad)
+  float* scratch;  // f32 panels: the scores, rows lds floats apart (at least the whole panels
+  size_t lds;      // spanning [k0, k1))
 };
 
 // The f32/f16/bf16 kernels of one ISA and its packed-path geometry. dot: any M (nk only),
