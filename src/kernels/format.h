@@ -26,9 +26,10 @@ struct FormatKernels {
   // dot's counterpart on the hardware bf16 dot: x as bf16 words in GemmArgs::xq, each row
   // zero-padded to whole 64-byte vectors; nullptr: none.
   void (*dot_bf16)(const detail::GemmArgs&, size_t n0, size_t n1) = nullptr;
-  // dot_bf16's products for 5..32 rows on the f32 FMAs (Exec::dot_gemm off): x rounded to
-  // bf16 in GemmArgs::xq as f32, each 32 values' even entries before their odd ones, rows
-  // zero-padded to whole 32-value groups; nullptr: none.
+  // dot_bf16's products for several rows on the f32 FMAs (AVX512: 5..32 rows with
+  // Exec::dot_gemm off; AVX2: 2..32 rows under Precision::Bf16): x rounded to bf16 in
+  // GemmArgs::xq as f32, each 32 values' even entries before their odd ones, rows zero-padded
+  // to whole 32-value groups; nullptr: none.
   void (*dot_bf16_fma)(const detail::GemmArgs&, size_t n0, size_t n1) = nullptr;
 };
 

@@ -233,10 +233,13 @@ void run(GemmArgs a, const Exec& ex) {
   const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || (hw_bf16 && fk.gemm_bf16)));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr
                                           : fk.gemm_bf16 != nullptr && (ex.dot_gemm || f.act != DType::F32));
-  // More than four rows make the dot compute-bound: its FMA twin where vdpbf16ps is the slower,
-  // and on AVX2 (the AVX512 twin needs the AVX512-BF16 CPU its file is built for).
-  const bool fma_dot = use_dot && a.M > 4 && fk.dot_bf16_fma &&
-                       (native ? !ex.dot_gemm : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2);
+  // The dot's FMA twin: past four rows where vdpbf16ps is the slower (the dot is compute-bound
+  // there), and on AVX2 from two rows, where the generic tile widens each weight vector again
+  // for every pair of rows (four rows: 9 GB/s of weights against 15 on Zen 3). The AVX512 twin
+  // needs the AVX512-BF16 CPU its file is built for.
+  const bool fma_dot = use_dot && fk.dot_bf16_fma &&
+                       (native ? !ex.dot_gemm && a.M > 4
+                               : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2 && a.M > 1);
   if (fma_dot) {
     wide_x(a, pool);
   } else if (native && !use_dot && !ex.dot_gemm) {

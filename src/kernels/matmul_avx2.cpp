@@ -10,7 +10,7 @@
 namespace vlm::kernels::detail {
 namespace {
 
-// ---- bf16 weights, 5..32 activation rows (FormatKernels::dot_bf16_fma): x rounded to bf16 as
+// ---- bf16 weights, 2..32 activation rows (FormatKernels::dot_bf16_fma): x rounded to bf16 as
 // f32 in a.xq (wide_x in matmul.cpp: each 32-value group's 16 even entries, then its 16 odd ones),
 // so 16 bf16 weights widen in two operations, one per half of each 32-bit pair (the generic tile
 // spends two per 8). The products are the generic path's; only the summation order differs.

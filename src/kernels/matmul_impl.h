@@ -202,7 +202,7 @@ void row_groups(size_t M, Fn fn) {
   }
 }
 
-// The sums of an RM × RN dot tile that covers columns [k0, k1) of K (the 5..32-row tiles
+// The sums of an RM × RN dot tile that covers columns [k0, k1) of K (the FMA twins' tiles
 // take K in column blocks): they start at zero at k0 = 0, else from acc_mem, where they go back
 // unless k1 = K; then they become y's entries for rows m0.. and weight rows n0 + r · stride.
 template <class S, int RM, int RN>

@@ -221,8 +221,8 @@ TEST(Matmul, Bf16DotPathRoundsXOnly) {
 }
 
 // The M = 1 bf16 dot peels the values before the weights' first 64-byte line boundary and
-// places x at the same offset (aligning_lead, bf16_x), and the 5..32-row FMA twins (AVX512 and
-// AVX2) start their groups there (fma_dot_shift, wide_x): the same products at every offset a
+// places x at the same offset (aligning_lead, bf16_x), and the FMA twins (AVX512: 5..32 rows,
+// AVX2: 2..32) start their groups there (fma_dot_shift, wide_x): the same products at every offset a
 // tensor can sit at in a file, including ones with no whole line in a short row.
 TEST(Matmul, Bf16DotAtEveryWeightOffset) {
   ThreadPool pool(2);
@@ -233,7 +233,7 @@ TEST(Matmul, Bf16DotAtEveryWeightOffset) {
     if (path < 2 ? !bf16_dot_supported() : !isa_supported(isa)) continue;
     Exec dot(pool, isa, Precision::Bf16);
     dot.dot_gemm = dot_gemm;
-    for (size_t M : {1, 8})
+    for (size_t M : {1, 3, 8})
       for (size_t K : {32, 96, 2560}) {
         const size_t N = 300;
         const StoredWeight w = make_weight(DType::BF16, N, K, rng);
