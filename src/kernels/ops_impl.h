@@ -323,22 +323,22 @@ void attend_chunk_k(const float* q, size_t H, size_t G, const float* k, const fl
   // heads lie together, so the chunk is read front to back, a stream the hardware prefetchers
   // follow. Taken one head at a time, the reads were 1 KiB pieces 4 KiB apart (Gemma 3's rows)
   // and ran at 5 GB/s on one thread whether the cache was in L3 or not.
-  auto keys = [&](auto nt, size_t t) {
+  auto by_fours = [&](auto fn) {  // fn(std::integral_constant<int, NT>(), t) for positions t .. t + NT
+    size_t t = 0;
+    for (; t + 4 <= n; t += 4) fn(std::integral_constant<int, 4>(), t);
+    for (; t < n; ++t) fn(std::integral_constant<int, 1>(), t);
+  };
+  by_fours([&](auto nt, size_t t) {
     pairs([&](auto ng, size_t h) {
       chunk_dots<S, ng, nt>(q + h * d, k + t * stride + h / G * d, stride, d, scale, p + h * n + t, n);
     });
-  };
-  size_t t = 0;
-  for (; t + 4 <= n; t += 4) keys(std::integral_constant<int, 4>(), t);
-  for (; t < n; ++t) keys(std::integral_constant<int, 1>(), t);
+  });
   for (size_t h = 0; h < H; ++h) l[h] = exp_shifted<S>(p + h * n, n, m + h);
-  auto values = [&](auto nt, size_t t) {
+  by_fours([&](auto nt, size_t t) {
     pairs([&](auto ng, size_t h) {
       values_block<S, ng, nt>(p + h * n + t, n, v + t * stride + h / G * d, stride, o + h * d, d, t == 0);
     });
-  };
-  for (t = 0; t + 4 <= n; t += 4) values(std::integral_constant<int, 4>(), t);
-  for (; t < n; ++t) values(std::integral_constant<int, 1>(), t);
+  });
 }
 
 template <class S>

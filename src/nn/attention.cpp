@@ -11,8 +11,9 @@ namespace vlm::nn {
 
 namespace {
 constexpr size_t kRowBlock = 256;  // query rows per score block: caps the work rows at 256 × Lk
-// Positions per decode task: the 4B's chunk of keys and values (2 × 256 KiB) stays in L2, and
-// a 512-key decode gives 8 tasks to spread over the threads.
+// Positions per decode task: a 512-key decode gives 8 tasks to spread over the threads, each
+// reading its keys, then its values, front to back once (kernels/ops.h attend_chunk); 128 was
+// no faster on Zen 3.
 constexpr size_t kDecodeChunk = 64;
 
 // Query rows of one attend call for a block of R rows over n keys: each call reads the head's whole
