@@ -4,8 +4,7 @@
 # Env: VLM_BIN (default build/vlm), PP (512), TG (128), BATCH (8), GGUF_DIR (/work/ckpt: where
 # the converted GGUFs are kept — never inside the repository), PRECISION (vlm's --precision;
 # default: the checkpoint's), MTMD_BUILD (a build folder for llama-mtmd-cli: when set, the
-# image is timed too, building llama-mtmd-cli there first from the source node-llama-cpp
-# bundles — about 15 minutes on 2 cores).
+# image is timed too, building llama-mtmd-cli there first with bench/build_mtmd.sh).
 # Text: llama.cpp through node-llama-cpp's prebuilt CPU binary (bench/llama_bench.mjs), on a
 # bf16 GGUF written by tools/convert_hf_to_gguf.py; vlm runs on the same GGUF (and mmproj).
 set -euo pipefail
@@ -44,13 +43,8 @@ peer=$(node "$here/bench/llama_bench.mjs" "$gguf" "$threads" "$pp" "$tg" | tail 
 
 peer_img=null
 if [ -n "${MTMD_BUILD:-}" ]; then
+  bash "$here/bench/build_mtmd.sh" "$MTMD_BUILD" "$threads"
   cli=$MTMD_BUILD/bin/llama-mtmd-cli
-  if [ ! -x "$cli" ]; then
-    src=$MTMD_BUILD/src
-    [ -d "$src" ] || git clone -q "$here/tools/npm/node_modules/node-llama-cpp/llama/gitRelease.bundle" "$src"
-    cmake -S "$src" -B "$MTMD_BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON >/dev/null
-    cmake --build "$MTMD_BUILD" -j"$threads" --target llama-mtmd-cli >/dev/null
-  fi
   size=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['vision_config']['image_size'])" "$ckpt/config.json")
   png=$gguf_dir/peer-$size.png
   "$py" -c "

@@ -4,7 +4,8 @@
     /usr/bin/python3 tools/make_checkpoint.py --preset tiny --out DIR [--dtype bf16|f16|f32]
         [--shards N] [--naming old|new] [--seed S] [--lm-head]
 
-Presets: tiny (Gemma3ForConditionalGeneration, unit-test sized), tiny-text (Gemma3ForCausalLM),
+Presets: tiny (Gemma3ForConditionalGeneration, unit-test sized), tiny-peer (tiny within
+llama.cpp's fixed Gemma 3 rules), tiny-text (Gemma3ForCausalLM),
 gemma3-4b (VLM) and gemma3-1b (text) with the real shapes for benchmarks (docs/gemma3/config.md,
 docs/gemma3/checkpoint.md).
 The folder holds config.json, generation_config.json, model.safetensors (or shards
@@ -95,6 +96,16 @@ def config_tiny(dtype_name):
     }
 
 
+def config_tiny_peer(dtype_name):
+    """tiny with the rules llama.cpp's gemma3 graph fixes (global layer every 6th: layer 5;
+    query_pre_attn_scalar = head_dim), so its results are comparable with ours."""
+    cfg = config_tiny(dtype_name)
+    text = cfg["text_config"]
+    text["sliding_window_pattern"] = 6
+    text["query_pre_attn_scalar"] = text["head_dim"]
+    return cfg
+
+
 def config_tiny_text(dtype_name):
     cfg = _tiny_text(262144)
     # Newer config style: an explicit list is authoritative (docs/gemma3/config.md#layer-kinds);
@@ -180,6 +191,7 @@ def config_gemma3_1b(dtype_name):
 
 PRESETS = {
     "tiny": config_tiny,
+    "tiny-peer": config_tiny_peer,
     "tiny-text": config_tiny_text,
     "gemma3-4b": config_gemma3_4b,
     "gemma3-1b": config_gemma3_1b,
