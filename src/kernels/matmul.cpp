@@ -212,6 +212,16 @@ void convert_x(GemmArgs& a, const Format& act) {
   buf.resize(a.M * a.ldxq);
   for (size_t m = 0; m < a.M; ++m) act.from_f32(a.x + m * a.ldx, buf.data() + m * a.ldxq, a.K);
   a.xq = buf.data();
+  if (act.type != DType::Q8Act || a.M == 1) return;
+  thread_local std::vector<float> d4;
+  const size_t nb = a.K / 32;
+  d4.assign((a.M + 3) / 4 * nb * 4, 0.f);
+  for (size_t m = 0; m < a.M; ++m) {
+    const float* d = q8_row(a.xq + m * a.ldxq, a.K).d;
+    float* g = d4.data() + m / 4 * nb * 4 + m % 4;
+    for (size_t i = 0; i < nb; ++i) g[4 * i] = d[i];
+  }
+  a.xd4 = d4.data();
 }
 
 void run(GemmArgs a, const Exec& ex) {
