@@ -58,7 +58,8 @@ bool quant_vnni_supported();
 namespace detail {
 // One ISA's dot kernels for the block formats (rows of format.h's table): y[m, n] for n in
 // [n0, n1) and every m, from weight rows in GemmArgs::w and activation rows as Q8Rows in
-// GemmArgs::xq (quantized once per call by matmul()).
+// GemmArgs::xq (quantized once per call by matmul(), which also lays the scales of each four
+// rows side by side in GemmArgs::xd4).
 struct QuantKernels {
   FormatKernels q8_0, q4_0, q4_k, q6_k;
   void (*quantize)(const float* x, std::byte* out, size_t K);  // quantize_activations' bytes
