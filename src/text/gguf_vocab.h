@@ -6,9 +6,9 @@
 // vocabulary piece with the highest score. That is a BPE by merge rank once every way of
 // writing a mergeable piece as two vocabulary pieces is ranked by the piece's score (ties
 // by piece id, then by the two halves' ids, as HF's SentencePiece converter orders them),
-// so the tokenizer is built as text::Tokenizer with those ranked merges: user-defined pieces
-// (type 4) matched whole in any text, control pieces (type 3) only with parse_special, byte
-// pieces (type 6) for byte fallback, spaces as U+2581 and no prefix space.
+// so the tokenizer is built by text::Tokenizer::from_pieces with those ranked merges:
+// user-defined pieces (type 4) matched whole in any text, control pieces (type 3) only with
+// parse_special, byte pieces (type 6) for byte fallback, spaces as U+2581 and no prefix space.
 #pragma once
 #include "io/gguf.h"
 #include "text/tokenizer.h"

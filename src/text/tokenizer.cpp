@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <queue>
 #include <unordered_map>
 
@@ -307,6 +308,52 @@ struct Tokenizer::Impl {
 
 namespace {
 
+struct AddedToken {
+  std::string_view content;
+  int32_t id;
+  bool special;
+};
+
+// The token strings (by_id covers ids 0..n-1), the BPE vocabulary (the ids in `vocab`), its
+// single-character tokens, the added tokens and the byte-fallback tokens.
+void init_vocab(Tokenizer::Impl& t, std::span<const std::string_view> by_id, std::span<const int32_t> vocab,
+                std::span<const AddedToken> added) {
+  const int32_t n = int32_t(by_id.size());
+  size_t total = 0;
+  for (auto s : by_id) total += s.size();
+  if (total >= (size_t(1) << 32)) fail("{}: the token strings take {} bytes", t.where, total);
+  t.arena.reserve(total);
+  t.off.resize(size_t(n) + 1);
+  for (int32_t i = 0; i < n; ++i) {
+    t.off[i] = uint32_t(t.arena.size());
+    t.arena += by_id[i];
+  }
+  t.off[n] = uint32_t(t.arena.size());
+
+  t.vocab.reserve(vocab.size());
+  for (int32_t id : vocab)
+    if (!t.vocab.insert(t.tok(id), id)) fail("{}: model.vocab: token '{}' listed twice", t.where, t.tok(id));
+  auto single_char = [](std::string_view s) { return !s.empty() && utf8_sequence_length(s, 0) == s.size(); };
+  size_t n_chars = 0;
+  for (int32_t id : vocab) n_chars += single_char(t.tok(id));
+  t.chars.reserve(n_chars);
+  for (int32_t id : vocab)
+    if (single_char(t.tok(id))) t.chars.insert(CharMap::key(t.tok(id)), id);
+  t.special.assign(size_t(n), 0);
+  for (const AddedToken& a : added) {
+    t.added.insert(a.content, a.id);
+    t.special[a.id] = a.special;
+  }
+  t.byte_of.assign(size_t(n), -1);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    t.byte_id[b] = t.vocab.find(name);
+    if (t.byte_id[b] < 0) fail("{}: byte-fallback token {} missing from model.vocab", t.where, name);
+    t.byte_of[t.byte_id[b]] = int16_t(b);
+  }
+}
+
 void parse_tokenizer_json(Tokenizer::Impl& t, std::string_view text) {
   const Json J{t.where};
   dom::parser parser;
@@ -344,12 +391,7 @@ void parse_tokenizer_json(Tokenizer::Impl& t, std::string_view text) {
     max_id = std::max(max_id, id);
   }
   const size_t n_vocab_entries = entries.size();
-  struct Added {
-    std::string_view content;
-    int32_t id;
-    bool special;
-  };
-  std::vector<Added> added;
+  std::vector<AddedToken> added;
   for (dom::element a : added_tokens) {
     const std::string path = "added_tokens[" + std::to_string(added.size()) + "]";
     const int64_t id = J.integer(J.at(a, "id", path), path + ".id");
@@ -370,7 +412,7 @@ void parse_tokenizer_json(Tokenizer::Impl& t, std::string_view text) {
     seen[e.id] = 1;
     by_id[e.id] = e.s;
   }
-  for (const Added& a : added) {
+  for (const AddedToken& a : added) {
     if (seen[a.id] && by_id[a.id] != a.content)
       fail("{}: added token '{}' has id {}, which the vocab gives to '{}'", t.where, a.content, a.id, by_id[a.id]);
     seen[a.id] = 1;
@@ -379,39 +421,9 @@ void parse_tokenizer_json(Tokenizer::Impl& t, std::string_view text) {
   for (int32_t i = 0; i < n; ++i)
     if (!seen[i]) fail("{}: no token has id {}", t.where, i);
 
-  size_t total = 0;
-  for (auto s : by_id) total += s.size();
-  t.arena.reserve(total);
-  t.off.resize(n + 1);
-  for (int32_t i = 0; i < n; ++i) {
-    t.off[i] = uint32_t(t.arena.size());
-    t.arena += by_id[i];
-  }
-  t.off[n] = uint32_t(t.arena.size());
-
-  t.vocab.reserve(n_vocab_entries);
-  for (size_t i = 0; i < n_vocab_entries; ++i)
-    if (!t.vocab.insert(t.tok(entries[i].id), entries[i].id))
-      fail("{}: model.vocab: token '{}' listed twice", t.where, entries[i].s);
-  auto single_char = [](std::string_view s) { return !s.empty() && utf8_sequence_length(s, 0) == s.size(); };
-  size_t n_chars = 0;
-  for (size_t i = 0; i < n_vocab_entries; ++i) n_chars += single_char(entries[i].s);
-  t.chars.reserve(n_chars);
-  for (size_t i = 0; i < n_vocab_entries; ++i)
-    if (single_char(entries[i].s)) t.chars.insert(CharMap::key(entries[i].s), entries[i].id);
-  t.special.assign(n, 0);
-  for (const Added& a : added) {
-    t.added.insert(a.content, a.id);
-    t.special[a.id] = a.special;
-  }
-  t.byte_of.assign(n, -1);
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof name, "<0x%02X>", b);
-    t.byte_id[b] = t.vocab.find(name);
-    if (t.byte_id[b] < 0) fail("{}: byte-fallback token {} missing from model.vocab", t.where, name);
-    t.byte_of[t.byte_id[b]] = int16_t(b);
-  }
+  std::vector<int32_t> vocab_ids(n_vocab_entries);
+  for (size_t i = 0; i < n_vocab_entries; ++i) vocab_ids[i] = entries[i].id;
+  init_vocab(t, by_id, vocab_ids, added);
 
   // Merges: ["a", "b"] pairs (current format) or "a b" strings (older format).
   dom::array merges = J.array(J.at(model, "merges", "model"), "model.merges");
@@ -639,6 +651,46 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   impl->where = where + "/tokenizer.json";
   parse_tokenizer_json(*impl, tokenizer_json);
   parse_tokenizer_config(*impl, config_json, where + "/tokenizer_config.json");
+  return Tokenizer(std::move(impl));
+}
+
+Tokenizer Tokenizer::from_pieces(const PieceVocab& v, const std::string& where) {
+  auto impl = std::make_unique<Impl>();
+  Impl& t = *impl;
+  t.where = where;
+  const int32_t n = int32_t(v.pieces.size());
+  if (v.pieces.size() >= (size_t(1) << 24)) fail("{}: {} pieces", where, v.pieces.size());
+  auto check = [&](int32_t id, const char* what) {
+    if (id < 0 || id >= n) fail("{}: {} id {} is not below the vocabulary size {}", where, what, id, n);
+  };
+  std::vector<int32_t> vocab(v.pieces.size());
+  std::iota(vocab.begin(), vocab.end(), 0);
+  std::vector<AddedToken> added;
+  added.reserve(v.added.size());
+  for (const PieceVocab::Added& a : v.added) {
+    check(a.id, "added token");
+    added.push_back({v.pieces[size_t(a.id)], a.id, a.special});
+  }
+  init_vocab(t, v.pieces, vocab, added);
+  t.merges.reserve(v.merges.size());
+  for (size_t r = 0; r < v.merges.size(); ++r) {
+    const PieceVocab::Merge& m = v.merges[r];
+    check(m.a, "merge"), check(m.b, "merge"), check(m.piece, "merge");
+    if (t.tok(m.piece).size() != t.tok(m.a).size() + t.tok(m.b).size() || !t.tok(m.piece).starts_with(t.tok(m.a)) ||
+        !t.tok(m.piece).ends_with(t.tok(m.b)))
+      fail("{}: merge {}: '{}' + '{}' is not '{}'", where, r, t.tok(m.a), t.tok(m.b), t.tok(m.piece));
+    t.merges.insert(m.a, m.b, {uint32_t(r), m.piece});
+  }
+  constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+  t.normalizer.push_back({" ", kSpace});
+  t.split_pattern = " ";
+  if (v.bos) {
+    check(*v.bos, "bos");
+    t.prefix.push_back(*v.bos);
+  }
+  t.decode_replace.push_back({kSpace, " "});
+  t.chat_template = v.chat_template;
+  t.bos_token = v.bos_token;
   return Tokenizer(std::move(impl));
 }
 

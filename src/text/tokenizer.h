@@ -50,6 +50,26 @@ struct DecodeOptions {
   bool skip_special = false;  // drop ids of special added tokens
 };
 
+// A byte-fallback BPE vocabulary given by ids (GGUF's tokenizer.ggml.* keys: text/gguf_vocab.h):
+// every piece is a BPE symbol; the merges are (a, b) → piece in rank order. It stands for the
+// tokenizer.json of a Gemma 3 release (normalizer " " → U+2581, Split on " " merged with the
+// previous piece, post-processor <bos> when `bos` is set, decoder U+2581 → " ", byte fallback,
+// fuse) without writing and parsing that file.
+struct PieceVocab {
+  std::span<const std::string_view> pieces;  // by id; read during from_pieces only
+  struct Added {
+    int32_t id;
+    bool special;  // matched only with parse_special (else in any text)
+  };
+  std::vector<Added> added;
+  struct Merge {
+    int32_t a, b, piece;
+  };
+  std::vector<Merge> merges;
+  std::optional<int32_t> bos;
+  std::string chat_template, bos_token;
+};
+
 class Tokenizer {
  public:
   // Reads DIR/tokenizer.json and DIR/tokenizer_config.json.
@@ -57,6 +77,8 @@ class Tokenizer {
   // Builds from the two files' contents; `where` prefixes error messages.
   static Tokenizer from_json(std::string_view tokenizer_json, std::string_view config_json,
                              const std::string& where);
+  // Throws vlm::Error for an id out of range or a merge whose halves do not spell its piece.
+  static Tokenizer from_pieces(const PieceVocab& vocab, const std::string& where);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -527,6 +527,34 @@ std::string arr_num(std::string_view k, uint32_t type, std::initializer_list<T> 
   return b.s;
 }
 
+// Pieces longer than the split search's table of hash powers (256 bytes): c, cc, c^4 … c^512,
+// each written as two halves (c^512 = c^256 + c^256 needs kBase^256), so "c" × 512 merges
+// into the one piece and "c" × 515 into c^512, cc, c.
+TEST(GgufVocab, LongPiecesSplitIntoHalves) {
+  std::vector<std::string> names;
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    names.push_back(name);
+  }
+  for (size_t len = 1; len <= 512; len *= 2) names.push_back(std::string(len, 'c'));
+  Bytes toks, scores, types;
+  toks.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(names.size());
+  scores.str("tokenizer.ggml.scores").put<uint32_t>(9).put<uint32_t>(6).put<uint64_t>(names.size());
+  types.str("tokenizer.ggml.token_type").put<uint32_t>(9).put<uint32_t>(5).put<uint64_t>(names.size());
+  for (size_t i = 0; i < names.size(); ++i)
+    toks.str(names[i]), scores.put<float>(-float(i)), types.put<int32_t>(i < 256 ? 6 : 1);
+  const std::string kvs = kv_str("tokenizer.ggml.model", "llama") +
+                          Bytes().str("tokenizer.ggml.add_space_prefix").put<uint32_t>(7).put<uint8_t>(0).s +
+                          Bytes().str("tokenizer.ggml.add_bos_token").put<uint32_t>(7).put<uint8_t>(0).s + toks.s +
+                          scores.s + types.s;
+  const std::string file = make_gguf(kvs, 6, {});
+  const text::Tokenizer t = text::tokenizer_from_gguf(parse_gguf(bytes_of(file), "long.gguf"));
+  const int32_t c1 = 256, c2 = 257, c512 = 265;
+  EXPECT_EQ(t.encode(std::string(512, 'c')), (std::vector<int32_t>{c512}));
+  EXPECT_EQ(t.encode(std::string(515, 'c')), (std::vector<int32_t>{c512, c2, c1}));
+}
+
 TEST(GgufVocab, BadMetadataNamesTheKey) {
   const std::string model = kv_str("tokenizer.ggml.model", "llama");
   const std::string nospace = Bytes().str("tokenizer.ggml.add_space_prefix").put<uint32_t>(7).put<uint8_t>(0).s;

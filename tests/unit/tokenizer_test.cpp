@@ -372,6 +372,43 @@ TEST(TinyBpe, MergeOrderIsByRankThenLeftmost) {
   EXPECT_EQ(t2.encode("abc"), (Ids{262}));
 }
 
+// The same vocabulary and merges given by ids (PieceVocab, as the GGUF keys give them) encode and
+// decode as the tokenizer.json does; ids out of range and merges that do not spell their piece
+// are refused.
+TEST(TinyBpe, PiecesByIdEqualTheJson) {
+  const std::vector<std::string> v = {"a", "b", "c", "ab", "bc", "abc", "\xE2\x96\x81", "\xE2\x96\x81" "a"};
+  const Tokenizer j = Tokenizer::from_json(tiny_json(v, {{"b", "c"}, {"a", "b"}, {"a", "bc"}, {"\xE2\x96\x81", "a"}}),
+                                           "{}", "tiny");
+  std::vector<std::string> names = {"<unk>"};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    names.push_back(name);
+  }
+  names.insert(names.end(), v.begin(), v.end());
+  const std::vector<std::string_view> pieces(names.begin(), names.end());
+  PieceVocab pv;
+  pv.pieces = pieces;
+  pv.added = {{0, true}};
+  pv.merges = {{258, 259, 261}, {257, 258, 260}, {257, 261, 262}, {263, 257, 264}};
+  const Tokenizer t = Tokenizer::from_pieces(pv, "pieces");
+  for (std::string_view text : {"abc", "abab", "bcb", " a b", "ax", "<unk>x"})
+    EXPECT_EQ(t.encode(text, {.parse_special = true}), j.encode(text, {.parse_special = true})) << text;
+  EXPECT_EQ(t.decode(Ids{264, 263, 258}), " a b");
+  EXPECT_TRUE(t.is_special(0));
+
+  auto err = [&](auto edit) {
+    PieceVocab bad = pv;
+    edit(bad);
+    return error_of([&] { Tokenizer::from_pieces(bad, "pieces"); });
+  };
+  EXPECT_NE(err([](PieceVocab& b) { b.merges.push_back({257, 259, 262}); }).find("'a' + 'c' is not 'abc'"),
+            std::string::npos);
+  EXPECT_NE(err([](PieceVocab& b) { b.merges.push_back({257, 999, 262}); }).find("merge id 999"), std::string::npos);
+  EXPECT_NE(err([](PieceVocab& b) { b.bos = -1; }).find("bos id -1"), std::string::npos);
+  EXPECT_NE(err([](PieceVocab& b) { b.added.push_back({265, false}); }).find("added token id 265"), std::string::npos);
+}
+
 TEST(TinyBpe, MalformedFilesGiveClearErrors) {
   const std::vector<std::string> v = {"a", "b"};
   auto err = [&](const std::string& json) { return error_of([&] { Tokenizer::from_json(json, "{}", "dir"); }); };
