@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   }
   const mtmd_input_text text{argv[3], std::strlen(argv[3]), true, true};
   mtmd_input_chunks* chunks = mtmd_input_chunks_init();
-  if (mtmd_tokenize(mctx, chunks, &text, const_cast<const mtmd_bitmap**>(images.data()), images.size()) != 0)
+  if (mtmd_tokenize(mctx, chunks, &text, images.data(), images.size()) != 0)
     die("mtmd_tokenize failed (one marker per image?)");
 
   std::string prompt;
