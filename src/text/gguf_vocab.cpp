@@ -28,9 +28,8 @@ class PieceIndex {
 
   static uint64_t extend(uint64_t h, char c) { return h * kBase + static_cast<unsigned char>(c) + 1; }
 
-  // kBase^e (mod 2^64); a table for the lengths of real pieces, squaring past it.
-  uint64_t power(size_t e) const {
-    if (e < powers_.size()) return powers_[e];
+  // kBase^e (mod 2^64), by squaring: a few products beside each lookup's cache miss.
+  static uint64_t power(size_t e) {
     uint64_t r = 1, b = kBase;
     for (; e; e >>= 1, b *= b)
       if (e & 1) r *= b;
@@ -42,9 +41,6 @@ class PieceIndex {
     while ((size_t(1) << bits) < 2 * pieces.size()) ++bits;
     shift_ = 64 - bits;
     slots_.assign(size_t(1) << bits, Slot{0, -1});
-    powers_.resize(256);
-    powers_[0] = 1;
-    for (size_t j = 1; j < powers_.size(); ++j) powers_[j] = powers_[j - 1] * kBase;
   }
 
   // Adds piece id (its hash h); returns the id of an equal piece already there, or -1.
@@ -77,13 +73,7 @@ class PieceIndex {
 
   std::span<const std::string_view> pieces_;
   std::vector<Slot> slots_;
-  std::vector<uint64_t> powers_;
   int shift_ = 0;
-};
-
-struct Merge {
-  float score;
-  int32_t piece, a, b;
 };
 
 }  // namespace
@@ -130,9 +120,10 @@ Tokenizer tokenizer_from_gguf(const GgufHeader& h) {
   const bool add_bos = h.get_bool_or("tokenizer.ggml.add_bos_token", true);
   if (add_bos && !bos) fail("{}: tokenizer.ggml.add_bos_token is set but tokenizer.ggml.bos_token_id is missing", where);
 
+  PieceVocab v;
+  v.pieces = tokens;
   // Every split of a normal or user-defined piece into two pieces, in score order. The hash of
   // p[k, L) is hash(p) − hash(p[0, k))·kBase^(L − k).
-  std::vector<Merge> merges;
   for (size_t i = 0; i < n; ++i) {
     if (types[i] != Normal && types[i] != UserDefined) continue;
     const std::string_view p = tokens[i];
@@ -142,23 +133,18 @@ Tokenizer tokenizer_from_gguf(const GgufHeader& h) {
       for (; hashed < k; ++hashed) head = PieceIndex::extend(head, p[hashed]);
       const int32_t a = index.find(head, p.substr(0, k));
       if (a < 0) continue;
-      const int32_t b = index.find(hash[i] - head * index.power(p.size() - k), p.substr(k));
-      if (b >= 0) merges.push_back({scores[i], int32_t(i), a, b});
+      const int32_t b = index.find(hash[i] - head * PieceIndex::power(p.size() - k), p.substr(k));
+      if (b >= 0) v.merges.push_back({a, b, int32_t(i)});
     }
   }
-  std::sort(merges.begin(), merges.end(), [](const Merge& x, const Merge& y) {
-    if (x.score != y.score) return x.score > y.score;
+  std::sort(v.merges.begin(), v.merges.end(), [&](const PieceVocab::Merge& x, const PieceVocab::Merge& y) {
+    if (scores[x.piece] != scores[y.piece]) return scores[x.piece] > scores[y.piece];
     if (x.piece != y.piece) return x.piece < y.piece;
     return x.a != y.a ? x.a < y.a : x.b < y.b;
   });
-
-  PieceVocab v;
-  v.pieces = tokens;
   for (size_t i = 0; i < n; ++i)
     if (types[i] == Unknown || types[i] == Control || types[i] == UserDefined)
       v.added.push_back({int32_t(i), types[i] != UserDefined});
-  v.merges.reserve(merges.size());
-  for (const Merge& m : merges) v.merges.push_back({m.a, m.b, m.piece});
   if (add_bos) v.bos = *bos;
   if (bos) v.bos_token = std::string(tokens[size_t(*bos)]);
   if (h.has("tokenizer.chat_template")) {

@@ -104,9 +104,7 @@ class Mtmd(unittest.TestCase):
                             image, "--steps", str(STEPS - 1), "--out", out, *extra], capture_output=True, text=True,
                            timeout=600)
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
-        rows = [np.load(os.path.join(out, "logits.npy"))[-1]]
-        if STEPS > 1:
-            rows += list(np.load(os.path.join(out, "decode_logits.npy")))
+        rows = [np.load(os.path.join(out, "logits.npy"))[-1], *np.load(os.path.join(out, "decode_logits.npy"))]
         with open(os.path.join(out, "greedy.json")) as f:
             return json.load(f), np.stack(rows)
 

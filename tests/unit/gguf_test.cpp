@@ -527,9 +527,9 @@ std::string arr_num(std::string_view k, uint32_t type, std::initializer_list<T> 
   return b.s;
 }
 
-// Pieces longer than the split search's table of hash powers (256 bytes): c, cc, c^4 … c^512,
-// each written as two halves (c^512 = c^256 + c^256 needs kBase^256), so "c" × 512 merges
-// into the one piece and "c" × 515 into c^512, cc, c.
+// Long pieces: c, cc, c^4 … c^512, each written as two halves (c^512 = c^256 + c^256: the
+// suffix hash needs kBase^256), so "c" × 512 merges into the one piece and "c" × 515 into
+// c^512, cc, c.
 TEST(GgufVocab, LongPiecesSplitIntoHalves) {
   std::vector<std::string> names;
   for (int b = 0; b < 256; ++b) {
