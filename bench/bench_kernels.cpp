@@ -2,10 +2,11 @@
 // VLM_THREADS says otherwise): GEMV (decode) as a fraction of read bandwidth, GEMM
 // (prefill, vision encoder) as a fraction of the f32 FMA peak, and the scalar path
 // for comparison. Usage: bench_kernels [--quick]
-//        bench_kernels --decode-profile MODEL_DIR [CONTEXT] [STEPS]
+//        bench_kernels --decode-profile MODEL_DIR [CONTEXT] [STEPS] [BATCH]
 // The second form replays one decode step of a checkpoint op by op on the kernels (every
 // layer's norms, q/k/v/o, gate/up/down, attention over CONTEXT cached positions, the
-// head) and prints each op's bytes, time and share, next to the bandwidth probe.
+// head) for BATCH sequences at once (1 unless given), and prints each op's weight and cache
+// bytes, time and share, next to the bandwidth probe and the FMA peak.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -81,7 +82,7 @@ std::string load_average() {
 }  // namespace
 
 // One decode step replayed on the kernels, op by op (see the usage note at the top).
-int decode_profile(const char* dir, int context, int steps) {
+int decode_profile(const char* dir, int context, int steps, int batch) {
   const int threads = default_threads() > 2 ? 2 : default_threads();
   ThreadPool pool(threads);
   Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false});
@@ -92,6 +93,7 @@ int decode_profile(const char* dir, int context, int steps) {
   const TextConfig& c = ck.config().text;
   const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size), d = size_t(c.head_dim);
   const size_t nH = size_t(c.num_heads), nKV = size_t(c.num_kv_heads), L = size_t(context);
+  const size_t B = size_t(std::max(1, batch));
   struct Layer {
     Weight q, k, v, o, gate, up, down;
   };
@@ -104,17 +106,19 @@ int decode_profile(const char* dir, int context, int steps) {
                       w("mlp.down_proj.weight")});
   }
   const Weight head = as_weight(ck.lm_head());
-  std::vector<float> x(H, 0.01f), a(H), q(nH * d), kk(nKV * d), vv(nKV * d), att(nH * d), g(I), u(I),
-      logits(head.rows), norm_w(std::max(H, d), 0.1f);
-  // A KV cache of L positions for every layer (f32, as the decoder keeps it), random-ish values.
+  std::vector<float> x(B * H, 0.01f), a(B * H), q(B * nH * d), kk(B * nKV * d), vv(B * nKV * d),
+      att(B * nH * d), g(B * I), u(B * I), logits(B * head.rows), norm_w(std::max(H, d), 0.1f);
+  // A KV cache of L positions for every layer and sequence (f32, as the decoder keeps it),
+  // random-ish values.
   const size_t cache = L * nKV * d;
-  std::vector<float> kc(layers.size() * cache), vc(kc.size());
+  std::vector<float> kc(B * layers.size() * cache), vc(kc.size());
   for (size_t i = 0; i < kc.size(); ++i) kc[i] = vc[i] = float(i % 97) * 1e-3f;
   const nn::AttnShape shape{nH, nKV, d, 0.0625f};
   nn::AttnScratch scratch;
+  std::vector<nn::DecodeRow> rows(B);
   enum Op { Norms, QKV, Attn, O, GateUp, Down, Head, kOps };
   const char* names[kOps] = {"norms", "q/k/v", "attention", "o", "gate/up", "down", "head"};
-  double bytes[kOps] = {}, best[kOps];
+  double bytes[kOps] = {}, flops[kOps] = {}, best[kOps];
   for (double& b : best) b = 1e30;
   for (const Layer& ly : layers) {
     auto wb = [](const Weight& w) { return double(w.stride_bytes() * w.rows); };
@@ -122,10 +126,17 @@ int decode_profile(const char* dir, int context, int steps) {
     bytes[O] += wb(ly.o);
     bytes[GateUp] += wb(ly.gate) + wb(ly.up);
     bytes[Down] += wb(ly.down);
-    bytes[Attn] += 2.0 * double(L * nKV * d) * 4;
+    bytes[Attn] += double(B) * 2.0 * double(L * nKV * d) * 4;
+    flops[QKV] += 2.0 * double(B * H) * double(ly.q.rows + ly.k.rows + ly.v.rows);
+    flops[O] += 2.0 * double(B * ly.o.rows * ly.o.cols);
+    flops[GateUp] += 4.0 * double(B * ly.gate.rows * ly.gate.cols);
+    flops[Down] += 2.0 * double(B * ly.down.rows * ly.down.cols);
+    flops[Attn] += double(B) * 4.0 * double(L * nH * d);
   }
   bytes[Head] = double(head.stride_bytes() * head.rows);
+  flops[Head] = 2.0 * double(B * head.rows * head.cols);
   const double bw = measure_read_bandwidth(threads);
+  const double peak = measure_peak_flops(threads);
   double best_total = 1e30;
   for (int s = 0; s < steps + 1; ++s) {  // step 0 pages the weights in
     double t[kOps] = {};
@@ -136,31 +147,34 @@ int decode_profile(const char* dir, int context, int steps) {
     };
     for (size_t l = 0; l < layers.size(); ++l) {
       const Layer& ly = layers[l];
-      timed(Norms, [&] { rms_norm(x.data(), norm_w.data(), a.data(), 1, H, 1e-6f, ex.isa); });
+      timed(Norms, [&] { rms_norm(x.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });
       timed(QKV, [&] {
-        matmul(a.data(), 1, ly.q, q.data(), ex);
-        matmul(a.data(), 1, ly.k, kk.data(), ex);
-        matmul(a.data(), 1, ly.v, vv.data(), ex);
+        matmul(a.data(), B, ly.q, q.data(), ex);
+        matmul(a.data(), B, ly.k, kk.data(), ex);
+        matmul(a.data(), B, ly.v, vv.data(), ex);
       });
       timed(Norms, [&] {
-        rms_norm(q.data(), norm_w.data(), q.data(), nH, d, 1e-6f, ex.isa);
-        rms_norm(kk.data(), norm_w.data(), kk.data(), nKV, d, 1e-6f, ex.isa);
+        rms_norm(q.data(), norm_w.data(), q.data(), B * nH, d, 1e-6f, ex.isa);
+        rms_norm(kk.data(), norm_w.data(), kk.data(), B * nKV, d, 1e-6f, ex.isa);
       });
       timed(Attn, [&] {
-        const nn::DecodeRow row{q.data(), kc.data() + l * cache, vc.data() + l * cache, L, att.data()};
-        nn::attention_decode({&row, 1}, shape, scratch, ex);
+        for (size_t b = 0; b < B; ++b) {
+          const size_t at = (b * layers.size() + l) * cache;
+          rows[b] = {q.data() + b * nH * d, kc.data() + at, vc.data() + at, L, att.data() + b * nH * d};
+        }
+        nn::attention_decode(rows, shape, scratch, ex);
       });
-      timed(O, [&] { matmul(att.data(), 1, ly.o, a.data(), ex); });
-      timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), 1, H, 1e-6f, ex.isa); });
+      timed(O, [&] { matmul(att.data(), B, ly.o, a.data(), ex); });
+      timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });
       timed(GateUp, [&] {
-        matmul(a.data(), 1, ly.gate, g.data(), ex);
-        matmul(a.data(), 1, ly.up, u.data(), ex);
-        gelu_tanh_mul(g.data(), u.data(), I, ex.isa);
+        matmul(a.data(), B, ly.gate, g.data(), ex);
+        matmul(a.data(), B, ly.up, u.data(), ex);
+        gelu_tanh_mul(g.data(), u.data(), B * I, ex.isa);
       });
-      timed(Down, [&] { matmul(g.data(), 1, ly.down, a.data(), ex); });
-      timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), 1, H, 1e-6f, ex.isa); });
+      timed(Down, [&] { matmul(g.data(), B, ly.down, a.data(), ex); });
+      timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });
     }
-    timed(Head, [&] { matmul(x.data(), 1, head, logits.data(), ex); });
+    timed(Head, [&] { matmul(x.data(), B, head, logits.data(), ex); });
     if (s == 0) continue;
     double total = 0;
     for (int op = 0; op < kOps; ++op) {
@@ -171,24 +185,30 @@ int decode_profile(const char* dir, int context, int steps) {
   }
   double all_bytes = 0;
   for (double b : bytes) all_bytes += b;
-  fmt::print("decode step replayed on the kernels: {} ({} layers, context {}), {} threads, {}, precision {}, "
-             "load average {}",
-             dir, c.num_layers, L, threads, isa_name(ex.isa), precision_name(ex.precision), load_average());
-  fmt::print("read bandwidth probe {:.1f} GB/s; best of {} steps per op:\n", bw / 1e9, steps);
+  double all_flops = 0;
+  for (double f : flops) all_flops += f;
+  fmt::print("decode step replayed on the kernels: {} ({} layers, context {}, batch {}), {} threads, {}, "
+             "precision {}, load average {}",
+             dir, c.num_layers, L, B, threads, isa_name(ex.isa), precision_name(ex.precision), load_average());
+  fmt::print("read bandwidth probe {:.1f} GB/s, f32 FMA peak {:.1f} GFLOP/s; best of {} steps per op:\n", bw / 1e9,
+             peak / 1e9, steps);
   for (int op = 0; op < kOps; ++op)
-    fmt::print("  {:<10} {:9.1f} MB {:9.2f} ms {:7.1f} GB/s {:6.1f}% of probe\n", names[op], bytes[op] / 1e6,
-               best[op] * 1e3, bytes[op] / best[op] / 1e9, 100 * bytes[op] / best[op] / bw);
-  fmt::print("  best whole step {:.2f} ms = {:.2f} tokens/s for {:.3f} GB: {:.1f} GB/s, {:.1f}% of probe "
-             "(limit {:.2f} tokens/s)\n",
-             best_total * 1e3, 1 / best_total, all_bytes / 1e9, all_bytes / best_total / 1e9,
-             100 * all_bytes / best_total / bw, bw / all_bytes);
+    fmt::print("  {:<10} {:9.1f} MB {:9.2f} ms {:7.1f} GB/s {:6.1f}% of probe {:6.1f}% of peak\n", names[op],
+               bytes[op] / 1e6, best[op] * 1e3, bytes[op] / best[op] / 1e9, 100 * bytes[op] / best[op] / bw,
+               100 * flops[op] / best[op] / peak);
+  fmt::print("  best whole step {:.2f} ms = {:.2f} tokens/s for {:.3f} GB: {:.1f} GB/s, {:.1f}% of probe, "
+             "{:.1f}% of peak (limit {:.2f} tokens/s)\n",
+             best_total * 1e3, double(B) / best_total, all_bytes / 1e9, all_bytes / best_total / 1e9,
+             100 * all_bytes / best_total / bw, 100 * all_flops / best_total / peak,
+             double(B) * std::min(bw / all_bytes, peak / all_flops));
   return 0;
 }
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::string_view(argv[1]) == "--decode-profile") {
     try {
-      return decode_profile(argv[2], argc > 3 ? std::atoi(argv[3]) : 512, argc > 4 ? std::atoi(argv[4]) : 5);
+      return decode_profile(argv[2], argc > 3 ? std::atoi(argv[3]) : 512, argc > 4 ? std::atoi(argv[4]) : 5,
+                            argc > 5 ? std::atoi(argv[5]) : 1);
     } catch (const std::exception& e) {
       fmt::print(stderr, "bench_kernels: error: {}\n", e.what());
       return 1;

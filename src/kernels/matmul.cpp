@@ -187,17 +187,22 @@ void bf16_x(GemmArgs& a, ThreadPool& pool) {
 // from `shift` zeros on (fma_dot_shift), each group's even entries, then its odd ones (how a
 // bf16 weight vector widens in two exact halves), rows zero-padded to whole groups, 64-byte
 // aligned, in a per-thread buffer; rows spread over the pool, as in bf16_x.
-void wide_x(GemmArgs& a, ThreadPool& pool) {
+void wide_x(GemmArgs& a, const Exec& ex) {
   thread_local std::vector<float> buf;
   const size_t shift = fma_dot_shift(a), ld = (a.K + shift + 31) / 32 * 32;
   buf.resize(a.M * ld + 16);
   float* out = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
-  auto slot = [](size_t j) { return j / 32 * 32 + j % 2 * 16 + j % 32 / 2; };
-  pool.parallel_for(a.M, [&](size_t m0, size_t m1) {
+  ex.threads().parallel_for(a.M, [&](size_t m0, size_t m1) {
+    thread_local std::vector<float> row;  // one row rounded (by the ISA's kernel), from `shift` zeros on
+    row.assign(ld, 0.f);
     for (size_t m = m0; m < m1; ++m) {
-      float* row = out + m * ld;
-      for (size_t j = 0; j < ld; ++j)
-        row[slot(j)] = j < shift || j >= a.K + shift ? 0.f : round_bf16(a.x[m * a.ldx + j - shift]);
+      round_to_bf16(a.x + m * a.ldx, row.data() + shift, a.K, ex.isa);
+      float* o = out + m * ld;
+      for (size_t g = 0; g < ld; g += 32)
+        for (size_t i = 0; i < 16; ++i) {
+          o[g + i] = row[g + 2 * i];
+          o[g + 16 + i] = row[g + 2 * i + 1];
+        }
     }
   }, std::max<size_t>(1, (size_t(8) << 10) / ld));
   a.xq = reinterpret_cast<const std::byte*>(out);
@@ -251,7 +256,7 @@ void run(GemmArgs a, const Exec& ex) {
                        (native ? !ex.dot_gemm && a.M > 4
                                : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2 && a.M > 1);
   if (fma_dot) {
-    wide_x(a, pool);
+    wide_x(a, ex);
   } else if (native && !use_dot && !ex.dot_gemm) {
     // gemm_bf16's FMA twin of the bf16 micro-kernel takes x rounded, as f32 (block formats:
     // K is whole blocks, so every pair is whole).
