@@ -135,22 +135,20 @@ QTARGET inline void dot_q4_0(const std::byte* const* rows, const Acts<RM>& a, si
   }
 }
 
-// The 8 six-bit scales and mins of a Q4_K block, as ggml's get_scale_min_k4 gives them for
-// j = 0..7, unpacked four at a time in 32-bit words.
-QTARGET inline void scales_mins_k4(const uint8_t* q, uint8_t sc[8], uint8_t mn[8]) {
-  uint32_t w[3];
-  std::memcpy(w, q, 12);
-  const uint32_t s_lo = w[0] & 0x3f3f3f3fu, m_lo = w[1] & 0x3f3f3f3fu;
-  const uint32_t s_hi = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
-  const uint32_t m_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
-  std::memcpy(sc, &s_lo, 4), std::memcpy(sc + 4, &s_hi, 4);
-  std::memcpy(mn, &m_lo, 4), std::memcpy(mn + 4, &m_hi, 4);
-}
-
-// 8 unsigned bytes as f32 times s.
-QTARGET inline __m256 scaled_u8(const uint8_t* v, float s) {
-  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v));
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_set1_ps(s));
+// A Q4_K block's eight sub-block scales times d (ds) and mins times dmin (dm), the six-bit
+// fields unpacked as ggml's get_scale_min_k4 gives them for j = 0..7, in one 128-bit vector:
+// bytes 0-3 scales 0-3 (low 6 bits of words 0), 4-7 scales 4-7 (low nibbles of word 2, top two
+// bits of word 0), 8-15 the mins likewise from words 1 and 2 (docs/gguf.md §2).
+// The 16-byte load runs 4 bytes into the block's codes, which the masks drop.
+QTARGET inline void factors_k4(const BlockQ4_K* b, __m256& ds, __m256& dm) {
+  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));  // words 0, 1, 2
+  const __m128i low = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+                                    _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 2),
+                                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  const __m128i sm = _mm_or_si128(low, top);
+  ds = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)), _mm256_set1_ps(f16(b->d)));
+  dm = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm))), _mm256_set1_ps(f16(b->dmin)));
 }
 
 // Q4_K: the eight sub-block factors d·sc·d_x of a row are one vector product (the row's
@@ -174,9 +172,8 @@ QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, si
       VLM_UNROLL
       for (int j = 0; j < S; ++j) {
         const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i0 + i;
-        uint8_t sc[8], mn[8];
-        scales_mins_k4(b->scales, sc, mn);
-        const __m256 ds = scaled_u8(sc, f16(b->d)), dm = scaled_u8(mn, f16(b->dmin));
+        __m256 ds, dm;
+        factors_k4(b, ds, dm);
         VLM_UNROLL
         for (int m = 0; m < RM; ++m) {
           _mm256_store_ps(f[i][m][j], _mm256_mul_ps(ds, _mm256_loadu_ps(a.x[m].d + 8 * (i0 + i))));
@@ -214,8 +211,11 @@ QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, si
   }
 }
 
-// Q6_K with the codes made signed (q − 32) and the sign moved onto the activations, as for
-// Q8_0, so no offset term remains.
+// Q6_K: a 32-value chunk's unsigned codes q meet x as int16 pair sums (vpmaddubsw), less 32 times
+// x's pair sums (the codes' offset; both within int16), and vpmaddwd multiplies them by the int8
+// scales of the chunk's two 16-value sub-blocks while it sums them in int32 (exact); one
+// conversion and one FMA by d·d_x finish the chunk. Signed codes with the sign moved onto x, and
+// the scale in the f32 factor, took twice the operations per chunk.
 template <int RM, int S>
 QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
   __m256 acc[RM][S][2];
@@ -225,24 +225,38 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM>& a, si
     for (int j = 0; j < S; ++j) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
   }
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
-  // Chunk c (32 values) spans the 16-value sub-blocks 2c and 2c + 1 and activation block c.
-  const __m256i lo_pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi_pairs = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  // Chunk c (32 values) spans the 16-value sub-blocks 2c and 2c + 1 and activation block c. With
+  // a half's eight int16 scales in each 128-bit lane, spread[k] gives its chunk k's first scale
+  // to the low lane (values 0-15), its second to the high lane.
+  const __m256i spread[4] = {
+      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3),
+      _mm256_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7),
+      _mm256_setr_epi8(8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10,
+                       11, 10, 11, 10, 11),
+      _mm256_setr_epi8(12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14,
+                       15, 14, 15, 14, 15, 14, 15, 14, 15)};
   for (size_t i = 0; i < nb; ++i) {
+    // 32 · x's pair sums per chunk: worked out once for the S weight rows (decode), or where
+    // they are used (S = 1: RM · 8 vectors would not stay in registers).
+    __m256i off[RM][8];
+    if constexpr (S > 1) {
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        VLM_UNROLL
+        for (int c = 0; c < 8; ++c) off[m][c] = _mm256_maddubs_epi16(k32, load32(a.x[m].q + 32 * (8 * i + size_t(c))));
+      }
+    }
     VLM_UNROLL
     for (int j = 0; j < S; ++j) {
       const auto* b = reinterpret_cast<const BlockQ6_K*>(rows[j]) + i;
       prefetch_ahead<S>(b, sizeof(BlockQ6_K));
-      const __m256 d = _mm256_set1_ps(f16(b->d));
       const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
-      const __m256 ds_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
-      const __m256 ds_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
-      alignas(32) float f[RM][16];  // d·scale·d_x per 16-value sub-block
+      const __m256i sc[2] = {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8)),
+                             _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(s8, 8)))};
+      const __m256 d = _mm256_set1_ps(f16(b->d));
+      alignas(32) float f[RM][8];  // d·d_x per chunk
       VLM_UNROLL
-      for (int m = 0; m < RM; ++m) {
-        const __m256 xd = _mm256_loadu_ps(a.x[m].d + 8 * i);
-        _mm256_store_ps(f[m], _mm256_mul_ps(ds_lo, _mm256_permutevar8x32_ps(xd, lo_pairs)));
-        _mm256_store_ps(f[m] + 8, _mm256_mul_ps(ds_hi, _mm256_permutevar8x32_ps(xd, hi_pairs)));
-      }
+      for (int m = 0; m < RM; ++m) _mm256_store_ps(f[m], _mm256_mul_ps(d, _mm256_loadu_ps(a.x[m].d + 8 * i)));
       VLM_UNROLL
       for (int half = 0; half < 2; ++half) {
         const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
@@ -255,15 +269,14 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM>& a, si
         };
         VLM_UNROLL
         for (int k = 0; k < 4; ++k) {
-          const __m256i w = _mm256_sub_epi8(codes[k], k32), aw = _mm256_sign_epi8(w, w);
           const int c = 4 * half + k;
+          const __m256i scale = _mm256_shuffle_epi8(sc[half], spread[k]);
           VLM_UNROLL
           for (int m = 0; m < RM; ++m) {
-            const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * (8 * i + size_t(c))), w));
-            // int32 lanes 0-3 hold values 0-15 (factor f[2c]), lanes 4-7 values 16-31 (f[2c + 1])
-            const __m256 sv = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&f[m][2 * c])),
-                                                   _mm_broadcast_ss(&f[m][2 * c + 1]), 1);
-            acc[m][j][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sv, acc[m][j][k & 1]);
+            const __m256i xq = load32(a.x[m].q + 32 * (8 * i + size_t(c)));
+            const __m256i xo = S > 1 ? off[m][c] : _mm256_maddubs_epi16(k32, xq);
+            const __m256i p = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(codes[k], xq), xo), scale);
+            acc[m][j][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), bcast(&f[m][c]), acc[m][j][k & 1]);
           }
         }
       }
