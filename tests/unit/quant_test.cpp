@@ -162,6 +162,9 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
           std::vector<float> wf(N * K), x(M * K), xq(M * K), bound(M * N, 0.f);
           for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wf[n * K], K);
           for (auto& v : x) v = normal(rng);
+          // Row 0 all ±1: every activation code ±127, so with the random weight bytes' extreme
+          // codes and scales the kernels' int16 pair sums reach their limits.
+          for (size_t k = 0; k < K; ++k) x[k] = rng() & 1 ? 1.f : -1.f;
           const size_t row_bytes = K / 32 * kQ8BlockBytes;
           std::vector<std::byte> act(M * row_bytes);
           std::vector<float> dx(M * K / 32);  // each activation block's scale
