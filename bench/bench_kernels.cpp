@@ -120,21 +120,22 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
   const char* names[kOps] = {"norms", "q/k/v", "attention", "o", "gate/up", "down", "head"};
   double bytes[kOps] = {}, flops[kOps] = {}, best[kOps];
   for (double& b : best) b = 1e30;
+  auto wb = [](const Weight& w) { return double(w.stride_bytes() * w.rows); };
+  auto fl = [&](const Weight& w) { return 2.0 * double(B * w.rows * w.cols); };  // B rows through w
   for (const Layer& ly : layers) {
-    auto wb = [](const Weight& w) { return double(w.stride_bytes() * w.rows); };
     bytes[QKV] += wb(ly.q) + wb(ly.k) + wb(ly.v);
     bytes[O] += wb(ly.o);
     bytes[GateUp] += wb(ly.gate) + wb(ly.up);
     bytes[Down] += wb(ly.down);
     bytes[Attn] += double(B) * 2.0 * double(L * nKV * d) * 4;
-    flops[QKV] += 2.0 * double(B * H) * double(ly.q.rows + ly.k.rows + ly.v.rows);
-    flops[O] += 2.0 * double(B * ly.o.rows * ly.o.cols);
-    flops[GateUp] += 4.0 * double(B * ly.gate.rows * ly.gate.cols);
-    flops[Down] += 2.0 * double(B * ly.down.rows * ly.down.cols);
+    flops[QKV] += fl(ly.q) + fl(ly.k) + fl(ly.v);
+    flops[O] += fl(ly.o);
+    flops[GateUp] += fl(ly.gate) + fl(ly.up);
+    flops[Down] += fl(ly.down);
     flops[Attn] += double(B) * 4.0 * double(L * nH * d);
   }
-  bytes[Head] = double(head.stride_bytes() * head.rows);
-  flops[Head] = 2.0 * double(B * head.rows * head.cols);
+  bytes[Head] = wb(head);
+  flops[Head] = fl(head);
   const double bw = measure_read_bandwidth(threads);
   const double peak = measure_peak_flops(threads);
   double best_total = 1e30;

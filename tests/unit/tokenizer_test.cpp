@@ -319,7 +319,19 @@ TEST(StreamDecoder, MatchesDecodeOnEncodedText) {
 
 // ---- synthetic tokenizers: BPE order and load errors --------------------------------
 
-// A tokenizer.json with the 256 byte tokens, `extra` tokens and `merges`.
+// The tiny tokenizers' pieces by id: <unk>, the 256 byte tokens, then `extra`.
+std::vector<std::string> tiny_pieces(const std::vector<std::string>& extra) {
+  std::vector<std::string> names = {"<unk>"};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    names.push_back(name);
+  }
+  names.insert(names.end(), extra.begin(), extra.end());
+  return names;
+}
+
+// A tokenizer.json with tiny_pieces(extra) and `merges`.
 using Pairs = std::vector<std::pair<std::string, std::string>>;
 std::string tiny_json(const std::vector<std::string>& extra, const Pairs& merge_pairs,
                       const std::function<void(nlohmann::json&)>& edit = {}) {
@@ -327,13 +339,7 @@ std::string tiny_json(const std::vector<std::string>& extra, const Pairs& merge_
   for (const auto& [a, b] : merge_pairs) merges.push_back(nlohmann::json::array({a, b}));
   nlohmann::json vocab = nlohmann::json::object();
   int id = 0;
-  vocab["<unk>"] = id++;
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof name, "<0x%02X>", b);
-    vocab[name] = id++;
-  }
-  for (const auto& e : extra) vocab[e] = id++;
+  for (const auto& name : tiny_pieces(extra)) vocab[name] = id++;
   nlohmann::json j = {
       {"added_tokens", nlohmann::json::array({{{"id", 0}, {"content", "<unk>"}, {"single_word", false}, {"lstrip", false},
                                                {"rstrip", false}, {"normalized", false}, {"special", true}}})},
@@ -379,13 +385,7 @@ TEST(TinyBpe, PiecesByIdEqualTheJson) {
   const std::vector<std::string> v = {"a", "b", "c", "ab", "bc", "abc", "\xE2\x96\x81", "\xE2\x96\x81" "a"};
   const Tokenizer j = Tokenizer::from_json(tiny_json(v, {{"b", "c"}, {"a", "b"}, {"a", "bc"}, {"\xE2\x96\x81", "a"}}),
                                            "{}", "tiny");
-  std::vector<std::string> names = {"<unk>"};
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof name, "<0x%02X>", b);
-    names.push_back(name);
-  }
-  names.insert(names.end(), v.begin(), v.end());
+  const std::vector<std::string> names = tiny_pieces(v);
   const std::vector<std::string_view> pieces(names.begin(), names.end());
   PieceVocab pv;
   pv.pieces = pieces;
