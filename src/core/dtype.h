@@ -1,7 +1,7 @@
 // Storage dtypes of checkpoint tensors and exact scalar conversions.
 // Activations are f32; weights stay in their stored dtype: a float type or one of ggml's
-// block-quantized types (docs/gguf.md §2; blocks run along a row). Q8Act is not a storage
-// type: it is the int8 block format the quantized dot kernels want activations in.
+// block-quantized types (docs/gguf.md §2; blocks run along a row). Q8Act and Q8KAct are not
+// storage types: they are the int8 block formats the quantized dot kernels want activations in.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,7 +10,7 @@
 
 namespace vlm {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q8Act };
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, Q8Act, Q8KAct };
 
 inline bool is_block_quantized(DType t) { return t != DType::F32 && t != DType::F16 && t != DType::BF16; }
 // Bytes per element of a float type (block types: kernels::format_of(t).row_bytes).
@@ -26,6 +26,7 @@ inline std::string_view dtype_name(DType t) {
     case DType::Q4_K: return "Q4_K";
     case DType::Q6_K: return "Q6_K";
     case DType::Q8Act: return "Q8_ACT";
+    case DType::Q8KAct: return "Q8_K_ACT";
   }
   return "?";
 }

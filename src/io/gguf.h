@@ -38,7 +38,7 @@ std::string_view ggml_type_name(GgmlType t);
 std::string ggml_type_id_name(uint32_t id);
 // The weight format (DType) of a GGUF tensor type and back (every GgmlType vlm reads has one).
 DType dtype_of(GgmlType t);
-GgmlType ggml_type_of(DType t);  // throws for DType::Q8Act (activations only)
+GgmlType ggml_type_of(DType t);  // throws for DType::Q8Act/Q8KAct (activations only)
 // Parses "f32", "Q8_0", ... (case-insensitive); nullopt when not a supported type.
 std::optional<GgmlType> ggml_type_from_name(std::string_view name);
 

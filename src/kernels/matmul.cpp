@@ -53,8 +53,8 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
   dequantize_row(G, src, dst, n);
 }
 
-// ggml's block formats: integer dot kernels on activations quantized per 32 (Q8Act), [N, K]
-// layout only. Without AVX512-VNNI the Avx512 row runs the AVX2 kernels. With AVX512-BF16,
+// ggml's block formats: integer dot kernels on activations quantized per block (Q8Act, per 32;
+// the K-quants Q8KAct, per 256), [N, K] layout only. Without AVX512-VNNI the Avx512 row runs the AVX2 kernels. With AVX512-BF16,
 // a Precision::Bf16 product of more than kDotMaxM rows dequantizes the weights into the bf16
 // GEMM instead (gemm_bf16dot_blocks).
 template <GgmlType G>
@@ -63,13 +63,17 @@ Format block_format(const char* name, FormatKernels detail::QuantKernels::*membe
   FormatKernels wide = (quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2).*member;
   if (bf16_dot_supported()) wide.gemm_bf16 = &gemm_bf16dot_blocks;
   return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
-                &dequantize<G>, DType::Q8Act, nullptr, false,
+                &dequantize<G>, takes_q8k(G) ? DType::Q8KAct : DType::Q8Act, nullptr, false,
                 {kQuantScalar.*member, kQuantAvx2.*member, wide}};
 }
 
 void q8act_to_f32(const std::byte* src, float* dst, size_t n) {
   const Q8Row r = q8_row(src, n);
   for (size_t i = 0; i < n; ++i) dst[i] = r.d[i / 32] * float(r.q[i]);
+}
+void q8kact_to_f32(const std::byte* src, float* dst, size_t n) {
+  const Q8KRow r = q8k_row(src, n);
+  for (size_t i = 0; i < n; ++i) dst[i] = r.d[i / 256] * float(r.q[i]);
 }
 }  // namespace
 
@@ -86,6 +90,8 @@ const Format& format_of(DType type) {
   // Activations only: no weight kernels.
   static const Format q8act{DType::Q8Act, "q8_act", 32, kQ8BlockBytes, &q8act_to_f32, DType::F32,
                             &quantize_activations, false, {}};
+  static const Format q8kact{DType::Q8KAct, "q8_k_act", 256, kQ8KBlockBytes, &q8kact_to_f32, DType::F32,
+                             &quantize_activations_k, false, {}};
   switch (type) {
     case DType::F32: return f32;
     case DType::F16: return f16;
@@ -95,6 +101,7 @@ const Format& format_of(DType type) {
     case DType::Q4_K: return q4_k;
     case DType::Q6_K: return q6_k;
     case DType::Q8Act: return q8act;
+    case DType::Q8KAct: return q8kact;
   }
   fail("matmul: no kernels for weight format {}", int(type));
 }
@@ -212,11 +219,13 @@ void wide_x(GemmArgs& a, const Exec& ex) {
 // x rows in the activation format `act`, in a per-thread buffer.
 void convert_x(GemmArgs& a, const Format& act) {
   if (!act.from_f32) fail("matmul: format {} cannot hold activations", act.name);
+  // Rows on 64-byte lines, so the kernels' 32-byte loads of the codes never split a line.
   thread_local std::vector<std::byte> buf;
-  a.ldxq = act.row_bytes(a.K);
-  buf.resize(a.M * a.ldxq);
-  for (size_t m = 0; m < a.M; ++m) act.from_f32(a.x + m * a.ldx, buf.data() + m * a.ldxq, a.K);
-  a.xq = buf.data();
+  a.ldxq = (act.row_bytes(a.K) + 63) / 64 * 64;
+  buf.resize(a.M * a.ldxq + 64);
+  std::byte* out = buf.data() + (-reinterpret_cast<uintptr_t>(buf.data()) & 63);
+  for (size_t m = 0; m < a.M; ++m) act.from_f32(a.x + m * a.ldx, out + m * a.ldxq, a.K);
+  a.xq = out;
   if (act.type != DType::Q8Act || a.M == 1) return;
   thread_local std::vector<float> d4;
   const size_t nb = a.K / 32;

@@ -30,7 +30,7 @@ struct GemmArgs {
   // nullptr when the format takes f32 x.
   const std::byte* xq = nullptr;
   size_t ldxq = 0;
-  // Block formats (xq holds Q8Rows), M > 1: the block scales of each group of four rows side by
+  // Block formats whose xq holds Q8Rows, M > 1: the block scales of each group of four rows side by
   // side, [(M + 3) / 4][K / 32][4], zero past row M, so a tile applies them to four rows at once.
   const float* xd4 = nullptr;
   // gemm_bf16: the products on the f32 FMAs rather than vdpbf16ps (Exec::dot_gemm off).

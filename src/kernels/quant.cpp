@@ -204,42 +204,63 @@ void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
 }
 
 namespace {
+// d = amax/127 and the codes of n values (std::round: half away from zero); returns d.
+float quantize_block(const float* x, int8_t* q, size_t n) {
+  float amax = 0;
+  for (size_t j = 0; j < n; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (size_t j = 0; j < n; ++j) q[j] = int8_t(std::round(x[j] * id));
+  return d;
+}
+
 void quantize_activations_scalar(const float* x, std::byte* out, size_t K) {
   const size_t nb = K / 32;
   auto* d = reinterpret_cast<float*>(out);
   float* s = d + nb;
   auto* q = reinterpret_cast<int8_t*>(out + 8 * nb);
   for (size_t b = 0; b < nb; ++b, x += 32, q += 32) {
-    float amax = 0;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-    d[b] = amax / 127.0f;
-    const float id = d[b] != 0.0f ? 1.0f / d[b] : 0.0f;
+    d[b] = quantize_block(x, q, 32);
     int sum = 0;
-    for (int j = 0; j < 32; ++j) {
-      q[j] = int8_t(std::round(x[j] * id));
-      sum += q[j];
-    }
+    for (int j = 0; j < 32; ++j) sum += q[j];
     s[b] = d[b] * float(sum);
   }
+}
+
+void quantize_activations_k_scalar(const float* x, std::byte* out, size_t K) {
+  const size_t nb = K / 256;
+  auto* q = reinterpret_cast<int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + K);
+  auto* bsums = reinterpret_cast<int16_t*>(out + K + 4 * nb);
+  for (size_t b = 0; b < nb; ++b, x += 256, q += 256) {
+    d[b] = quantize_block(x, q, 256);
+    for (int j = 0; j < 16; ++j) {
+      int sum = 0;
+      for (int l = 0; l < 16; ++l) sum += q[16 * j + l];
+      bsums[16 * b + size_t(j)] = int16_t(sum);
+    }
+  }
+}
+
+const detail::QuantKernels& quant_isa() {
+  static const detail::QuantKernels& k = quant_vnni_supported()       ? detail::kQuantAvx512
+                                         : isa_supported(Isa::Avx2) ? detail::kQuantAvx2
+                                                                    : detail::kQuantScalar;
+  return k;
 }
 }  // namespace
 
 // A decode step quantizes x before each of its products on the calling thread, while the other
 // threads wait: the SIMD forms (the same bytes) took a 2560-value row from 11.8 to 1.4 µs.
-void quantize_activations(const float* x, std::byte* out, size_t K) {
-  static const auto fn = quant_vnni_supported()       ? detail::kQuantAvx512.quantize
-                         : isa_supported(Isa::Avx2) ? detail::kQuantAvx2.quantize
-                                                    : detail::kQuantScalar.quantize;
-  fn(x, out, K);
-}
+void quantize_activations(const float* x, std::byte* out, size_t K) { quant_isa().quantize(x, out, K); }
+void quantize_activations_k(const float* x, std::byte* out, size_t K) { quant_isa().quantize_k(x, out, K); }
 
 namespace {
 
 // The scalar reference: the same integer sums and the same per-block scale products as the
-// SIMD paths, in plain loops (Q6_K: per 16 values with unsigned-offset codes, where the SIMD
-// path moves the sign; the integer sums are equal).
-template <GgmlType T>
-float dot_row(const std::byte* row, const Q8Row& a, size_t K) {
+// SIMD paths, in plain loops (Q6_K with signed codes, where the SIMD path takes the unsigned
+// ones less 32 times the activation sums; the integer sums are equal).
+template <GgmlType T, class Row>
+float dot_row(const std::byte* row, const Row& a, size_t K) {
   float acc = 0;
   if constexpr (T == GgmlType::Q8_0) {
     for (size_t i = 0; i < K / 32; ++i) {
@@ -260,30 +281,27 @@ float dot_row(const std::byte* row, const Q8Row& a, size_t K) {
   } else if constexpr (T == GgmlType::Q4_K) {
     for (size_t i = 0; i < K / 256; ++i) {
       const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
-      const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+      const int8_t* x = a.q + 256 * i;
+      int sum = 0, mins = 0;  // Σ sc·q·x and Σ m·Σx over the sub-blocks, in integers
       for (int j = 0; j < 8; ++j) {
-        const size_t ab = i * 8 + size_t(j);
         uint8_t sc, m;
         scale_min_k4(j, b->scales, sc, m);
         const uint8_t* q = b->qs + 32 * (j / 2);
         int s = 0;
-        for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * a.q[32 * ab + size_t(l)];
-        acc += float(s) * (d * float(sc) * a.d[ab]) - dmin * float(m) * a.s[ab];
+        for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * x[32 * j + l];
+        sum += sc * s;
+        mins += m * (a.bsums[16 * i + size_t(2 * j)] + a.bsums[16 * i + size_t(2 * j + 1)]);
       }
+      acc += float(sum) * (f16_to_f32(b->d) * a.d[i]) - float(mins) * (f16_to_f32(b->dmin) * a.d[i]);
     }
   } else {
     static_assert(T == GgmlType::Q6_K);
     for (size_t i = 0; i < K / 256; ++i) {
       const auto* b = reinterpret_cast<const BlockQ6_K*>(row) + i;
-      const float d = f16_to_f32(b->d);
-      for (int c = 0; c < 8; ++c) {  // 32-value chunks: half c/4, chunk c%4 of it
-        const size_t ab = i * 8 + size_t(c);
-        const int half = c / 4, k = c % 4;
-        int s[2] = {0, 0};
-        for (int l = 0; l < 32; ++l) s[l / 16] += q6_value(b, half, k, l) * a.q[32 * ab + size_t(l)];
-        const int8_t* sc = b->scales + 8 * half + 2 * k;
-        acc += (float(s[0]) * float(sc[0]) + float(s[1]) * float(sc[1])) * (d * a.d[ab]);
-      }
+      const int8_t* x = a.q + 256 * i;
+      int sum = 0;  // Σ sc·(q − 32)·x, value e in sub-block e/16
+      for (int e = 0; e < 256; ++e) sum += b->scales[e / 16] * q6_value(b, e / 128, e % 128 / 32, e % 32) * x[e];
+      acc += float(sum) * (f16_to_f32(b->d) * a.d[i]);
     }
   }
   return acc;
@@ -293,7 +311,10 @@ template <GgmlType T>
 void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
   for (size_t n = n0; n < n1; ++n)
     for (size_t m = 0; m < a.M; ++m) {
-      float v = dot_row<T>(a.w + n * a.ldw_bytes, q8_row(a.xq + m * a.ldxq, a.K), a.K);
+      const std::byte* x = a.xq + m * a.ldxq;
+      float v;
+      if constexpr (takes_q8k(T)) v = dot_row<T>(a.w + n * a.ldw_bytes, q8k_row(x, a.K), a.K);
+      else v = dot_row<T>(a.w + n * a.ldw_bytes, q8_row(x, a.K), a.K);
       if (a.bias) v += a.bias[n];
       a.y[m * a.ldy + n] = v;
     }
@@ -304,7 +325,7 @@ void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
 namespace detail {
 const QuantKernels kQuantScalar = {{&dot_scalar<GgmlType::Q8_0>}, {&dot_scalar<GgmlType::Q4_0>},
                                    {&dot_scalar<GgmlType::Q4_K>}, {&dot_scalar<GgmlType::Q6_K>},
-                                   &quantize_activations_scalar};
+                                   &quantize_activations_scalar, &quantize_activations_k_scalar};
 }  // namespace detail
 
 bool quant_vnni_supported() {

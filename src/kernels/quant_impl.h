@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "kernels/matmul_isa.h"
@@ -46,13 +47,15 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
 // M = 1 twin dot_q8_0_streams S rows: the twin prepares each x block once for its S weight rows
 // (XBlock), while against one weight row the sign moves of each weight block serve all RM
 // activation rows) and writes out[m · S + j]: a weight block is decoded once
-// and meets every activation row, and every (row, weight row) sum is its own chain, split in two
-// over consecutive (sub-)blocks to keep FMA latency off the critical path. Prefill and batches
-// take RM = 4, S = 1; decode RM = 1, S = 4 (dot_row1). d4: the RM rows' block scales side by
-// side (GemmArgs::xd4), for the kernels that scale four rows' sums at once (rows4).
-template <int RM>
+// and meets every activation row, and every (row, weight row) sum is its own chain (for the
+// 32-value formats split in two over consecutive blocks to keep FMA latency off the critical
+// path; the K-quants' one FMA per 256 values does not need it). Prefill and batches take RM = 4,
+// S = 1; decode RM = 1, S = 4 (dot_row1). Row: Q8Row, or Q8KRow for the K-quants (ActRow). d4:
+// the RM rows' block scales side by side (GemmArgs::xd4), for the kernels that scale four rows'
+// sums at once (rows4).
+template <int RM, class Row = Q8Row>
 struct Acts {
-  Q8Row x[RM];
+  Row x[RM];
   const float* d4 = nullptr;
 };
 
@@ -135,128 +138,115 @@ QTARGET inline void dot_q4_0(const std::byte* const* rows, const Acts<RM>& a, si
   }
 }
 
-// A Q4_K block's eight sub-block scales times d (ds) and mins times dmin (dm), the six-bit
-// fields unpacked as ggml's get_scale_min_k4 gives them for j = 0..7, in one 128-bit vector:
-// bytes 0-3 scales 0-3 (low 6 bits of words 0), 4-7 scales 4-7 (low nibbles of word 2, top two
-// bits of word 0), 8-15 the mins likewise from words 1 and 2 (docs/gguf.md §2).
-// The 16-byte load runs 4 bytes into the block's codes, which the masks drop.
-QTARGET inline void factors_k4(const BlockQ4_K* b, __m256& ds, __m256& dm) {
+// A Q4_K block's eight six-bit sub-block scales (bytes 0-7) and mins (bytes 8-15) as ggml's
+// get_scale_min_k4 gives them for j = 0..7, unpacked in one 128-bit vector: scales 0-3 are the
+// low 6 bits of word 0, scales 4-7 the low nibbles of word 2 with the top two bits of word 0,
+// the mins likewise from words 1 and 2 (docs/gguf.md §2). The 16-byte load runs 4 bytes into
+// the block's codes, which the masks drop.
+QTARGET inline __m128i scales_mins_k4(const BlockQ4_K* b) {
   const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));  // words 0, 1, 2
   const __m128i low = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
   const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 2),
                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-  const __m128i sm = _mm_or_si128(low, top);
-  ds = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)), _mm256_set1_ps(f16(b->d)));
-  dm = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(sm, sm))), _mm256_set1_ps(f16(b->dmin)));
+  return _mm_or_si128(low, top);
 }
 
-// Q4_K: the eight sub-block factors d·sc·d_x of a row are one vector product (the row's
-// scales for the block are contiguous), and the min term is a vector FMA per block. Both are
-// worked out for a run of blocks before the codes meet x: the chain from a block's scale bytes to
-// its factors is long, and with it in the same loop the products waited on it.
+// Of a vector with eight int16 in each 128-bit half: int16 k in all 16 lanes (pick16), or int16
+// 2k in the low half's lanes and 2k + 1 in the high half's (pick16_pair).
+QTARGET inline __m128i byte_pair(int k) { return _mm_set1_epi16(short(0x0100 * (2 * k + 1) + 2 * k)); }
+QTARGET inline __m256i pick16(__m256i v, int k) { return _mm256_shuffle_epi8(v, _mm256_set_m128i(byte_pair(k), byte_pair(k))); }
+QTARGET inline __m256i pick16_pair(__m256i v, int k) {
+  return _mm256_shuffle_epi8(v, _mm256_set_m128i(byte_pair(2 * k + 1), byte_pair(2 * k)));
+}
+
+// Q4_K against Q8_K activations (one scale per 256): a 32-value sub-block's codes meet x as
+// int16 pair sums (vpmaddubsw), and vpmaddwd multiplies them by the sub-block's scale while it
+// sums them in int32, so the whole block stays one integer sum (exact: at most 8·2·2·15·127·63
+// per lane). The mins meet the activation sums per 16 (bsums) in one more vpmaddwd. Then two
+// conversions and two FMAs per block finish it: with a scale per 32 activations, a conversion
+// and an FMA per sub-block were the kernel's cost (docs/gguf.md, "What holds the K-quant kernels").
 template <int RM, int S>
-QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
-  constexpr size_t kRun = 16;  // blocks per run: 512 B of factors per (activation, weight) row pair
-  __m256 acc[RM][S][2], mins[RM][S];
+QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
+  __m256 acc[RM][S];
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) acc[m][j][0] = acc[m][j][1] = mins[m][j] = _mm256_setzero_ps();
+    for (int j = 0; j < S; ++j) acc[m][j] = _mm256_setzero_ps();
   }
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  alignas(32) float f[kRun][RM][S][8];  // d·sc·d_x per sub-block
-  for (size_t i0 = 0; i0 < nb; i0 += kRun) {
-    const size_t n = std::min(kRun, nb - i0);
-    for (size_t i = 0; i < n; ++i) {
+  const __m128i pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  for (size_t i = 0; i < nb; ++i) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) {
+      const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i;
+      prefetch_ahead<S>(b, sizeof(BlockQ4_K));
+      const __m128i sm = scales_mins_k4(b);
+      const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pairs));  // m_j for bsums 2j and 2j + 1
+      __m256i sum[RM];
       VLM_UNROLL
-      for (int j = 0; j < S; ++j) {
-        const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i0 + i;
-        __m256 ds, dm;
-        factors_k4(b, ds, dm);
-        VLM_UNROLL
-        for (int m = 0; m < RM; ++m) {
-          _mm256_store_ps(f[i][m][j], _mm256_mul_ps(ds, _mm256_loadu_ps(a.x[m].d + 8 * (i0 + i))));
-          mins[m][j] = _mm256_fmadd_ps(dm, _mm256_loadu_ps(a.x[m].s + 8 * (i0 + i)), mins[m][j]);
-        }
-      }
-    }
-    for (size_t i = 0; i < n; ++i) {
+      for (int m = 0; m < RM; ++m) sum[m] = _mm256_setzero_si256();
       VLM_UNROLL
-      for (int j = 0; j < S; ++j) {
-        const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i0 + i;
-        prefetch_ahead<S>(b, sizeof(BlockQ4_K));
+      for (int c = 0; c < 4; ++c) {
+        const __m256i q = load32(b->qs + 32 * c);
+        const __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
         VLM_UNROLL
-        for (int c = 0; c < 4; ++c) {
-          const __m256i q = load32(b->qs + 32 * c);
-          const __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+        for (int h = 0; h < 2; ++h) {
+          const int k = 2 * c + h;
+          const __m256i scale = pick16(sc, k);
           VLM_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            const int k = 2 * c + h;
-            VLM_UNROLL
-            for (int m = 0; m < RM; ++m) {
-              const __m256i p = dot_u8s8(codes[h], load32(a.x[m].q + 32 * (8 * (i0 + i) + size_t(k))));
-              acc[m][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), bcast(&f[i][m][j][k]), acc[m][j][h]);
-            }
+          for (int m = 0; m < RM; ++m) {
+            const __m256i p = _mm256_maddubs_epi16(codes[h], load32(a.x[m].q + 256 * i + 32 * size_t(k)));
+            sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(p, scale));
           }
         }
       }
+      const __m256 d = _mm256_set1_ps(f16(b->d)), dmin = _mm256_set1_ps(f16(b->dmin));
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        const __m256 dx = bcast(a.x[m].d + i);
+        const __m256i msum = _mm256_madd_epi16(load32(a.x[m].bsums + 16 * i), mins);
+        acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_mul_ps(d, dx), acc[m][j]);
+        acc[m][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, dx), acc[m][j]);
+      }
     }
   }
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j)
-      out[m * S + j] = hsum(_mm256_add_ps(acc[m][j][0], acc[m][j][1])) - hsum(mins[m][j]);
+    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(acc[m][j]);
   }
 }
 
-// Q6_K: a 32-value chunk's unsigned codes q meet x as int16 pair sums (vpmaddubsw), less 32 times
-// x's pair sums (the codes' offset; both within int16), and vpmaddwd multiplies them by the int8
-// scales of the chunk's two 16-value sub-blocks while it sums them in int32 (exact); one
-// conversion and one FMA by d·d_x finish the chunk. Signed codes with the sign moved onto x, and
-// the scale in the f32 factor, took twice the operations per chunk.
+// Q6_K against Q8_K activations: a 32-value chunk's unsigned codes q meet x as int16 pair sums
+// (vpmaddubsw), and vpmaddwd multiplies them by the int8 scales of the chunk's two 16-value
+// sub-blocks while it sums them in int32; the codes' offset, 32·Σ sc·x, is one vpmaddwd of the
+// scales with the activation sums per 16 (bsums). The block stays one exact integer sum (at
+// most 8·2·2·63·127·128 + 32·8·2·2032·128 per lane), finished by one conversion and one FMA.
 template <int RM, int S>
-QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
-  __m256 acc[RM][S][2];
+QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
+  __m256 acc[RM][S];
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
+    for (int j = 0; j < S; ++j) acc[m][j] = _mm256_setzero_ps();
   }
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
-  // Chunk c (32 values) spans the 16-value sub-blocks 2c and 2c + 1 and activation block c. With
-  // a half's eight int16 scales in each 128-bit lane, spread[k] gives its chunk k's first scale
-  // to the low lane (values 0-15), its second to the high lane.
-  const __m256i spread[4] = {
-      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3),
-      _mm256_setr_epi8(4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7),
-      _mm256_setr_epi8(8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10,
-                       11, 10, 11, 10, 11),
-      _mm256_setr_epi8(12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14,
-                       15, 14, 15, 14, 15, 14, 15, 14, 15)};
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
   for (size_t i = 0; i < nb; ++i) {
-    // 32 · x's pair sums per chunk: worked out once for the S weight rows (decode), or where
-    // they are used (S = 1: RM · 8 vectors would not stay in registers).
-    __m256i off[RM][8];
-    if constexpr (S > 1) {
-      VLM_UNROLL
-      for (int m = 0; m < RM; ++m) {
-        VLM_UNROLL
-        for (int c = 0; c < 8; ++c) off[m][c] = _mm256_maddubs_epi16(k32, load32(a.x[m].q + 32 * (8 * i + size_t(c))));
-      }
-    }
     VLM_UNROLL
     for (int j = 0; j < S; ++j) {
       const auto* b = reinterpret_cast<const BlockQ6_K*>(rows[j]) + i;
       prefetch_ahead<S>(b, sizeof(BlockQ6_K));
       const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
-      const __m256i sc[2] = {_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(s8)),
-                             _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(s8, 8)))};
-      const __m256 d = _mm256_set1_ps(f16(b->d));
-      alignas(32) float f[RM][8];  // d·d_x per chunk
+      const __m256i all = _mm256_cvtepi8_epi16(s8);  // sub-block e/16's scale in lane e/16
+      // A half's eight scales in each 128-bit lane: chunk k of the half (values 32k..32k+31) takes
+      // scale 2k for its low lane (values 0-15) and 2k + 1 for its high lane.
+      const __m256i sc[2] = {_mm256_permute4x64_epi64(all, 0x44), _mm256_permute4x64_epi64(all, 0xEE)};
+      __m256i sum[RM];
       VLM_UNROLL
-      for (int m = 0; m < RM; ++m) _mm256_store_ps(f[m], _mm256_mul_ps(d, _mm256_loadu_ps(a.x[m].d + 8 * i)));
+      for (int m = 0; m < RM; ++m)
+        sum[m] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(load32(a.x[m].bsums + 16 * i), all), 5));
       VLM_UNROLL
       for (int half = 0; half < 2; ++half) {
         const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
@@ -269,28 +259,37 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM>& a, si
         };
         VLM_UNROLL
         for (int k = 0; k < 4; ++k) {
-          const int c = 4 * half + k;
-          const __m256i scale = _mm256_shuffle_epi8(sc[half], spread[k]);
+          const __m256i scale = pick16_pair(sc[half], k);
           VLM_UNROLL
           for (int m = 0; m < RM; ++m) {
-            const __m256i xq = load32(a.x[m].q + 32 * (8 * i + size_t(c)));
-            const __m256i xo = S > 1 ? off[m][c] : _mm256_maddubs_epi16(k32, xq);
-            const __m256i p = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(codes[k], xq), xo), scale);
-            acc[m][j][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), bcast(&f[m][c]), acc[m][j][k & 1]);
+            const __m256i p = _mm256_maddubs_epi16(codes[k], load32(a.x[m].q + 256 * i + 128 * size_t(half) + 32 * size_t(k)));
+            sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(p, scale));
           }
         }
       }
+      const __m256 d = _mm256_set1_ps(f16(b->d));
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_mul_ps(d, bcast(a.x[m].d + i)), acc[m][j]);
     }
   }
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(_mm256_add_ps(acc[m][j][0], acc[m][j][1]));
+    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(acc[m][j]);
   }
 }
 
+// The activation row type of format T's kernels, read from its bytes.
+template <GgmlType T>
+using ActRow = std::conditional_t<takes_q8k(T), Q8KRow, Q8Row>;
+template <GgmlType T>
+inline ActRow<T> act_row(const std::byte* p, size_t K) {
+  if constexpr (takes_q8k(T)) return q8k_row(p, K);
+  else return q8_row(p, K);
+}
+
 template <GgmlType T, int RM>
-QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM>& x, size_t K, float* out) {
+QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM, ActRow<T>>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0) dot_q8_0<RM>(row, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_0) dot_q4_0<RM, 1>(&row, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_q4_k<RM, 1>(&row, x, K / 256, out);
@@ -300,10 +299,10 @@ QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM>& x, size
 // Activation rows [m0, m0 + RM) against weight rows [n0, n1).
 template <GgmlType T, int RM>
 QTARGET void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
-  Acts<RM> x;
+  Acts<RM, ActRow<T>> x;
   VLM_UNROLL
-  for (int m = 0; m < RM; ++m) x.x[m] = q8_row(a.xq + (m0 + size_t(m)) * a.ldxq, a.K);
-  x.d4 = a.xd4 + m0 / 4 * (a.K / 32) * 4;  // m0 starts a group of four
+  for (int m = 0; m < RM; ++m) x.x[m] = act_row<T>(a.xq + (m0 + size_t(m)) * a.ldxq, a.K);
+  if (a.xd4) x.d4 = a.xd4 + m0 / 4 * (a.K / 32) * 4;  // m0 starts a group of four
   for (size_t n = n0; n < n1; ++n) {
     float v[RM];
     dot_block_rows<T, RM>(a.w + n * a.ldw_bytes, x, a.K, v);
@@ -342,11 +341,11 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
 
 // One activation row against S weight rows in lockstep.
 template <GgmlType T, int S>
-QTARGET inline void dot_streams(const std::byte* const* rows, const Q8Row& x, size_t K, float* out) {
+QTARGET inline void dot_streams(const std::byte* const* rows, const ActRow<T>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0) dot_q8_0_streams<S>(rows, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_0) dot_q4_0<1, S>(rows, Acts<1>{{x}}, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_K) dot_q4_k<1, S>(rows, Acts<1>{{x}}, K / 256, out);
-  else dot_q6_k<1, S>(rows, Acts<1>{{x}}, K / 256, out);
+  else if constexpr (T == GgmlType::Q4_K) dot_q4_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
+  else dot_q6_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
 }
 
 // M = 1: kStreams rows at a time, one from each of kStreams parts of the
@@ -355,7 +354,7 @@ QTARGET inline void dot_streams(const std::byte* const* rows, const Q8Row& x, si
 template <GgmlType T>
 QTARGET inline void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
   constexpr int kStreams = 4;
-  const Q8Row x = q8_row(a.xq, a.K);
+  const ActRow<T> x = act_row<T>(a.xq, a.K);
   auto store = [&](size_t n, float v) { a.y[n] = a.bias ? v + a.bias[n] : v; };
   const size_t part = (n1 - n0) / kStreams;
   for (size_t i = 0; i < part; ++i) {
@@ -394,46 +393,74 @@ QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
   }
 }
 
-// quantize_activations (quant.h) eight values at a time, with the same f32 operations: the block
-// maximum, d = amax/127 and 1/d in scalar, x·(1/d) per value, rounded half away from zero as
-// std::round does (the truncation, plus the sign where the exact remainder is at least 1/2).
+// quantize_activations and quantize_activations_k (quant.h) eight values at a time, with the
+// same f32 operations: the block maximum, d = amax/127 and 1/d in scalar, x·(1/d) per value,
+// rounded half away from zero as std::round does (the truncation, plus the sign where the exact
+// remainder is at least 1/2).
+QTARGET inline float scale_of(const float* x, size_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 mx = _mm256_setzero_ps();
+  for (size_t i = 0; i < n; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))) / 127.0f;
+}
+
+QTARGET inline int hsum_epi32(__m256i v) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  return _mm_cvtsi128_si32(t);
+}
+
+// The codes of 32 values at q (x·id rounded), and as int32 in qi.
+QTARGET inline void round_codes(const float* x, float d, int8_t* q, __m256i (&qi)[4]) {
+  const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+  VLM_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), id), tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 away = _mm256_and_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(t, tr)), half, _CMP_GE_OQ),
+                                      _mm256_or_ps(one, _mm256_and_ps(sign, t)));
+    qi[i] = _mm256_cvttps_epi32(_mm256_add_ps(tr, away));
+  }
+  // The packs interleave the 128-bit lanes: dwords (a0-3, b0-3, c0-3, d0-3 | a4-7, ...).
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
 QTARGET void quantize_x(const float* x, std::byte* out, size_t K) {
   const size_t nb = K / 32;
   auto* d = reinterpret_cast<float*>(out);
   float* s = d + nb;
   auto* q = reinterpret_cast<int8_t*>(out + 8 * nb);
-  const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
   for (size_t b = 0; b < nb; ++b, x += 32, q += 32) {
-    __m256 v[4], mx = _mm256_setzero_ps();
-    VLM_UNROLL
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i), mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    d[b] = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m))) / 127.0f;
-    const __m256 id = _mm256_set1_ps(d[b] != 0.0f ? 1.0f / d[b] : 0.0f);
-    __m256i qi[4], sum = _mm256_setzero_si256();
-    VLM_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      const __m256 t = _mm256_mul_ps(v[i], id), tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-      const __m256 away = _mm256_and_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(t, tr)), half, _CMP_GE_OQ),
-                                        _mm256_or_ps(one, _mm256_and_ps(sign, t)));
-      qi[i] = _mm256_cvttps_epi32(_mm256_add_ps(tr, away));
-      sum = _mm256_add_epi32(sum, qi[i]);
+    d[b] = scale_of(x, 32);
+    __m256i qi[4];
+    round_codes(x, d[b], q, qi);
+    s[b] = d[b] * float(hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]))));
+  }
+}
+
+QTARGET void quantize_xk(const float* x, std::byte* out, size_t K) {
+  const size_t nb = K / 256;
+  auto* q = reinterpret_cast<int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + K);
+  auto* bsums = reinterpret_cast<int16_t*>(out + K + 4 * nb);
+  for (size_t b = 0; b < nb; ++b, x += 256, q += 256, bsums += 16) {
+    d[b] = scale_of(x, 256);
+    for (int g = 0; g < 8; ++g) {
+      __m256i qi[4];
+      round_codes(x + 32 * g, d[b], q + 32 * g, qi);
+      bsums[2 * g] = int16_t(hsum_epi32(_mm256_add_epi32(qi[0], qi[1])));
+      bsums[2 * g + 1] = int16_t(hsum_epi32(_mm256_add_epi32(qi[2], qi[3])));
     }
-    // The packs interleave the 128-bit lanes: dwords (a0-3, b0-3, c0-3, d0-3 | a4-7, ...).
-    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-    s[b] = d[b] * float(_mm_cvtsi128_si32(t));
   }
 }
 
 constexpr QuantKernels make_quant_kernels() {
   return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q4_K>},
-          {&quant_dot<GgmlType::Q6_K>}, &quantize_x};
+          {&quant_dot<GgmlType::Q6_K>}, &quantize_x, &quantize_xk};
 }
 
 }  // namespace

@@ -165,14 +165,18 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
           // Row 0 all ±1: every activation code ±127, so with the random weight bytes' extreme
           // codes and scales the kernels' int16 pair sums reach their limits.
           for (size_t k = 0; k < K; ++k) x[k] = rng() & 1 ? 1.f : -1.f;
-          const size_t row_bytes = K / 32 * kQ8BlockBytes;
-          std::vector<std::byte> act(M * row_bytes);
-          std::vector<float> dx(M * K / 32);  // each activation block's scale
+          // x as the format's kernels take it (Q8Act per 32; the K-quants Q8KAct per 256): the
+          // rounded values and each value's block scale.
+          const Format& act = format_of(format_of(dtype_of(t)).act);
+          const size_t row_bytes = act.row_bytes(K);
+          std::vector<std::byte> xb(M * row_bytes);
+          std::vector<float> dx(M * K);
           for (size_t m = 0; m < M; ++m) {
-            quantize_activations(&x[m * K], act.data() + m * row_bytes, K);
-            const Q8Row r = q8_row(act.data() + m * row_bytes, K);
-            for (size_t k = 0; k < K; ++k) xq[m * K + k] = r.d[k / 32] * float(r.q[k]);
-            for (size_t b = 0; b < K / 32; ++b) dx[m * K / 32 + b] = r.d[b];
+            std::byte* r = xb.data() + m * row_bytes;
+            act.from_f32(&x[m * K], r, K);
+            act.to_f32(r, &xq[m * K], K);
+            const float* d = act.type == DType::Q8KAct ? q8k_row(r, K).d : q8_row(r, K).d;
+            for (size_t k = 0; k < K; ++k) dx[m * K + k] = d[k / act.block];
           }
           for (Isa isa : {Isa::Scalar, Isa::Avx2, Isa::Avx512}) {
             if (!isa_supported(isa) || (isa == Isa::Avx512 && !quant_vnni_supported())) {
@@ -189,7 +193,7 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
                   exact += double(wf[n * K + k]) * xq[m * K + k];
                   mag += std::fabs(double(wf[n * K + k]) * xq[m * K + k]);
                   ref += double(wf[n * K + k]) * x[m * K + k];
-                  err_bound += std::fabs(double(wf[n * K + k])) * dx[(m * K + k) / 32] / 2;
+                  err_bound += std::fabs(double(wf[n * K + k])) * dx[m * K + k] / 2;
                 }
                 const double got = y[m * N + n];
                 ASSERT_NEAR(got, exact, 1e-5 * mag + 1e-30)
@@ -335,23 +339,55 @@ TEST(Quant, ActivationQuantizerIsTheSameOnEveryIsa) {
       for (int j = 0; j < 32; ++j) blk[j] = normal(rng) * (b % 4 == 2 ? 1.f : 1e-3f);
     }
   }
-  const size_t bytes = K / 32 * 8 + K;
-  std::vector<std::byte> want(bytes);
-  detail::kQuantScalar.quantize(x.data(), want.data(), K);
+  std::fill(x.end() - 256, x.end(), 0.f);  // a zero block of 256 as well
+  // Q8_0-style per 32 (Q8Act) and Q8_K-style per 256 (Q8KAct: the halves block sets amax 127·0.25
+  // for its whole 256, so its codes land on halves too).
+  using Quantizer = void (*)(const float*, std::byte*, size_t);
+  const struct {
+    Quantizer scalar, avx2, avx512;
+    size_t bytes;
+  } kinds[] = {{detail::kQuantScalar.quantize, detail::kQuantAvx2.quantize, detail::kQuantAvx512.quantize, K / 32 * kQ8BlockBytes},
+               {detail::kQuantScalar.quantize_k, detail::kQuantAvx2.quantize_k, detail::kQuantAvx512.quantize_k,
+                K / 256 * kQ8KBlockBytes}};
   std::string missing;
-  for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
-    if (!isa_supported(isa) || (isa == Isa::Avx512 && !quant_vnni_supported())) {
-      missing = isa_name(isa);
-      continue;
+  std::vector<std::vector<std::byte>> want;
+  for (const auto& kind : kinds) {
+    want.emplace_back(kind.bytes);
+    kind.scalar(x.data(), want.back().data(), K);
+    for (Isa isa : {Isa::Avx2, Isa::Avx512}) {
+      if (!isa_supported(isa) || (isa == Isa::Avx512 && !quant_vnni_supported())) {
+        missing = isa_name(isa);
+        continue;
+      }
+      std::vector<std::byte> got(kind.bytes);
+      (isa == Isa::Avx2 ? kind.avx2 : kind.avx512)(x.data(), got.data(), K);
+      for (size_t i = 0; i < kind.bytes; ++i) ASSERT_EQ(got[i], want.back()[i]) << isa_name(isa) << " byte " << i;
     }
-    std::vector<std::byte> got(bytes);
-    (isa == Isa::Avx2 ? detail::kQuantAvx2 : detail::kQuantAvx512).quantize(x.data(), got.data(), K);
-    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " byte " << i;
   }
   // The halves above do round away: x·(1/d) = −0.5 → −1 and −2.5 → −3 in block 0.
-  const Q8Row r = q8_row(want.data(), K);
+  const Q8Row r = q8_row(want[0].data(), K);
   EXPECT_EQ(r.q[0], -1);
   EXPECT_EQ(r.q[2], -3);
+  // Per 256: d = amax/127 of the block, q = round-half-away(x/d), bsums the codes' sums per 16.
+  const Q8KRow rk = q8k_row(want[1].data(), K);
+  for (size_t b = 0; b < K / 256; ++b) {
+    float amax = 0;
+    for (size_t i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(x[256 * b + i]));
+    ASSERT_EQ(rk.d[b], amax / 127.0f) << b;
+    const float id = amax > 0 ? 127.0f / amax : 0.0f;
+    for (size_t j = 0; j < 16; ++j) {
+      int sum = 0;
+      for (size_t l = 0; l < 16; ++l) {
+        const size_t i = 256 * b + 16 * j + l;
+        const float t = x[i] * (rk.d[b] != 0 ? 1.0f / rk.d[b] : 0.0f);
+        ASSERT_NEAR(float(rk.q[i]), x[i] * id, 0.5001f) << i;
+        ASSERT_EQ(rk.q[i], int8_t(std::round(t))) << i;
+        sum += rk.q[i];
+      }
+      ASSERT_EQ(rk.bsums[16 * b + j], sum) << b << " " << j;
+    }
+  }
+  EXPECT_EQ(rk.q[0], -1);  // block 0 starts with the halves: amax 127·0.25 over its 256 values
   if (!missing.empty()) GTEST_SKIP() << "this CPU lacks the " << missing << " path: not tested";
 }
 
