@@ -152,13 +152,22 @@ QTARGET inline __m128i scales_mins_k4(const BlockQ4_K* b) {
   return _mm_or_si128(low, top);
 }
 
-// Of a vector with eight int16 in each 128-bit half: int16 k in all 16 lanes (pick16), or int16
-// 2k in the low half's lanes and 2k + 1 in the high half's (pick16_pair).
-QTARGET inline __m128i byte_pair(int k) { return _mm_set1_epi16(short(0x0100 * (2 * k + 1) + 2 * k)); }
-QTARGET inline __m256i pick16(__m256i v, int k) { return _mm256_shuffle_epi8(v, _mm256_set_m128i(byte_pair(k), byte_pair(k))); }
-QTARGET inline __m256i pick16_pair(__m256i v, int k) {
-  return _mm256_shuffle_epi8(v, _mm256_set_m128i(byte_pair(2 * k + 1), byte_pair(2 * k)));
+// vpshufb operands, each one 256-bit constant read from memory where it is used (built in
+// registers, GCC kept eight of them live and spilled the sums): of a vector with eight int16 in
+// each 128-bit half, kPick[k] takes int16 k to all 16 lanes, kPickPair[k] int16 2k to the low
+// half's lanes and 2k + 1 to the high half's.
+struct alignas(32) ShuffleBytes {
+  uint8_t b[32];
+};
+constexpr ShuffleBytes shuffle_bytes(int lo, int hi) {
+  ShuffleBytes s{};
+  for (int i = 0; i < 32; ++i) s.b[i] = uint8_t(2 * (i < 16 ? lo : hi) + (i & 1));
+  return s;
 }
+constexpr ShuffleBytes kPick[8] = {shuffle_bytes(0, 0), shuffle_bytes(1, 1), shuffle_bytes(2, 2), shuffle_bytes(3, 3),
+                                   shuffle_bytes(4, 4), shuffle_bytes(5, 5), shuffle_bytes(6, 6), shuffle_bytes(7, 7)};
+constexpr ShuffleBytes kPickPair[4] = {shuffle_bytes(0, 1), shuffle_bytes(2, 3), shuffle_bytes(4, 5), shuffle_bytes(6, 7)};
+QTARGET inline __m256i shuffle(__m256i v, const ShuffleBytes& s) { return _mm256_shuffle_epi8(v, load32(s.b)); }
 
 // Q4_K against Q8_K activations (one scale per 256): a 32-value sub-block's codes meet x as
 // int16 pair sums (vpmaddubsw), and vpmaddwd multiplies them by the sub-block's scale while it
@@ -194,7 +203,7 @@ QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM, Q8KRow
         VLM_UNROLL
         for (int h = 0; h < 2; ++h) {
           const int k = 2 * c + h;
-          const __m256i scale = pick16(sc, k);
+          const __m256i scale = shuffle(sc, kPick[k]);
           VLM_UNROLL
           for (int m = 0; m < RM; ++m) {
             const __m256i p = _mm256_maddubs_epi16(codes[h], load32(a.x[m].q + 256 * i + 32 * size_t(k)));
@@ -259,7 +268,7 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
         };
         VLM_UNROLL
         for (int k = 0; k < 4; ++k) {
-          const __m256i scale = pick16_pair(sc[half], k);
+          const __m256i scale = shuffle(sc[half], kPickPair[k]);
           VLM_UNROLL
           for (int m = 0; m < RM; ++m) {
             const __m256i p = _mm256_maddubs_epi16(codes[k], load32(a.x[m].q + 256 * i + 128 * size_t(half) + 32 * size_t(k)));
