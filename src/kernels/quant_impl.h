@@ -85,62 +85,71 @@ QTARGET inline void store_rows4(__m256 a, __m256 b, float* out) {
   for (int m = 0; m < RM; ++m) out[m] = v[m];
 }
 
-template <int RM>
-QTARGET inline void dot_q8_0(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
+// Q4_0's 32 unsigned codes (0..15) of block b in order: the low nibbles are values 0-15, the
+// high ones 16-31 (one 128-bit load into both halves, the high half shifted by 4).
+QTARGET inline __m256i q4_0_codes(const BlockQ4_0* b) {
+  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs)));
+  return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+}
+
+// A weight block's signed codes (Q8_0 as stored, Q4_0 less its offset 8) and f16 scale.
+template <GgmlType T>
+QTARGET inline __m256i signed_codes(const std::byte* row, size_t i) {
+  if constexpr (T == GgmlType::Q8_0) return load32(reinterpret_cast<const BlockQ8_0*>(row)[i].qs);
+  else return _mm256_sub_epi8(q4_0_codes(reinterpret_cast<const BlockQ4_0*>(row) + i), _mm256_set1_epi8(8));
+}
+template <GgmlType T>
+QTARGET inline uint16_t block_scale(const std::byte* row, size_t i) {
+  if constexpr (T == GgmlType::Q8_0) return reinterpret_cast<const BlockQ8_0*>(row)[i].d;
+  else return reinterpret_cast<const BlockQ4_0*>(row)[i].d;
+}
+
+// Q8_0 and Q4_0, RM activation rows against one weight row (prefill, batches): the sign of each
+// weight block moves onto x, so |w| is the unsigned operand for every row, and the rows' block
+// sums gather into one vector (rows4), scaled by d_w times the rows' d_x (d4) in one FMA.
+template <GgmlType T, int RM>
+QTARGET inline void dot_signed(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
+  using Block = std::conditional_t<T == GgmlType::Q8_0, BlockQ8_0, BlockQ4_0>;
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  const auto* b = reinterpret_cast<const BlockQ8_0*>(row);
   auto block = [&](size_t i, int s) QTARGET {
-    const __m256i w = load32(b[i].qs), aw = _mm256_sign_epi8(w, w);
+    const __m256i w = signed_codes<T>(row, i), aw = _mm256_sign_epi8(w, w);
     __m256i p[4];
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * i), w));
-    const __m256 scale = _mm256_mul_ps(bcast_f16(b[i].d), _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.d4 + 4 * i)));
+    const __m256 scale = _mm256_mul_ps(bcast_f16(block_scale<T>(row, i)), _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.d4 + 4 * i)));
     acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4<RM>(p)), scale, acc[s]);
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(b + i, 2 * sizeof(*b)), block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(reinterpret_cast<const Block*>(row) + i, 2 * sizeof(Block)), block(i, 0), block(i + 1, 1);
   if (i < nb) block(i, 0);
   store_rows4<RM>(acc[0], acc[1], out);
 }
 
-template <int RM, int S>
-QTARGET inline void dot_q4_0(const std::byte* const* rows, const Acts<RM>& a, size_t nb, float* out) {
-  __m256 acc[RM][S][2];
-  float off[RM][S] = {};
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int j = 0; j < S; ++j) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
-  }
-  const __m128i m4 = _mm_set1_epi8(0x0F);
+// Q4_0 at M = 1, one activation row against S weight rows: the unsigned codes meet x directly,
+// less the products of 8 with x (the offset, once per x block for the S rows); the S rows' block
+// sums gather into one vector (rows4) and meet their d_w·d_x in one conversion and FMA.
+template <int S>
+QTARGET inline void dot_q4_0_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
+  static_assert(S == 1 || S == 4);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  const auto* const* b = reinterpret_cast<const BlockQ4_0* const*>(rows);
   auto block = [&](size_t i, int h) QTARGET {
+    const __m256i xq = load32(x.q + 32 * i), off = dot_u8s8(_mm256_set1_epi8(8), xq);
+    __m256i p[4];
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) {
-      const auto* b = reinterpret_cast<const BlockQ4_0*>(rows[j]) + i;
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs));
-      const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
-      const float dw = f16(b->d);
-      const __m256 dwv = _mm256_set1_ps(dw);
-      VLM_UNROLL
-      for (int m = 0; m < RM; ++m) {
-        const __m256i p = dot_u8s8(w, load32(a.x[m].q + 32 * i));
-        acc[m][j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dwv, bcast(a.x[m].d + i)), acc[m][j][h]);
-        off[m][j] += 8 * dw * a.x[m].s[i];
-      }
-    }
+    for (int j = 0; j < S; ++j) p[j] = _mm256_sub_epi32(dot_u8s8(q4_0_codes(b[j] + i), xq), off);
+    const uint16_t d0 = b[0][i].d, d1 = S > 1 ? b[1 % S][i].d : 0, d2 = S > 1 ? b[2 % S][i].d : 0, d3 = S > 1 ? b[3 % S][i].d : 0;
+    const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(short(d0), short(d1), short(d2), short(d3), short(d0), short(d1), short(d2), short(d3)));
+    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4<S>(p)), _mm256_mul_ps(dw, bcast(x.d + i)), acc[h]);
   };
   size_t i = 0;
   for (; i + 2 <= nb; i += 2) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) prefetch_ahead<S>(reinterpret_cast<const BlockQ4_0*>(rows[j]) + i, 2 * sizeof(BlockQ4_0));
+    for (int j = 0; j < S; ++j) prefetch_ahead<S>(b[j] + i, 2 * sizeof(BlockQ4_0));
     block(i, 0), block(i + 1, 1);
   }
   if (i < nb) block(i, 0);
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(_mm256_add_ps(acc[m][j][0], acc[m][j][1])) - off[m][j];
-  }
+  store_rows4<S>(acc[0], acc[1], out);
 }
 
 // A Q4_K block's eight six-bit sub-block scales (bytes 0-7) and mins (bytes 8-15) as ggml's
@@ -304,8 +313,7 @@ inline ActRow<T> act_row(const std::byte* p, size_t K) {
 
 template <GgmlType T, int RM>
 QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM, ActRow<T>>& x, size_t K, float* out) {
-  if constexpr (T == GgmlType::Q8_0) dot_q8_0<RM>(row, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_0) dot_q4_0<RM, 1>(&row, x, K / 32, out);
+  if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0) dot_signed<T, RM>(row, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_q4_k<RM, 1>(&row, x, K / 256, out);
   else dot_q6_k<RM, 1>(&row, x, K / 256, out);
 }
@@ -357,7 +365,7 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
 template <GgmlType T, int S>
 QTARGET inline void dot_streams(const std::byte* const* rows, const ActRow<T>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0) dot_q8_0_streams<S>(rows, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_0) dot_q4_0<1, S>(rows, Acts<1>{{x}}, K / 32, out);
+  else if constexpr (T == GgmlType::Q4_0) dot_q4_0_streams<S>(rows, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_q4_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
   else dot_q6_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
 }
