@@ -214,16 +214,9 @@ float quantize_block(const float* x, int8_t* q, size_t n) {
 }
 
 void quantize_activations_scalar(const float* x, std::byte* out, size_t K) {
-  const size_t nb = K / 32;
-  auto* d = reinterpret_cast<float*>(out);
-  float* s = d + nb;
-  auto* q = reinterpret_cast<int8_t*>(out + 8 * nb);
-  for (size_t b = 0; b < nb; ++b, x += 32, q += 32) {
-    d[b] = quantize_block(x, q, 32);
-    int sum = 0;
-    for (int j = 0; j < 32; ++j) sum += q[j];
-    s[b] = d[b] * float(sum);
-  }
+  auto* q = reinterpret_cast<int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + K);
+  for (size_t b = 0; b < K / 32; ++b, x += 32, q += 32) d[b] = quantize_block(x, q, 32);
 }
 
 void quantize_activations_k_scalar(const float* x, std::byte* out, size_t K) {
@@ -257,8 +250,8 @@ void quantize_activations_k(const float* x, std::byte* out, size_t K) { quant_is
 namespace {
 
 // The scalar reference: the same integer sums and the same per-block scale products as the
-// SIMD paths, in plain loops (Q6_K with signed codes, where the SIMD path takes the unsigned
-// ones less 32 times the activation sums; the integer sums are equal).
+// SIMD paths, in plain loops (Q4_0 and Q6_K with signed codes, where SIMD paths take the
+// unsigned ones less the offset times the activation sums; the integer sums are equal).
 template <GgmlType T, class Row>
 float dot_row(const std::byte* row, const Row& a, size_t K) {
   float acc = 0;
@@ -274,9 +267,8 @@ float dot_row(const std::byte* row, const Row& a, size_t K) {
       const auto* b = reinterpret_cast<const BlockQ4_0*>(row) + i;
       const int8_t* q = a.q + 32 * i;
       int s = 0;
-      for (int j = 0; j < 16; ++j) s += (b->qs[j] & 0xF) * q[j] + (b->qs[j] >> 4) * q[j + 16];
-      const float d = f16_to_f32(b->d);
-      acc += float(s) * (d * a.d[i]) - 8 * d * a.s[i];
+      for (int j = 0; j < 16; ++j) s += ((b->qs[j] & 0xF) - 8) * q[j] + ((b->qs[j] >> 4) - 8) * q[j + 16];
+      acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
     }
   } else if constexpr (T == GgmlType::Q4_K) {
     for (size_t i = 0; i < K / 256; ++i) {

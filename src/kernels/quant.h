@@ -35,19 +35,16 @@ void dequantize_row(GgmlType t, const std::byte* src, float* dst, size_t n);
 void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n);
 
 // One activation row of K values (K a multiple of 32) quantized per 32 values, as a Q8Act row
-// holds it in K/32·kQ8BlockBytes bytes: the scales d[i] (value ≈ d[i]·q), then s[i] = d[i]·Σq
-// (block i's sum in value units; Q4_0 subtracts its offset 8 times s), then the
-// int8 codes q[32·i + j]. Scales first and apart from the codes, so the scales of consecutive
-// blocks load as one vector.
-inline constexpr size_t kQ8BlockBytes = 40;
+// holds it in K/32·kQ8BlockBytes bytes: the int8 codes q[32·i + j] first (they start where the
+// row starts: matmul() puts rows on 64-byte lines), then the scales d[i] (value ≈ d[i]·q),
+// apart from the codes so the scales of consecutive blocks load as one vector.
+inline constexpr size_t kQ8BlockBytes = 32 + 4;
 struct Q8Row {
   const float* d;
-  const float* s;
   const int8_t* q;
 };
 inline Q8Row q8_row(const std::byte* p, size_t K) {
-  const auto* f = reinterpret_cast<const float*>(p);
-  return {f, f + K / 32, reinterpret_cast<const int8_t*>(p + 8 * (K / 32))};
+  return {reinterpret_cast<const float*>(p + K), reinterpret_cast<const int8_t*>(p)};
 }
 // d = amax/127, q = round-half-away(x/d) (ggml's quantize_row_q8_0); writes a Q8Row's bytes.
 void quantize_activations(const float* x, std::byte* out, size_t K);

@@ -452,15 +452,12 @@ QTARGET inline void round_codes(const float* x, float d, int8_t* q, __m256i (&qi
 }
 
 QTARGET void quantize_x(const float* x, std::byte* out, size_t K) {
-  const size_t nb = K / 32;
-  auto* d = reinterpret_cast<float*>(out);
-  float* s = d + nb;
-  auto* q = reinterpret_cast<int8_t*>(out + 8 * nb);
-  for (size_t b = 0; b < nb; ++b, x += 32, q += 32) {
+  auto* q = reinterpret_cast<int8_t*>(out);
+  auto* d = reinterpret_cast<float*>(out + K);
+  for (size_t b = 0; b < K / 32; ++b, x += 32, q += 32) {
     d[b] = scale_of(x, 32);
     __m256i qi[4];
     round_codes(x, d[b], q, qi);
-    s[b] = d[b] * float(hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]))));
   }
 }
 
