@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# vlm next to llama.cpp on the same GGUF files of one checkpoint, BF16 / Q8_0 / Q4_K_M, in one
+# vlm next to llama.cpp on the same GGUF files of one checkpoint, BF16 / Q8_0 / Q4_K_M / Q4_0, in one
 # run: prefill and decode tokens/s of each (`vlm bench` and bench/llama_bench.mjs, measured the
 # same way), the ratio, vlm's fraction of the bandwidth roofline, and both peak RSS. The files are
 # made once into OUT_DIR (bf16 by tools/convert_hf_to_gguf.py, which streams tensor by tensor;
 # the others by `vlm quantize`). Run it on a quiet machine: decode is memory-bound.
 # Usage: bench/bench_gguf.sh [CKPT_DIR] [OUT_DIR] [TYPES...]
-#   defaults /work/ckpt/gemma3-4b, /work/ckpt/gguf, "bf16 q8_0 q4_k_m"
+#   defaults /work/ckpt/gemma3-4b, /work/ckpt/gguf, "bf16 q8_0 q4_k_m q4_0"
 #   env: THREADS (2), PP (64), TG (32), VLM_BIN (build/vlm)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 ckpt=${1:-/work/ckpt/gemma3-4b}
 out=${2:-/work/ckpt/gguf}
 shift $(( $# < 2 ? $# : 2 ))
-types=${*:-bf16 q8_0 q4_k_m}
+types=${*:-bf16 q8_0 q4_k_m q4_0}
 threads=${THREADS:-2} pp=${PP:-64} tg=${TG:-32}
 vlm=${VLM_BIN:-$here/build/vlm}
 py=/usr/bin/python3

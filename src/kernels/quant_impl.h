@@ -43,10 +43,10 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
   for (size_t o = 0; o < n; o += 64) _mm_prefetch(static_cast<const char*>(p) + ahead + o, _MM_HINT_T0);
 }
 
-// Each kernel takes RM activation rows against S weight rows (rows[j]; dot_q8_0 one row, its
-// M = 1 twin dot_q8_0_streams S rows: the twin prepares each x block once for its S weight rows
-// (XBlock), while against one weight row the sign moves of each weight block serve all RM
-// activation rows) and writes out[m · S + j]: a weight block is decoded once
+// Each kernel takes RM activation rows against S weight rows (rows[j]; dot_signed one row, the
+// M = 1 kernels dot_q8_0_streams and dot_q4_0_streams S rows: those prepare each x block once for
+// their S weight rows, while against one weight row the sign moves of each weight block serve
+// all RM activation rows) and writes out[m · S + j]: a weight block is decoded once
 // and meets every activation row, and every (row, weight row) sum is its own chain (for the
 // 32-value formats split in two over consecutive blocks to keep FMA latency off the critical
 // path; the K-quants' one FMA per 256 values does not need it). Prefill and batches take RM = 4,
@@ -69,7 +69,7 @@ QTARGET inline __m256i rows4(const __m256i (&p)[4]) {
   static_assert(RM >= 1 && RM <= 4);
   const __m256i z = _mm256_setzero_si256();
   const __m256i p1 = RM > 1 ? p[1] : z, p2 = RM > 2 ? p[2] : z, p3 = RM > 3 ? p[3] : z;
-  // lanes (0+2, 1+2's pair, 1+3 ...): row 0 and 1 interleaved, then rows 2 and 3
+  // s01, per 128-bit half: row 0's lanes 0+2, row 1's 0+2, row 0's 1+3, row 1's 1+3 (s23 likewise)
   const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[0], p1), _mm256_unpackhi_epi32(p[0], p1));
   const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
   return _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
