@@ -2,7 +2,8 @@
 // including file defines QTARGET (a function attribute or nothing) and, before this
 // header, `dot_u8s8(u, s)`: the sums of u8·s8 products over each group of 4 bytes, as 8
 // int32 (AVX2: maddubs + madd; VNNI: vpdpbusd). Unsigned operands are the weight codes
-// (offsets removed afterwards with the activation sums) or |w| with the sign moved to x.
+// (their offset times x subtracted afterwards) or |w| with the sign moved to x. The K-quants
+// call vpmaddubsw and vpmaddwd themselves on either path, to multiply by their sub-block scales.
 #pragma once
 #include <immintrin.h>
 
