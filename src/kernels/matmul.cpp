@@ -228,14 +228,20 @@ void convert_x(GemmArgs& a, const Format& act) {
   a.xq = out;
   if (act.type != DType::Q8Act || a.M == 1) return;
   thread_local std::vector<float> d4;
+  thread_local std::vector<int32_t> s4;
   const size_t nb = a.K / 32;
   d4.assign((a.M + 3) / 4 * nb * 4, 0.f);
+  s4.assign(d4.size(), 0);
   for (size_t m = 0; m < a.M; ++m) {
-    const float* d = q8_row(a.xq + m * a.ldxq, a.K).d;
-    float* g = d4.data() + m / 4 * nb * 4 + m % 4;
-    for (size_t i = 0; i < nb; ++i) g[4 * i] = d[i];
+    const Q8Row r = q8_row(a.xq + m * a.ldxq, a.K);
+    const size_t g = m / 4 * nb * 4 + m % 4;
+    for (size_t i = 0; i < nb; ++i) {
+      d4[g + 4 * i] = r.d[i];
+      for (size_t j = 0; j < 32; ++j) s4[g + 4 * i] += r.q[32 * i + j];
+    }
   }
   a.xd4 = d4.data();
+  a.xs4 = s4.data();
 }
 
 void run(GemmArgs a, const Exec& ex) {

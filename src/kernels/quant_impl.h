@@ -44,20 +44,21 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
   for (size_t o = 0; o < n; o += 64) _mm_prefetch(static_cast<const char*>(p) + ahead + o, _MM_HINT_T0);
 }
 
-// Each kernel takes RM activation rows against S weight rows (rows[j]; dot_signed one row, the
+// Each kernel takes RM activation rows against S weight rows (rows[j]; dot_block32 one row, the
 // M = 1 kernels dot_q8_0_streams and dot_q4_0_streams S rows: those prepare each x block once for
 // their S weight rows, while against one weight row the sign moves of each weight block serve
 // all RM activation rows) and writes out[m · S + j]: a weight block is decoded once
 // and meets every activation row, and every (row, weight row) sum is its own chain (for the
 // 32-value formats split in two over consecutive blocks to keep FMA latency off the critical
 // path; the K-quants' one FMA per 256 values does not need it). Prefill and batches take RM = 4,
-// S = 1; decode RM = 1, S = 4 (dot_row1). Row: Q8Row, or Q8KRow for the K-quants (ActRow). d4:
-// the RM rows' block scales side by side (GemmArgs::xd4), for the kernels that scale four rows'
-// sums at once (rows4).
+// S = 1; decode RM = 1, S = 4 (dot_row1). Row: Q8Row, or Q8KRow for the K-quants (ActRow). d4
+// and s4: the RM rows' block scales and code sums side by side (GemmArgs::xd4, xs4), for the
+// kernels that finish four rows' sums at once (rows4).
 template <int RM, class Row = Q8Row>
 struct Acts {
   Row x[RM];
   const float* d4 = nullptr;
+  const int32_t* s4 = nullptr;
 };
 
 // The integer sums of up to four (activation row, weight row) pairs over one block as one vector:
@@ -93,32 +94,39 @@ QTARGET inline __m256i q4_0_codes(const BlockQ4_0* b) {
   return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
-// A weight block's signed codes (Q8_0 as stored, Q4_0 less its offset 8) and f16 scale.
-template <GgmlType T>
-QTARGET inline __m256i signed_codes(const std::byte* row, size_t i) {
-  if constexpr (T == GgmlType::Q8_0) return load32(reinterpret_cast<const BlockQ8_0*>(row)[i].qs);
-  else return _mm256_sub_epi8(q4_0_codes(reinterpret_cast<const BlockQ4_0*>(row) + i), _mm256_set1_epi8(8));
-}
+// A Q8_0 or Q4_0 weight block's f16 scale.
 template <GgmlType T>
 QTARGET inline uint16_t block_scale(const std::byte* row, size_t i) {
   if constexpr (T == GgmlType::Q8_0) return reinterpret_cast<const BlockQ8_0*>(row)[i].d;
   else return reinterpret_cast<const BlockQ4_0*>(row)[i].d;
 }
 
-// Q8_0 and Q4_0, RM activation rows against one weight row (prefill, batches): the sign of each
-// weight block moves onto x, so |w| is the unsigned operand for every row, and the rows' block
-// sums gather into one vector (rows4), scaled by d_w times the rows' d_x (d4) in one FMA.
+// Q8_0 and Q4_0, RM activation rows against one weight row (prefill, batches). Q8_0 moves the
+// sign of each weight block onto x, so |w| is the unsigned operand for every row; Q4_0's codes are
+// unsigned already, and its offset leaves with the rows' code sums (s4). The rows' block sums
+// gather into one vector (rows4), scaled by d_w times the rows' d_x (d4) in one FMA.
 template <GgmlType T, int RM>
-QTARGET inline void dot_signed(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
+QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
   using Block = std::conditional_t<T == GgmlType::Q8_0, BlockQ8_0, BlockQ4_0>;
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   auto block = [&](size_t i, int s) QTARGET {
-    const __m256i w = signed_codes<T>(row, i), aw = _mm256_sign_epi8(w, w);
-    __m256i p[4];
-    VLM_UNROLL
-    for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * i), w));
+    __m256i p[4], sum;
+    if constexpr (T == GgmlType::Q8_0) {
+      const __m256i w = load32(reinterpret_cast<const BlockQ8_0*>(row)[i].qs), aw = _mm256_sign_epi8(w, w);
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * i), w));
+      sum = rows4<RM>(p);
+    } else {
+      // Unsigned codes, less 8 times the rows' code sums (lanes 0-3; lanes 4-7 hold the rest of
+      // each row's sum, and the two halves are added at the end).
+      const __m256i w = q4_0_codes(reinterpret_cast<const BlockQ4_0*>(row) + i);
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(w, load32(a.x[m].q + 32 * i));
+      const __m128i s4 = _mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.s4 + 4 * i)), 3);
+      sum = _mm256_sub_epi32(rows4<RM>(p), _mm256_zextsi128_si256(s4));
+    }
     const __m256 scale = _mm256_mul_ps(bcast_f16(block_scale<T>(row, i)), _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.d4 + 4 * i)));
-    acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4<RM>(p)), scale, acc[s]);
+    acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[s]);
   };
   size_t i = 0;
   for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(reinterpret_cast<const Block*>(row) + i, 2 * sizeof(Block)), block(i, 0), block(i + 1, 1);
@@ -321,7 +329,7 @@ inline ActRow<T> act_row(const std::byte* p, size_t K) {
 
 template <GgmlType T, int RM>
 QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM, ActRow<T>>& x, size_t K, float* out) {
-  if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0) dot_signed<T, RM>(row, x, K / 32, out);
+  if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0) dot_block32<T, RM>(row, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_q4_k<RM, 1>(&row, x, K / 256, out);
   else dot_q6_k<RM, 1>(&row, x, K / 256, out);
 }
@@ -332,7 +340,7 @@ QTARGET void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
   Acts<RM, ActRow<T>> x;
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) x.x[m] = act_row<T>(a.xq + (m0 + size_t(m)) * a.ldxq, a.K);
-  if (a.xd4) x.d4 = a.xd4 + m0 / 4 * (a.K / 32) * 4;  // m0 starts a group of four
+  if (a.xd4) x.d4 = a.xd4 + m0 / 4 * (a.K / 32) * 4, x.s4 = a.xs4 + m0 / 4 * (a.K / 32) * 4;  // m0 starts a group of four
   for (size_t n = n0; n < n1; ++n) {
     float v[RM];
     dot_block_rows<T, RM>(a.w + n * a.ldw_bytes, x, a.K, v);
