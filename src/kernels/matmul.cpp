@@ -54,8 +54,8 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
 }
 
 // ggml's block formats: integer dot kernels on activations quantized per block (Q8Act, per 32;
-// the K-quants Q8KAct, per 256), [N, K] layout only. Without AVX512-VNNI the Avx512 row runs the AVX2 kernels. With AVX512-BF16,
-// a Precision::Bf16 product of more than kDotMaxM rows dequantizes the weights into the bf16
+// the K-quants Q8KAct, per 256), [N, K] layout only. Without AVX512-VNNI the Avx512 row runs
+// the AVX2 kernels. With AVX512-BF16, a Precision::Bf16 product of more than kDotMaxM rows dequantizes the weights into the bf16
 // GEMM instead (gemm_bf16dot_blocks).
 template <GgmlType G>
 Format block_format(const char* name, FormatKernels detail::QuantKernels::*member) {
@@ -67,13 +67,14 @@ Format block_format(const char* name, FormatKernels detail::QuantKernels::*membe
                 {kQuantScalar.*member, kQuantAvx2.*member, wide}};
 }
 
-void q8act_to_f32(const std::byte* src, float* dst, size_t n) {
-  const Q8Row r = q8_row(src, n);
-  for (size_t i = 0; i < n; ++i) dst[i] = r.d[i / 32] * float(r.q[i]);
-}
-void q8kact_to_f32(const std::byte* src, float* dst, size_t n) {
-  const Q8KRow r = q8k_row(src, n);
-  for (size_t i = 0; i < n; ++i) dst[i] = r.d[i / 256] * float(r.q[i]);
+// An activation row's values d·q: per 32 (Q8Act) or 256 (Q8KAct) values one scale.
+template <size_t B>
+void act_to_f32(const std::byte* src, float* dst, size_t n) {
+  const auto r = [&] {
+    if constexpr (B == 32) return q8_row(src, n);
+    else return q8k_row(src, n);
+  }();
+  for (size_t i = 0; i < n; ++i) dst[i] = r.d[i / B] * float(r.q[i]);
 }
 }  // namespace
 
@@ -88,9 +89,9 @@ const Format& format_of(DType type) {
   static const Format q4_k = block_format<GgmlType::Q4_K>("q4_k", &Q::q4_k);
   static const Format q6_k = block_format<GgmlType::Q6_K>("q6_k", &Q::q6_k);
   // Activations only: no weight kernels.
-  static const Format q8act{DType::Q8Act, "q8_act", 32, kQ8BlockBytes, &q8act_to_f32, DType::F32,
+  static const Format q8act{DType::Q8Act, "q8_act", 32, kQ8BlockBytes, &act_to_f32<32>, DType::F32,
                             &quantize_activations, false, {}};
-  static const Format q8kact{DType::Q8KAct, "q8_k_act", 256, kQ8KBlockBytes, &q8kact_to_f32, DType::F32,
+  static const Format q8kact{DType::Q8KAct, "q8_k_act", 256, kQ8KBlockBytes, &act_to_f32<256>, DType::F32,
                              &quantize_activations_k, false, {}};
   switch (type) {
     case DType::F32: return f32;
@@ -227,21 +228,24 @@ void convert_x(GemmArgs& a, const Format& act) {
   for (size_t m = 0; m < a.M; ++m) act.from_f32(a.x + m * a.ldx, out + m * a.ldxq, a.K);
   a.xq = out;
   if (act.type != DType::Q8Act || a.M == 1) return;
+  // Only Q4_0's tile subtracts an offset with the code sums (GemmArgs::xs4).
+  const bool sums = a.dtype == DType::Q4_0;
   thread_local std::vector<float> d4;
   thread_local std::vector<int32_t> s4;
   const size_t nb = a.K / 32;
   d4.assign((a.M + 3) / 4 * nb * 4, 0.f);
-  s4.assign(d4.size(), 0);
+  s4.assign(sums ? d4.size() : 0, 0);
   for (size_t m = 0; m < a.M; ++m) {
     const Q8Row r = q8_row(a.xq + m * a.ldxq, a.K);
     const size_t g = m / 4 * nb * 4 + m % 4;
     for (size_t i = 0; i < nb; ++i) {
       d4[g + 4 * i] = r.d[i];
-      for (size_t j = 0; j < 32; ++j) s4[g + 4 * i] += r.q[32 * i + j];
+      if (sums)
+        for (size_t j = 0; j < 32; ++j) s4[g + 4 * i] += r.q[32 * i + j];
     }
   }
   a.xd4 = d4.data();
-  a.xs4 = s4.data();
+  a.xs4 = sums ? s4.data() : nullptr;
 }
 
 void run(GemmArgs a, const Exec& ex) {

@@ -80,7 +80,8 @@ namespace detail {
 // One ISA's dot kernels for the block formats (rows of format.h's table): y[m, n] for n in
 // [n0, n1) and every m, from weight rows in GemmArgs::w and activation rows in GemmArgs::xq:
 // Q8Rows for Q8_0/Q4_0, Q8KRows for Q4_K/Q6_K (quantized once per call by matmul(), which
-// also lays the Q8Row scales of each four rows side by side in GemmArgs::xd4).
+// also lays the Q8Row scales of each four rows side by side in GemmArgs::xd4, and for Q4_0 their
+// code sums in GemmArgs::xs4).
 struct QuantKernels {
   FormatKernels q8_0, q4_0, q4_k, q6_k;
   void (*quantize)(const float* x, std::byte* out, size_t K);    // quantize_activations' bytes

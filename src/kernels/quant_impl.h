@@ -94,13 +94,6 @@ QTARGET inline __m256i q4_0_codes(const BlockQ4_0* b) {
   return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
-// A Q8_0 or Q4_0 weight block's f16 scale.
-template <GgmlType T>
-QTARGET inline uint16_t block_scale(const std::byte* row, size_t i) {
-  if constexpr (T == GgmlType::Q8_0) return reinterpret_cast<const BlockQ8_0*>(row)[i].d;
-  else return reinterpret_cast<const BlockQ4_0*>(row)[i].d;
-}
-
 // Q8_0 and Q4_0, RM activation rows against one weight row (prefill, batches). Q8_0 moves the
 // sign of each weight block onto x, so |w| is the unsigned operand for every row; Q4_0's codes are
 // unsigned already, and its offset leaves with the rows' code sums (s4). The rows' block sums
@@ -108,28 +101,29 @@ QTARGET inline uint16_t block_scale(const std::byte* row, size_t i) {
 template <GgmlType T, int RM>
 QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
   using Block = std::conditional_t<T == GgmlType::Q8_0, BlockQ8_0, BlockQ4_0>;
+  const auto* b = reinterpret_cast<const Block*>(row);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   auto block = [&](size_t i, int s) QTARGET {
     __m256i p[4], sum;
     if constexpr (T == GgmlType::Q8_0) {
-      const __m256i w = load32(reinterpret_cast<const BlockQ8_0*>(row)[i].qs), aw = _mm256_sign_epi8(w, w);
+      const __m256i w = load32(b[i].qs), aw = _mm256_sign_epi8(w, w);
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * i), w));
       sum = rows4<RM>(p);
     } else {
       // Unsigned codes, less 8 times the rows' code sums (lanes 0-3; lanes 4-7 hold the rest of
       // each row's sum, and the two halves are added at the end).
-      const __m256i w = q4_0_codes(reinterpret_cast<const BlockQ4_0*>(row) + i);
+      const __m256i w = q4_0_codes(b + i);
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(w, load32(a.x[m].q + 32 * i));
       const __m128i s4 = _mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.s4 + 4 * i)), 3);
       sum = _mm256_sub_epi32(rows4<RM>(p), _mm256_zextsi128_si256(s4));
     }
-    const __m256 scale = _mm256_mul_ps(bcast_f16(block_scale<T>(row, i)), _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.d4 + 4 * i)));
+    const __m256 scale = _mm256_mul_ps(bcast_f16(b[i].d), _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.d4 + 4 * i)));
     acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[s]);
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(reinterpret_cast<const Block*>(row) + i, 2 * sizeof(Block)), block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(b + i, 2 * sizeof(Block)), block(i, 0), block(i + 1, 1);
   if (i < nb) block(i, 0);
   store_rows4<RM>(acc[0], acc[1], out);
 }
@@ -340,7 +334,9 @@ QTARGET void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
   Acts<RM, ActRow<T>> x;
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) x.x[m] = act_row<T>(a.xq + (m0 + size_t(m)) * a.ldxq, a.K);
-  if (a.xd4) x.d4 = a.xd4 + m0 / 4 * (a.K / 32) * 4, x.s4 = a.xs4 + m0 / 4 * (a.K / 32) * 4;  // m0 starts a group of four
+  const size_t group = m0 / 4 * (a.K / 32) * 4;  // m0 starts a group of four
+  if (a.xd4) x.d4 = a.xd4 + group;
+  if (a.xs4) x.s4 = a.xs4 + group;
   for (size_t n = n0; n < n1; ++n) {
     float v[RM];
     dot_block_rows<T, RM>(a.w + n * a.ldw_bytes, x, a.K, v);
