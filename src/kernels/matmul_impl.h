@@ -259,9 +259,10 @@ void pack_panel(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t kc,
           continue;
         }
         const std::byte* src = a.w + (n0 + g + i) * a.ldw_bytes + (k0 + k) * es;
-        // Rows are read in short runs that the hardware prefetcher misses: fetch the
-        // same run of the next K block now.
-        __builtin_prefetch(src + kKC * es);
+        // Rows are read in short runs that the hardware prefetcher misses: fetch the same run
+        // of the row W on (the next group's, or the next panel's), one group ahead of its use.
+        // (The same run of the next K block, fetched before, had left L2 by its turn.)
+        __builtin_prefetch(src + W * a.ldw_bytes);
         blk[i] = kn == W ? load_w<S, D>(src) : load_w_part<S, D>(src, kn);
       }
       S::transpose(blk);
