@@ -55,8 +55,8 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
 
 // ggml's block formats: integer dot kernels on activations quantized per block (Q8Act, per 32;
 // the K-quants Q8KAct, per 256), [N, K] layout only. Without AVX512-VNNI the Avx512 row runs
-// the AVX2 kernels. With AVX512-BF16, a Precision::Bf16 product of more than kDotMaxM rows dequantizes the weights into the bf16
-// GEMM instead (gemm_bf16dot_blocks).
+// the AVX2 kernels. With AVX512-BF16, a Precision::Bf16 product of more than kDotMaxM rows
+// dequantizes the weights into the bf16 GEMM instead (gemm_bf16dot_blocks).
 template <GgmlType G>
 Format block_format(const char* name, FormatKernels detail::QuantKernels::*member) {
   using namespace detail;

@@ -303,10 +303,7 @@ template <GgmlType T>
 void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
   for (size_t n = n0; n < n1; ++n)
     for (size_t m = 0; m < a.M; ++m) {
-      const std::byte* x = a.xq + m * a.ldxq;
-      float v;
-      if constexpr (takes_q8k(T)) v = dot_row<T>(a.w + n * a.ldw_bytes, q8k_row(x, a.K), a.K);
-      else v = dot_row<T>(a.w + n * a.ldw_bytes, q8_row(x, a.K), a.K);
+      float v = dot_row<T>(a.w + n * a.ldw_bytes, act_row<T>(a.xq + m * a.ldxq, a.K), a.K);
       if (a.bias) v += a.bias[n];
       a.y[m * a.ldy + n] = v;
     }

@@ -12,6 +12,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "io/gguf.h"
@@ -71,6 +72,14 @@ inline Q8KRow q8k_row(const std::byte* p, size_t K) {
 void quantize_activations_k(const float* x, std::byte* out, size_t K);
 // The block formats whose kernels take Q8KRows (the others take Q8Rows).
 constexpr bool takes_q8k(GgmlType t) { return t == GgmlType::Q4_K || t == GgmlType::Q6_K; }
+// The activation row type of format T's kernels, read from its bytes.
+template <GgmlType T>
+using ActRow = std::conditional_t<takes_q8k(T), Q8KRow, Q8Row>;
+template <GgmlType T>
+inline ActRow<T> act_row(const std::byte* p, size_t K) {
+  if constexpr (takes_q8k(T)) return q8k_row(p, K);
+  else return q8_row(p, K);
+}
 
 // True when the Avx512 path may use AVX512-VNNI (vpdpbusd); without it the block formats'
 // Avx512 row of the format table holds the AVX2 kernels.

@@ -312,15 +312,6 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
   }
 }
 
-// The activation row type of format T's kernels, read from its bytes.
-template <GgmlType T>
-using ActRow = std::conditional_t<takes_q8k(T), Q8KRow, Q8Row>;
-template <GgmlType T>
-inline ActRow<T> act_row(const std::byte* p, size_t K) {
-  if constexpr (takes_q8k(T)) return q8k_row(p, K);
-  else return q8_row(p, K);
-}
-
 template <GgmlType T, int RM>
 QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM, ActRow<T>>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0) dot_block32<T, RM>(row, x, K / 32, out);
