@@ -28,15 +28,7 @@ using nlohmann::json;
 
 namespace {
 
-// Sanity bounds: far above any real Gemma 3 value, low enough that products of
-// two sizes cannot overflow int64 when shapes are computed.
-constexpr int64_t kMaxDim = 1 << 24;
-constexpr int64_t kMaxLayers = 1 << 12;
-constexpr int64_t kMaxPositions = 1 << 26;
-// Upper bound for scalars without a narrower one (scales, RoPE bases, ratios).
-constexpr double kMaxScalar = 1e12;
-// Epsilons are added to a variance: anything near 1 or above drowns the signal.
-constexpr double kMaxEps = 0.1;
+using namespace config_limits;
 
 // Typed access to one JSON object; errors read `<file>: <prefix><key>: <what>`.
 class Fields {
@@ -177,9 +169,9 @@ TextConfig parse_text(const Fields& f) {
   t.intermediate_size = f.dim("intermediate_size", std::nullopt);
   t.num_layers = f.dim("num_hidden_layers", std::nullopt, kMaxLayers);
   t.vocab_size = f.dim("vocab_size", 262208);
-  t.num_heads = f.dim("num_attention_heads", 8, 1 << 12);
-  t.num_kv_heads = f.dim("num_key_value_heads", 4, 1 << 12);
-  t.head_dim = f.dim("head_dim", 256, 1 << 16);
+  t.num_heads = f.dim("num_attention_heads", 8, kMaxHeads);
+  t.num_kv_heads = f.dim("num_key_value_heads", 4, kMaxHeads);
+  t.head_dim = f.dim("head_dim", 256, kMaxHeadDim);
   t.query_pre_attn_scalar = f.positive("query_pre_attn_scalar", 256, 1e9, 1e-9);
   t.rms_norm_eps = f.positive("rms_norm_eps", 1e-6, kMaxEps);
   t.max_position_embeddings = f.dim("max_position_embeddings", 131072, kMaxPositions);
@@ -209,9 +201,9 @@ VisionConfig parse_vision(const Fields& f, int tokens_per_side) {
   v.hidden_size = f.dim("hidden_size", std::nullopt);
   v.intermediate_size = f.dim("intermediate_size", std::nullopt);
   v.num_layers = f.dim("num_hidden_layers", std::nullopt, kMaxLayers);
-  v.num_heads = f.dim("num_attention_heads", std::nullopt, 1 << 12);
-  v.image_size = f.dim("image_size", std::nullopt, 1 << 16);
-  v.patch_size = f.dim("patch_size", std::nullopt, 1 << 16);
+  v.num_heads = f.dim("num_attention_heads", std::nullopt, kMaxHeads);
+  v.image_size = f.dim("image_size", std::nullopt, kMaxSide);
+  v.patch_size = f.dim("patch_size", std::nullopt, kMaxSide);
   v.num_channels = f.dim("num_channels", 3);
   v.layer_norm_eps = f.positive("layer_norm_eps", 1e-6, kMaxEps);
   v.hidden_act = f.string("hidden_act", "gelu_pytorch_tanh");
@@ -355,8 +347,8 @@ PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const
   // Gemma3ImageProcessor's own default size is 224x224.
   if (f.has("size")) {
     const Fields size = f.sub("size");
-    p.height = size.dim("height", std::nullopt, 1 << 16);
-    p.width = size.dim("width", std::nullopt, 1 << 16);
+    p.height = size.dim("height", std::nullopt, kMaxSide);
+    p.width = size.dim("width", std::nullopt, kMaxSide);
   } else {
     p.height = p.width = 224;
   }
@@ -380,9 +372,9 @@ PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const
     }
     // Pixels reach the tower as (x·rescale − mean) / std: bounded so they stay finite f32.
     for (int i = 0; i < 3; ++i) {
-      if (dst == p.image_std && !(dst[i] >= 1e-6f && dst[i] <= 1e6f))
+      if (dst == p.image_std && !(dst[i] >= float(1 / kMaxPixelStat) && dst[i] <= kMaxPixelStat))
         f.bad(key, fmt::format("values must be in [1e-06, 1e+06], got {}", v.dump()));
-      if (dst == p.image_mean && !(std::fabs(dst[i]) <= 1e6f))
+      if (dst == p.image_mean && !(std::fabs(dst[i]) <= kMaxPixelStat))
         f.bad(key, fmt::format("values must be in [-1e+06, 1e+06], got {}", v.dump()));
     }
   }

@@ -3,6 +3,7 @@
 // default (docs/gemma3/config.md, documented per field in config.cpp) or is an error
 // naming the field.
 #pragma once
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -12,6 +13,23 @@
 #include "core/dtype.h"
 
 namespace vlm {
+
+// Bounds that every config source (config.json, GGUF metadata) applies: far above any real
+// Gemma 3 value, low enough that products of two sizes cannot overflow int64 when shapes are
+// computed, and that no count read from a file drives a huge allocation before the tensors
+// are checked against it.
+namespace config_limits {
+inline constexpr int64_t kMaxDim = 1 << 24;        // widths, vocabulary
+inline constexpr int64_t kMaxLayers = 1 << 12;
+inline constexpr int64_t kMaxHeads = 1 << 12;
+inline constexpr int64_t kMaxHeadDim = 1 << 16;
+inline constexpr int64_t kMaxSide = 1 << 16;       // image and patch sides, in pixels
+inline constexpr int64_t kMaxPositions = 1 << 26;
+inline constexpr double kMaxScalar = 1e12;         // scales, RoPE bases, ratios
+inline constexpr double kMaxEps = 0.1;             // added to a variance: near 1 it drowns the signal
+inline constexpr double kMaxPixelStat = 1e6;       // |image_mean| and image_std (at least its inverse):
+                                                   // (x·rescale − mean) / std stays finite in f32
+}  // namespace config_limits
 
 enum class Arch { ConditionalGeneration, CausalLM };  // Gemma3ForConditionalGeneration / Gemma3ForCausalLM
 enum class LayerKind { Sliding, Global };

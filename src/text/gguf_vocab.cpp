@@ -76,6 +76,12 @@ class PieceIndex {
   int shift_ = 0;
 };
 
+// SentencePiece's byte pieces: "<0x" two upper-case hex digits ">".
+bool byte_name(std::string_view p) {
+  auto hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'F'); };
+  return p.size() == 6 && p.starts_with("<0x") && hex(p[3]) && hex(p[4]) && p[5] == '>';
+}
+
 }  // namespace
 
 Tokenizer tokenizer_from_gguf(const GgufHeader& h) {
@@ -103,6 +109,12 @@ Tokenizer tokenizer_from_gguf(const GgufHeader& h) {
     if (types[i] < Normal || types[i] > Byte)
       fail("{}: tokenizer.ggml.token_type[{}] = {} is not a llama.cpp token type (1-6)", where, i, types[i]);
     if (!std::isfinite(scores[i])) fail("{}: tokenizer.ggml.scores[{}] is not finite", where, i);
+    // The decoder turns every <0xNN> piece into its byte, so a piece of another type with that
+    // name would encode as its text and decode as a byte.
+    if ((types[i] == Byte) != byte_name(tokens[i]))
+      fail("{}: tokenizer.ggml.tokens[{}] '{}' has token_type {}; the pieces <0x00>-<0xFF>, and only they, are "
+           "bytes (type 6)",
+           where, i, printable(tokens[i]), types[i]);
     for (char c : tokens[i]) hash[i] = PieceIndex::extend(hash[i], c);
     if (const int32_t other = index.insert(hash[i], int32_t(i)); other >= 0)
       fail("{}: tokenizer.ggml.tokens: '{}' appears twice (ids {} and {})", where, printable(tokens[i]), other, i);

@@ -397,6 +397,62 @@ TEST(GgufWriter, ConvertedCheckpointReadsBackByteForByte) {
   }
 }
 
+// Values past config.h's bounds are refused naming the key, as config.json's are: none drives an
+// allocation (2^31 layer kinds), an overflow (image side²) or a NaN (a zero image_std) before
+// the tensors are checked against it.
+TEST(GgufConfig, OutOfRangeValuesNameTheKey) {
+  const auto kv_f32 = [](std::string_view k, float v) { return Bytes().str(k).put<uint32_t>(6).put(v).s; };
+  const auto kv_f32s = [](std::string_view k, std::initializer_list<float> v) {
+    Bytes b;
+    b.str(k).put<uint32_t>(9).put<uint32_t>(6).put<uint64_t>(v.size());
+    for (float x : v) b.put(x);
+    return b.s;
+  };
+  Bytes toks;
+  toks.str("tokenizer.ggml.tokens").put<uint32_t>(9).put<uint32_t>(8).put<uint64_t>(4);
+  for (const char* t : {"a", "b", "<start_of_image>", "<end_of_image>"}) toks.str(t);
+  const std::string text = kv_str("general.architecture", "gemma3") + toks.s + kv_u32("gemma3.embedding_length", 8) +
+                           kv_u32("gemma3.feed_forward_length", 16);
+  const std::string mm = kv_str("general.architecture", "clip") + kv_str("clip.projector_type", "gemma3") +
+                         kv_u32("clip.vision.projection_dim", 8) + kv_u32("clip.vision.embedding_length", 8) +
+                         kv_u32("clip.vision.feed_forward_length", 8) + kv_u32("clip.vision.block_count", 1) +
+                         kv_u32("clip.vision.attention.head_count", 1) + kv_u32("clip.vision.patch_size", 2);
+  // The text file's four keys above plus n_text more; the mmproj's eight plus n_mm more (none: text only).
+  auto error = [&](const std::string& text_extra, int n_text, const std::string& mm_extra = "", int n_mm = -1) {
+    try {
+      const GgufHeader t = parse_gguf(bytes_of(make_gguf(text + text_extra, 4 + n_text, {})), "t.gguf");
+      if (n_mm < 0) {
+        config_from_gguf(t);
+      } else {
+        const GgufHeader m = parse_gguf(bytes_of(make_gguf(mm + mm_extra, 8 + n_mm, {})), "m.gguf");
+        config_from_gguf(t, &m);
+      }
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string layers = kv_u32("gemma3.block_count", 1);
+  EXPECT_EQ(error(layers, 1), "");
+  const std::string side = kv_u32("clip.vision.image_size", 16);
+  EXPECT_EQ(error(layers, 1, side, 1), "");
+  EXPECT_NE(error(kv_u32("gemma3.block_count", 1u << 20), 1).find("t.gguf: key 'gemma3.block_count' = 1048576 is out of range [1, 4096]"),
+            std::string::npos);
+  EXPECT_NE(error(layers + kv_u32("gemma3.attention.key_length", 7), 2).find("key_length 7 is odd"), std::string::npos);
+  EXPECT_NE(error(layers + kv_u32("gemma3.context_length", 1u << 30), 2).find("'gemma3.context_length' = 1073741824"),
+            std::string::npos);
+  EXPECT_NE(error(layers + kv_f32("gemma3.attention.layer_norm_rms_epsilon", 0.5f), 2).find("layer_norm_rms_epsilon' = 0.5"),
+            std::string::npos);
+  EXPECT_NE(error(layers + kv_f32("gemma3.rope.freq_base", 0.5f), 2).find("'gemma3.rope.freq_base' = 0.5"),
+            std::string::npos);
+  EXPECT_NE(error(layers + kv_u32("tokenizer.ggml.bos_token_id", 4), 2).find("bos_token_id' = 4 is not below the vocabulary size 4"),
+            std::string::npos);
+  EXPECT_NE(error(layers, 1, kv_u32("clip.vision.image_size", 1u << 20), 1).find("m.gguf: key 'clip.vision.image_size' = 1048576"),
+            std::string::npos);
+  EXPECT_NE(error(layers, 1, side + kv_f32s("clip.vision.image_std", {0.5f, 0.f, 0.5f}), 2).find("clip.vision.image_std[1] = 0"),
+            std::string::npos);
+}
+
 // ---- tokenizer from tokenizer.ggml.* -------------------------------------------------
 
 const std::filesystem::path kGemmaDir =
@@ -572,6 +628,16 @@ TEST(GgufVocab, BadMetadataNamesTheKey) {
                             arr_num<int32_t>("tokenizer.ggml.token_type", 5, {1, 1}),
                         5)
                 .find("'a' appears twice (ids 0 and 1)"),
+            std::string::npos);
+  // A byte's name with another type, and type 6 without a byte's name (found by fuzz_gguf_vocab: a
+  // user-defined <0x1C> encoded as its text and decoded as the byte).
+  EXPECT_NE(vocab_error(model + nospace + arr_str("tokenizer.ggml.tokens", {"<0x1C>", "b"}) + scores +
+                            arr_num<int32_t>("tokenizer.ggml.token_type", 5, {4, 1}),
+                        5)
+                .find("tokens[0] '<0x1C>' has token_type 4"),
+            std::string::npos);
+  EXPECT_NE(vocab_error(model + nospace + toks + scores + arr_num<int32_t>("tokenizer.ggml.token_type", 5, {1, 6}), 5)
+                .find("tokens[1] 'b' has token_type 6"),
             std::string::npos);
   const std::string ok = model + nospace + toks + scores + arr_num<int32_t>("tokenizer.ggml.token_type", 5, {1, 1});
   EXPECT_NE(vocab_error(ok + kv_u32("tokenizer.ggml.bos_token_id", 7), 6).find("bos_token_id = 7"), std::string::npos);
