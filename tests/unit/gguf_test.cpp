@@ -420,11 +420,14 @@ TEST(GgufConfig, OutOfRangeValuesNameTheKey) {
   // The text file's four keys above plus n_text more; the mmproj's eight plus n_mm more (none: text only).
   auto error = [&](const std::string& text_extra, int n_text, const std::string& mm_extra = "", int n_mm = -1) {
     try {
-      const GgufHeader t = parse_gguf(bytes_of(make_gguf(text + text_extra, 4 + n_text, {})), "t.gguf");
+      // The headers point into the file images, which must outlive them.
+      const std::string t_file = make_gguf(text + text_extra, 4 + n_text, {});
+      const std::string m_file = make_gguf(mm + mm_extra, 8 + std::max(n_mm, 0), {});
+      const GgufHeader t = parse_gguf(bytes_of(t_file), "t.gguf");
       if (n_mm < 0) {
         config_from_gguf(t);
       } else {
-        const GgufHeader m = parse_gguf(bytes_of(make_gguf(mm + mm_extra, 8 + n_mm, {})), "m.gguf");
+        const GgufHeader m = parse_gguf(bytes_of(m_file), "m.gguf");
         config_from_gguf(t, &m);
       }
     } catch (const Error& e) {
