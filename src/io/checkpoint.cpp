@@ -266,8 +266,9 @@ std::string fingerprint(const FoundMap& tensors) {
   constexpr uint64_t kWhole = 64 << 10, kWindow = 4 << 10, kWindows = 8;
   std::vector<char> buf(kWhole);
   uint64_t h = checksum64(nullptr, 0);
-  for (const auto& [name, f] : tensors) {
-    const std::string table = fmt::format("{}:{}:{}\n", name, dtype_name(f.dtype), shape_str(f.shape));
+  for (const auto& entry : tensors) {
+    const auto& f = entry.second;  // a named reference: clang 14 cannot capture a structured binding
+    const std::string table = fmt::format("{}:{}:{}\n", entry.first, dtype_name(f.dtype), shape_str(f.shape));
     h = checksum64(table.data(), table.size(), h);
     auto sample = [&](uint64_t off, uint64_t n) {
       f.read(buf.data(), size_t(n), off);
