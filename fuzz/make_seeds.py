@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Writes the metadata-only GGUF seeds of fuzz_gguf_vocab and fuzz_gguf_config (docs/gguf.md §3-§5):
+"""Writes the GGUF seeds of fuzz_gguf_vocab, fuzz_gguf_config and fuzz_gguf_model (docs/gguf.md §3-§5):
 seeds/gguf_vocab/ holds two small SentencePiece-style vocabularies, one with all 256 byte pieces and
 one without; seeds/gguf_config/ a text file's and an mmproj file's keys as tools/convert_hf_to_gguf.py
-writes them, in the target's input layout (u32 length of the text image, the text image, the mmproj)."""
+writes them, in the target's input layout (u32 length of the text image, the text image, the mmproj);
+seeds/gguf_model/ a whole one-layer text model."""
 import pathlib
 import struct
 import sys
 import tempfile
+
+import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tools"))
 from gguf_writer import GGUFWriter  # noqa: E402
@@ -70,3 +73,28 @@ mm.add("clip.vision.image_std", [0.5] * 3, "array:f32")
 t, m = image(text), image(mm)
 (seeds / "gguf_config" / "text.bin").write_bytes(struct.pack("<I", len(t)) + t)
 (seeds / "gguf_config" / "text+mmproj.bin").write_bytes(struct.pack("<I", len(t)) + t + m)
+
+# A whole text model of the smallest shapes the loader takes (H 32, one layer, two heads of 16,
+# one KV head, I 64), its matrices in every storage type, as fuzz_gguf_model's seed.
+rng = np.random.default_rng(0)
+model = GGUFWriter()
+model.add("general.architecture", "gemma3")
+for key, v in (("context_length", 256), ("embedding_length", 32), ("block_count", 1), ("feed_forward_length", 64),
+               ("attention.head_count", 2), ("attention.head_count_kv", 1), ("attention.key_length", 16),
+               ("attention.value_length", 16)):
+    model.add(f"gemma3.{key}", v, "u32")
+vocab(model, True)
+n_vocab = len(head) + 256 + len(normal)
+H, I, d = 32, 64, 16
+shapes = [("token_embd.weight", (n_vocab, H), "q8_0"), ("output_norm.weight", (H,), "f32"),
+          ("blk.0.attn_norm.weight", (H,), "f32"), ("blk.0.attn_q.weight", (2 * d, H), "f16"),
+          ("blk.0.attn_k.weight", (d, H), "bf16"), ("blk.0.attn_v.weight", (d, H), "q4_0"),
+          ("blk.0.attn_output.weight", (H, 2 * d), "f32"), ("blk.0.attn_q_norm.weight", (d,), "f32"),
+          ("blk.0.attn_k_norm.weight", (d,), "f32"), ("blk.0.post_attention_norm.weight", (H,), "f32"),
+          ("blk.0.ffn_norm.weight", (H,), "f32"), ("blk.0.ffn_gate.weight", (I, H), "q8_0"),
+          ("blk.0.ffn_up.weight", (I, H), "bf16"), ("blk.0.ffn_down.weight", (H, I), "f16"),
+          ("blk.0.post_ffw_norm.weight", (H,), "f32")]
+for name, shape, gtype in shapes:
+    model.add_tensor(name, rng.standard_normal(shape).astype(np.float32) * 0.1, gtype)
+(seeds / "gguf_model").mkdir(parents=True, exist_ok=True)
+(seeds / "gguf_model" / "tiny.gguf").write_bytes(image(model))
