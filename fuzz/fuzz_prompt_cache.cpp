@@ -16,7 +16,7 @@
 #include "io/config.h"
 #include "io/file.h"
 #include "io/identity.h"
-#include "multimodal/prompt_cache.h"
+#include "engine/prompt_cache.h"
 
 namespace {
 

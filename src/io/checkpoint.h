@@ -50,7 +50,7 @@ using TensorRegistry = std::function<std::vector<TensorSpec>(const ModelConfig&)
 
 class MappedFile;
 class GgufFile;
-struct GgufHeader;
+class GgufHeader;
 
 class Checkpoint {
  public:
