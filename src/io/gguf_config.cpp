@@ -1,7 +1,6 @@
 #include "io/gguf_config.h"
 
 #include <cmath>
-#include <limits>
 
 #include "core/error.h"
 
