@@ -53,9 +53,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check(c.mm_tokens_per_image >= 1 && v.patches_per_side() % c.tokens_per_side() == 0);
       check(c.boi_token_id >= 0 && c.boi_token_id < t.vocab_size && c.eoi_token_id >= 0 &&
             c.eoi_token_id < t.vocab_size);
+      const vlm::PreprocessorConfig& pp = *c.preprocessor;
       for (int i = 0; i < 3; ++i)
-        check(c.preprocessor->image_std[i] >= float(1 / kMaxPixelStat) &&
-              c.preprocessor->image_std[i] <= kMaxPixelStat && std::abs(c.preprocessor->image_mean[i]) <= kMaxPixelStat);
+        check(pp.image_std[i] >= float(1 / kMaxPixelStat) && pp.image_std[i] <= kMaxPixelStat &&
+              std::abs(pp.image_mean[i]) <= kMaxPixelStat);
     }
   } catch (const vlm::Error&) {
   }

@@ -398,7 +398,7 @@ TEST(GgufWriter, ConvertedCheckpointReadsBackByteForByte) {
 }
 
 // Values past config.h's bounds are refused naming the key, as config.json's are: none drives an
-// allocation (2^31 layer kinds), an overflow (image side²) or a NaN (a zero image_std) before
+// allocation (2^31 − 1 layer kinds), an overflow (image side²) or a NaN (a zero image_std) before
 // the tensors are checked against it.
 TEST(GgufConfig, OutOfRangeValuesNameTheKey) {
   const auto kv_f32 = [](std::string_view k, float v) { return Bytes().str(k).put<uint32_t>(6).put(v).s; };
@@ -435,25 +435,24 @@ TEST(GgufConfig, OutOfRangeValuesNameTheKey) {
     }
     return std::string();
   };
-  const std::string layers = kv_u32("gemma3.block_count", 1);
+  const std::string layers = kv_u32("gemma3.block_count", 1), side = kv_u32("clip.vision.image_size", 16);
   EXPECT_EQ(error(layers, 1), "");
-  const std::string side = kv_u32("clip.vision.image_size", 16);
   EXPECT_EQ(error(layers, 1, side, 1), "");
-  EXPECT_NE(error(kv_u32("gemma3.block_count", 1u << 20), 1).find("t.gguf: key 'gemma3.block_count' = 1048576 is out of range [1, 4096]"),
-            std::string::npos);
-  EXPECT_NE(error(layers + kv_u32("gemma3.attention.key_length", 7), 2).find("key_length 7 is odd"), std::string::npos);
-  EXPECT_NE(error(layers + kv_u32("gemma3.context_length", 1u << 30), 2).find("'gemma3.context_length' = 1073741824"),
-            std::string::npos);
-  EXPECT_NE(error(layers + kv_f32("gemma3.attention.layer_norm_rms_epsilon", 0.5f), 2).find("layer_norm_rms_epsilon' = 0.5"),
-            std::string::npos);
-  EXPECT_NE(error(layers + kv_f32("gemma3.rope.freq_base", 0.5f), 2).find("'gemma3.rope.freq_base' = 0.5"),
-            std::string::npos);
-  EXPECT_NE(error(layers + kv_u32("tokenizer.ggml.bos_token_id", 4), 2).find("bos_token_id' = 4 is not below the vocabulary size 4"),
-            std::string::npos);
-  EXPECT_NE(error(layers, 1, kv_u32("clip.vision.image_size", 1u << 20), 1).find("m.gguf: key 'clip.vision.image_size' = 1048576"),
-            std::string::npos);
-  EXPECT_NE(error(layers, 1, side + kv_f32s("clip.vision.image_std", {0.5f, 0.f, 0.5f}), 2).find("clip.vision.image_std[1] = 0"),
-            std::string::npos);
+  auto expect = [](const std::string& e, std::string_view part) {
+    EXPECT_NE(e.find(part), std::string::npos) << "'" << part << "' not in: " << e;
+  };
+  expect(error(kv_u32("gemma3.block_count", 1u << 20), 1),
+         "t.gguf: key 'gemma3.block_count' = 1048576 is out of range [1, 4096]");
+  expect(error(layers + kv_u32("gemma3.attention.key_length", 7), 2), "key_length 7 is odd");
+  expect(error(layers + kv_u32("gemma3.context_length", 1u << 30), 2), "'gemma3.context_length' = 1073741824");
+  expect(error(layers + kv_f32("gemma3.attention.layer_norm_rms_epsilon", 0.5f), 2), "layer_norm_rms_epsilon' = 0.5");
+  expect(error(layers + kv_f32("gemma3.rope.freq_base", 0.5f), 2), "'gemma3.rope.freq_base' = 0.5");
+  expect(error(layers + kv_u32("tokenizer.ggml.bos_token_id", 4), 2),
+         "bos_token_id' = 4 is not below the vocabulary size 4");
+  expect(error(layers, 1, kv_u32("clip.vision.image_size", 1u << 20), 1),
+         "m.gguf: key 'clip.vision.image_size' = 1048576");
+  expect(error(layers, 1, side + kv_f32s("clip.vision.image_std", {0.5f, 0.f, 0.5f}), 2),
+         "clip.vision.image_std[1] = 0");
 }
 
 // ---- tokenizer from tokenizer.ggml.* -------------------------------------------------
