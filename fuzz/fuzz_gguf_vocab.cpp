@@ -3,9 +3,10 @@
 // Checks: building it returns a tokenizer or throws vlm::Error; a built one encodes a fixed
 // text and the file's own first pieces (spaced and unspaced, with and without parse_special)
 // into ids below its vocabulary size, or refuses with vlm::Error; every id sequence it gives
-// decodes to valid UTF-8; where the vocabulary holds all 256 byte pieces (byte fallback can
-// spell anything) and a U+2581 piece, and parse_special is off, encoding never fails and
-// decode(encode(x)) == x with U+2581 read as a space, as the decoder's Replace step defines.
+// decodes to valid UTF-8; where the vocabulary holds a U+2581 piece and parse_special is off,
+// encoding never fails and decode(encode(x)) == x with U+2581 read as a space, as the decoder's
+// Replace step defines (a built tokenizer always has the 256 byte pieces, so byte fallback can
+// spell anything).
 // (Without a U+2581 piece a space is spelled by its three byte pieces, which the decoder's
 // Replace step does not see: it gives U+2581 back, as HF's decoder chain does.)
 #include <cstdio>
@@ -38,7 +39,7 @@ void encode_checked(const vlm::text::Tokenizer& tok, const std::string& text, bo
   try {
     ids = tok.encode(text, {.parse_special = parse_special});
   } catch (const vlm::Error&) {
-    check(!round_trips || parse_special, "encode refused valid UTF-8 with every byte piece present");
+    check(!round_trips || parse_special, "encode refused valid UTF-8");
     return;
   }
   for (int32_t id : ids) check(id >= 0 && id < tok.vocab_size(), "encode gave an id outside the vocabulary");
@@ -54,14 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const vlm::GgufHeader h = vlm::parse_gguf(file, "fuzz.gguf");
     const vlm::text::Tokenizer tok = vlm::text::tokenizer_from_gguf(h);
-    bool all_bytes = true;
-    for (int b = 0; b < 256 && all_bytes; ++b) {
-      char name[8];
-      std::snprintf(name, sizeof name, "<0x%02X>", b);
-      const auto id = tok.token_id(name);
-      all_bytes = id && tok.byte_value(*id) == b;
-    }
-    const bool round_trips = all_bytes && tok.token_id("\xE2\x96\x81");
+    const bool round_trips = tok.token_id("\xE2\x96\x81").has_value();
     // The file's own pieces (valid UTF-8: the builder checked them), so merges are reached.
     std::string joined, spaced;
     for (int32_t id = 0; id < tok.vocab_size() && id < 64; ++id) {

@@ -370,16 +370,13 @@ PreprocessorConfig parse_preprocessor_config(const std::string& json_text, const
     } else {
       f.bad(key, "must be a number or a list of 3 numbers");
     }
-    // Pixels reach the tower as (x·rescale − mean) / std: bounded so they stay finite f32.
-    for (int i = 0; i < 3; ++i) {
-      if (dst == p.image_std && !(dst[i] >= float(1 / kMaxPixelStat) && dst[i] <= kMaxPixelStat))
-        f.bad(key, fmt::format("values must be in [1e-06, 1e+06], got {}", v.dump()));
-      if (dst == p.image_mean && !(std::fabs(dst[i]) <= kMaxPixelStat))
-        f.bad(key, fmt::format("values must be in [-1e+06, 1e+06], got {}", v.dump()));
-    }
+    for (int i = 0; i < 3; ++i)
+      if (!pixel_stat_in_range(dst[i], dst == p.image_std))
+        f.bad(key, fmt::format("values must be in [{}, 1e+06], got {}", dst == p.image_std ? "1e-06" : "-1e+06",
+                               v.dump()));
   }
   p.do_pan_and_scan = f.boolean("do_pan_and_scan", false);
-  p.pan_and_scan_min_crop_size = f.dim("pan_and_scan_min_crop_size", 256, 1 << 16);
+  p.pan_and_scan_min_crop_size = f.dim("pan_and_scan_min_crop_size", 256, kMaxSide);
   p.pan_and_scan_max_num_crops = f.dim("pan_and_scan_max_num_crops", 4, 1 << 10);
   p.pan_and_scan_min_ratio_to_activate = f.positive("pan_and_scan_min_ratio_to_activate", 1.2);
 

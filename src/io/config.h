@@ -27,9 +27,13 @@ inline constexpr int64_t kMaxSide = 1 << 16;       // image and patch sides, in 
 inline constexpr int64_t kMaxPositions = 1 << 26;
 inline constexpr double kMaxScalar = 1e12;         // scales, RoPE bases, ratios
 inline constexpr double kMaxEps = 0.1;             // added to a variance: near 1 it drowns the signal
-inline constexpr double kMaxPixelStat = 1e6;       // |image_mean| and image_std at most this, image_std
-                                                   // at least its inverse: (x·rescale − mean) / std
-                                                   // stays finite in f32
+inline constexpr double kMaxPixelStat = 1e6;       // see pixel_stat_in_range
+
+// |image_mean| at most kMaxPixelStat, image_std within [1 / kMaxPixelStat, kMaxPixelStat]: pixels
+// reach the tower as (x·rescale − mean) / std, which then stays finite in f32.
+inline bool pixel_stat_in_range(float v, bool is_std) {
+  return is_std ? v >= float(1 / kMaxPixelStat) && v <= kMaxPixelStat : v >= -kMaxPixelStat && v <= kMaxPixelStat;
+}
 }  // namespace config_limits
 
 enum class Arch { ConditionalGeneration, CausalLM };  // Gemma3ForConditionalGeneration / Gemma3ForCausalLM

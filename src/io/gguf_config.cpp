@@ -1,7 +1,5 @@
 #include "io/gguf_config.h"
 
-#include <cmath>
-
 #include "core/error.h"
 
 namespace vlm {
@@ -134,9 +132,8 @@ ModelConfig config_from_gguf(const GgufHeader& h, const GgufHeader* mm) {
     if (a.size() != 3) fail("{}: {} has {} values, expected 3", mm->where, key, a.size());
     for (int i = 0; i < 3; ++i) {
       dst[i] = a[size_t(i)];
-      const bool ok = dst == pp.image_std ? dst[i] >= float(1 / kMaxPixelStat) && dst[i] <= kMaxPixelStat
-                                          : std::fabs(dst[i]) <= kMaxPixelStat;
-      if (!ok) fail("{}: {}[{}] = {} is out of range", mm->where, key, i, dst[i]);
+      if (!pixel_stat_in_range(dst[i], dst == pp.image_std))
+        fail("{}: {}[{}] = {} is out of range", mm->where, key, i, dst[i]);
     }
   }
   c.preprocessor = pp;
