@@ -18,7 +18,7 @@ ALIGNMENT = 32
 # ggml.h enum ggml_type: id, values per block, bytes per block.
 GGML_TYPES = {
     "f32": (0, 1, 4), "f16": (1, 1, 2), "q4_0": (2, 32, 18), "q8_0": (8, 32, 34),
-    "q4_k": (12, 256, 144), "q6_k": (14, 256, 210), "bf16": (30, 1, 2),
+    "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210), "bf16": (30, 1, 2),
 }
 GGML_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
 
@@ -112,16 +112,18 @@ def quantize_q4_0(x):
     return out.tobytes()
 
 
-def quantize_q4_k(x):
-    """Super-blocks of 8 sub-blocks of 32: value = d*sc*q - dmin*m with 6-bit sc, m and 4-bit q.
+def quantize_q4_k(x, bits=4):
+    """Super-blocks of 8 sub-blocks of 32: value = d*sc*q - dmin*m with 6-bit sc, m and 4-bit q
+    (Q5_K, bits=5: 5-bit q, its fifth bits in 32 bytes qh before the nibbles).
 
     A plain min/max fit per sub-block (not ggml's iterative search): valid blocks whose values
     approximate x; the format, not the fit, is what readers must get right.
     """
+    top = (1 << bits) - 1
     b = np.asarray(x, np.float32).reshape(-1, 8, 32)
     lo = np.minimum(b.min(axis=2), 0)          # [n, 8]; the offset is -m*dmin <= 0
     hi = b.max(axis=2)
-    scale = (hi - lo) / np.float32(15)
+    scale = (hi - lo) / np.float32(top)
     mins = -lo
     d = scale.max(axis=1) / np.float32(63)
     dmin = mins.max(axis=1) / np.float32(63)
@@ -132,18 +134,28 @@ def quantize_q4_k(x):
     eff_d = df[:, None] * sc
     eff_m = dminf[:, None] * m
     q = np.where(eff_d[:, :, None] > 0, np.rint((b + eff_m[:, :, None]) / np.where(eff_d > 0, eff_d, 1)[:, :, None]), 0)
-    q = q.clip(0, 15).astype(np.uint8)
+    q = q.clip(0, top).astype(np.uint8)
     scales = np.zeros((b.shape[0], 12), np.uint8)
     scales[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
     scales[:, 4:8] = (m[:, 0:4] & 63) | ((m[:, 4:8] >> 4) << 6)
     scales[:, 8:12] = (sc[:, 4:8] & 15) | ((m[:, 4:8] & 15) << 4)
-    qs = (q[:, 0::2, :] | (q[:, 1::2, :] << 4)).reshape(-1, 128)  # pairs of sub-blocks share bytes
-    out = np.zeros((b.shape[0], 144), np.uint8)
+    low = q & 15
+    qs = (low[:, 0::2, :] | (low[:, 1::2, :] << 4)).reshape(-1, 128)  # pairs of sub-blocks share bytes
+    qh = np.zeros((b.shape[0], 32), np.uint8)
+    for j in range(8):  # bit j of qh[l]: the fifth bit of value l of sub-block j
+        qh |= ((q[:, j, :] >> 4) << j).astype(np.uint8)
+    out = np.zeros((b.shape[0], 144 if bits == 4 else 176), np.uint8)
     out[:, 0:2] = d16.view(np.uint8).reshape(-1, 2)
     out[:, 2:4] = dmin16.view(np.uint8).reshape(-1, 2)
     out[:, 4:16] = scales
-    out[:, 16:] = qs
+    if bits == 5:
+        out[:, 16:48] = qh
+    out[:, -128:] = qs
     return out.tobytes()
+
+
+def quantize_q5_k(x):
+    return quantize_q4_k(x, bits=5)
 
 
 def quantize_q6_k(x):
@@ -189,12 +201,16 @@ def dequantize(data, gtype, n):
     if gtype == "q4_0":
         q = np.concatenate([blk[:, 2:] & 15, blk[:, 2:] >> 4], axis=1).astype(np.float32) - 8
         return (q * f16(blk[:, 0:2])[:, None]).reshape(-1)
-    if gtype == "q4_k":
+    if gtype in ("q4_k", "q5_k"):
         d, dmin, s = f16(blk[:, 0:2]), f16(blk[:, 2:4]), blk[:, 4:16].astype(np.uint8)
         sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
         m = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
-        qs = blk[:, 16:].reshape(-1, 4, 32)
-        q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)
+        qs = blk[:, -128:].reshape(-1, 4, 32)
+        q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32)
+        if gtype == "q5_k":  # sub-block j's fifth bits: bit j of the 32 bytes qh
+            qh = blk[:, 16:48]
+            q = q | np.stack([((qh >> j) & 1) << 4 for j in range(8)], axis=1)
+        q = q.astype(np.float32)
         d1 = (d[:, None] * sc.astype(np.float32)).astype(np.float32)
         m1 = (dmin[:, None] * m.astype(np.float32)).astype(np.float32)
         return (d1[:, :, None] * q - m1[:, :, None]).astype(np.float32).reshape(-1)
@@ -214,7 +230,8 @@ def dequantize(data, gtype, n):
     raise ValueError(gtype)
 
 
-QUANTIZERS = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_k": quantize_q4_k, "q6_k": quantize_q6_k}
+QUANTIZERS = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_k": quantize_q4_k, "q5_k": quantize_q5_k,
+              "q6_k": quantize_q6_k}
 
 
 def encode_tensor(x, gtype):

@@ -95,11 +95,15 @@ bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n 
 
 // The stored type of a text tensor, as llama.cpp's llama_tensor_get_type decides for these
 // mixes: the output head (token_embd when tied) Q6_K except for Q8_0 files (Q8_0 when rows are
-// not whole 256-blocks); Q4_K_M: attn_v and ffn_down Q6_K on use_more_bits layers, else Q4_K.
+// not whole 256-blocks); Q4_K_M and Q5_K_M: attn_v and ffn_down Q6_K on use_more_bits layers,
+// else Q4_K or Q5_K.
 GgmlType text_type(const std::string& type, const std::string& gguf_name, bool head, int layer, int n_layers) {
-  const GgmlType base = type == "q8_0" ? GgmlType::Q8_0 : type == "q4_0" ? GgmlType::Q4_0 : GgmlType::Q4_K;
+  const GgmlType base = type == "q8_0"   ? GgmlType::Q8_0
+                        : type == "q4_0" ? GgmlType::Q4_0
+                        : type == "q5_k_m" ? GgmlType::Q5_K
+                                           : GgmlType::Q4_K;
   if (head) return base == GgmlType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q6_K;
-  if (type == "q4_k_m" && (gguf_name.ends_with(".attn_v.weight") || gguf_name.ends_with(".ffn_down.weight")) &&
+  if (type.ends_with("_k_m") && (gguf_name.ends_with(".attn_v.weight") || gguf_name.ends_with(".ffn_down.weight")) &&
       use_more_bits(layer, n_layers))
     return GgmlType::Q6_K;
   return base;
@@ -134,7 +138,7 @@ void write_text(const Checkpoint& ck, const fs::path& out, const std::string& ty
   w.add_string("general.architecture", "gemma3");
   w.add_string("general.type", "model");
   w.add_string("general.name", ck.dir().filename().string());
-  w.add_u32("general.file_type", type == "q8_0" ? 7 : type == "q4_0" ? 2 : 15);  // llama_ftype
+  w.add_u32("general.file_type", type == "q8_0" ? 7 : type == "q4_0" ? 2 : type == "q4_k_m" ? 15 : 17);  // llama_ftype
   w.add_u32("general.quantization_version", 2);
   w.add_u32("gemma3.context_length", uint32_t(t.max_position_embeddings));
   w.add_u32("gemma3.embedding_length", uint32_t(t.hidden_size));
@@ -206,9 +210,9 @@ int cmd_quantize(int argc, char** argv) {
   CLI::App app{"Write a safetensors checkpoint as a block-quantized GGUF file (and its mmproj file)", argv[0]};
   std::string model, type, out, mmproj_out, mmproj_type = "f16";
   app.add_option("--model", model, "checkpoint folder (safetensors)")->required();
-  app.add_option("--type", type, "q8_0, q4_0 or q4_k_m (Q4_K with Q6_K where llama.cpp's mix puts it)")
+  app.add_option("--type", type, "q8_0, q4_0, q4_k_m or q5_k_m (Q4_K or Q5_K with Q6_K where llama.cpp's mix puts it)")
       ->required()
-      ->check(CLI::IsMember({"q8_0", "q4_0", "q4_k_m"}));
+      ->check(CLI::IsMember({"q8_0", "q4_0", "q4_k_m", "q5_k_m"}));
   app.add_option("--out", out, "the model .gguf to write")->required();
   app.add_option("--mmproj-out", mmproj_out, "also write the vision tower + projector as an mmproj .gguf");
   app.add_option("--mmproj-type", mmproj_type, "mmproj matrices: f16, bf16, f32 or q8_0")

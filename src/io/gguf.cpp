@@ -23,7 +23,7 @@ struct TypeRow {
 constexpr TypeRow kTypes[] = {
     {0, "F32", {1, 4}},        {1, "F16", {1, 2}},        {2, "Q4_0", {32, 18}},     {3, "Q4_1", {0, 0}},
     {6, "Q5_0", {0, 0}},       {7, "Q5_1", {0, 0}},       {8, "Q8_0", {32, 34}},     {9, "Q8_1", {0, 0}},
-    {10, "Q2_K", {0, 0}},      {11, "Q3_K", {0, 0}},      {12, "Q4_K", {256, 144}},  {13, "Q5_K", {0, 0}},
+    {10, "Q2_K", {0, 0}},      {11, "Q3_K", {0, 0}},      {12, "Q4_K", {256, 144}},  {13, "Q5_K", {256, 176}},
     {14, "Q6_K", {256, 210}},  {15, "Q8_K", {0, 0}},      {16, "IQ2_XXS", {0, 0}},   {17, "IQ2_XS", {0, 0}},
     {18, "IQ3_XXS", {0, 0}},   {19, "IQ1_S", {0, 0}},     {20, "IQ4_NL", {0, 0}},    {21, "IQ3_S", {0, 0}},
     {22, "IQ2_S", {0, 0}},     {23, "IQ4_XS", {0, 0}},    {24, "I8", {0, 0}},        {25, "I16", {0, 0}},
@@ -159,7 +159,7 @@ GgufTensor read_tensor_info(Cursor& c, const std::string& where, uint64_t index)
   const TypeRow* row = type_row(type);
   if (!row) fail("{}: {}: unknown ggml type {}", where, what, type);
   if (row->traits.block_elems == 0)
-    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K)", where,
+    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)", where,
          what, row->name, type);
   t.type = GgmlType(type);
   t.offset = c.read<uint64_t>(what + " offset");
@@ -198,6 +198,7 @@ DType dtype_of(GgmlType t) {
     case GgmlType::Q8_0: return DType::Q8_0;
     case GgmlType::Q4_0: return DType::Q4_0;
     case GgmlType::Q4_K: return DType::Q4_K;
+    case GgmlType::Q5_K: return DType::Q5_K;
     case GgmlType::Q6_K: return DType::Q6_K;
   }
   fail("gguf: no weight format for ggml type {}", uint32_t(t));
@@ -205,7 +206,7 @@ DType dtype_of(GgmlType t) {
 
 GgmlType ggml_type_of(DType t) {
   for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K,
-                     GgmlType::Q6_K})
+                     GgmlType::Q5_K, GgmlType::Q6_K})
     if (dtype_of(g) == t) return g;
   fail("gguf: weight format {} has no ggml type", dtype_name(t));
 }

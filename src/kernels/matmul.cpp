@@ -87,6 +87,7 @@ const Format& format_of(DType type) {
   static const Format q8_0 = block_format<GgmlType::Q8_0>("q8_0", &Q::q8_0);
   static const Format q4_0 = block_format<GgmlType::Q4_0>("q4_0", &Q::q4_0);
   static const Format q4_k = block_format<GgmlType::Q4_K>("q4_k", &Q::q4_k);
+  static const Format q5_k = block_format<GgmlType::Q5_K>("q5_k", &Q::q5_k);
   static const Format q6_k = block_format<GgmlType::Q6_K>("q6_k", &Q::q6_k);
   // Activations only: no weight kernels.
   static const Format q8act{DType::Q8Act, "q8_act", 32, kQ8BlockBytes, &act_to_f32<32>, DType::F32,
@@ -100,6 +101,7 @@ const Format& format_of(DType type) {
     case DType::Q8_0: return q8_0;
     case DType::Q4_0: return q4_0;
     case DType::Q4_K: return q4_k;
+    case DType::Q5_K: return q5_k;
     case DType::Q6_K: return q6_k;
     case DType::Q8Act: return q8act;
     case DType::Q8KAct: return q8kact;

@@ -340,6 +340,36 @@ void dot_bf16dot(const GemmArgs& a, size_t n0, size_t n1) {
 
 void dot_bf16_fma(const GemmArgs& a, size_t n0, size_t n1) { dot_bf16_streams<true>(a, n0, n1); }
 
+// Q4_K and Q5_K blocks for dequantize_blocks_avx512: value l of sub-block j is d·sc_j·q − dmin·m_j,
+// Q5_K's code taking bit j of qh[l] as its fifth bit.
+template <class Block>
+void dequantize_k4_avx512(const std::byte* src, float* y, size_t n) {
+  using namespace quant_blocks;
+  const __m128i m4 = _mm_set1_epi8(0x0F), one = _mm_set1_epi8(1);
+  for (const auto* b = reinterpret_cast<const Block*>(src); n; n -= 256, ++b) {
+    const float d = _cvtsh_ss(b->d), dmin = _cvtsh_ss(b->dmin);
+    for (int j = 0; j < 8; j += 2) {
+      uint8_t sc, m;
+      scale_min_k4(j, b->scales, sc, m);
+      const __m512 d1 = _mm512_set1_ps(d * float(sc)), m1 = _mm512_set1_ps(dmin * float(m));
+      scale_min_k4(j + 1, b->scales, sc, m);
+      const __m512 d2 = _mm512_set1_ps(d * float(sc)), m2 = _mm512_set1_ps(dmin * float(m));
+      for (int h = 0; h < 2; ++h) {  // low nibbles are values 0..31 of the pair, high 32..63
+        const __m128i q = load16(b->qs + 16 * j + 16 * h);
+        __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+        if constexpr (std::is_same_v<Block, BlockQ5_K>) {  // 16-bit shifts: bit j stays in its byte
+          const __m128i qh = load16(b->qh + 16 * h);
+          lo = _mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, j), one), 4));
+          hi = _mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(qh, j + 1), one), 4));
+        }
+        _mm512_storeu_ps(y + 16 * h, _mm512_sub_ps(mul_exact(d1, u8x16_to_ps(lo)), m1));
+        _mm512_storeu_ps(y + 32 + 16 * h, _mm512_sub_ps(mul_exact(d2, u8x16_to_ps(hi)), m2));
+      }
+      y += 64;
+    }
+  }
+}
+
 }  // namespace
 
 // dequantize_row's values with the same f32 operations (exact int → f32 conversions, the
@@ -364,25 +394,8 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
         _mm512_storeu_ps(y + 16, mul_exact(_mm512_sub_ps(u8x16_to_ps(_mm_and_si128(_mm_srli_epi16(q, 4), m4)), eight), d));
       }
       return;
-    case GgmlType::Q4_K:
-      for (const auto* b = reinterpret_cast<const BlockQ4_K*>(src); n; n -= 256, ++b) {
-        const float d = _cvtsh_ss(b->d), dmin = _cvtsh_ss(b->dmin);
-        for (int j = 0; j < 8; j += 2) {
-          uint8_t sc, m;
-          scale_min_k4(j, b->scales, sc, m);
-          const __m512 d1 = _mm512_set1_ps(d * float(sc)), m1 = _mm512_set1_ps(dmin * float(m));
-          scale_min_k4(j + 1, b->scales, sc, m);
-          const __m512 d2 = _mm512_set1_ps(d * float(sc)), m2 = _mm512_set1_ps(dmin * float(m));
-          for (int h = 0; h < 2; ++h) {  // low nibbles are values 0..31 of the pair, high 32..63
-            const __m128i q = load16(b->qs + 16 * j + 16 * h);
-            _mm512_storeu_ps(y + 16 * h, _mm512_sub_ps(mul_exact(d1, u8x16_to_ps(_mm_and_si128(q, m4))), m1));
-            _mm512_storeu_ps(y + 32 + 16 * h,
-                            _mm512_sub_ps(mul_exact(d2, u8x16_to_ps(_mm_and_si128(_mm_srli_epi16(q, 4), m4))), m2));
-          }
-          y += 64;
-        }
-      }
-      return;
+    case GgmlType::Q4_K: return dequantize_k4_avx512<BlockQ4_K>(src, y, n);
+    case GgmlType::Q5_K: return dequantize_k4_avx512<BlockQ5_K>(src, y, n);
     case GgmlType::Q6_K:
       for (const auto* b = reinterpret_cast<const BlockQ6_K*>(src); n; n -= 256, ++b) {
         const float d = _cvtsh_ss(b->d);

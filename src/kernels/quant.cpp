@@ -23,6 +23,26 @@ size_t quant_row_bytes(GgmlType t, size_t cols) {
   return cols / size_t(tr.block_elems) * tr.block_bytes;
 }
 
+namespace {
+// Q4_K and Q5_K (ggml's dequantize_row_q4_K / _q5_K): value l of sub-block j is d·sc_j·q − dmin·m_j.
+template <class Block>
+void dequantize_k4(const std::byte* src, size_t nb, float* y) {
+  for (size_t i = 0; i < nb; ++i) {
+    const auto* b = reinterpret_cast<const Block*>(src) + i;
+    const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      scale_min_k4(j, b->scales, sc, m);
+      const float dj = d * float(sc), mj = dmin * float(m);
+      for (int l = 0; l < 32; ++l) {
+        const float p = dj * float(k4_code(b, j, l));
+        *y++ = p - mj;
+      }
+    }
+  }
+}
+}  // namespace
+
 // Each loop follows ggml-quants.c dequantize_row_* operation for operation; products that
 // ggml writes as one expression are kept in separate statements where a compiler could
 // otherwise contract them into an FMA and change the rounding.
@@ -55,28 +75,8 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
         }
       }
       return;
-    case GgmlType::Q4_K:
-      for (size_t i = 0; i < nb; ++i) {
-        const auto* b = reinterpret_cast<const BlockQ4_K*>(src) + i;
-        const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
-        const uint8_t* q = b->qs;
-        for (int j = 0; j < 8; j += 2, q += 32) {
-          uint8_t sc, m;
-          scale_min_k4(j, b->scales, sc, m);
-          const float d1 = d * float(sc), m1 = dmin * float(m);
-          scale_min_k4(j + 1, b->scales, sc, m);
-          const float d2 = d * float(sc), m2 = dmin * float(m);
-          for (int l = 0; l < 32; ++l) {
-            const float p = d1 * float(q[l] & 0x0F);
-            *y++ = p - m1;
-          }
-          for (int l = 0; l < 32; ++l) {
-            const float p = d2 * float(q[l] >> 4);
-            *y++ = p - m2;
-          }
-        }
-      }
-      return;
+    case GgmlType::Q4_K: return dequantize_k4<BlockQ4_K>(src, nb, y);
+    case GgmlType::Q5_K: return dequantize_k4<BlockQ5_K>(src, nb, y);
     case GgmlType::Q6_K:
       for (size_t i = 0; i < nb; ++i) {
         const auto* b = reinterpret_cast<const BlockQ6_K*>(src) + i;
@@ -106,15 +106,18 @@ namespace {
 
 void store_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
-// Q4_K: each sub-block of 32 gets scale (max − min)/15 and offset −min (min ≤ 0), quantized to
-// 6 bits against the super-block's f16 d and dmin.
-void q4_k_block(const float* x, std::byte* out) {
-  auto* b = reinterpret_cast<BlockQ4_K*>(out);
+// Q4_K and Q5_K: each sub-block of 32 gets scale (max − min)/15 (Q5_K: /31) and offset −min
+// (min ≤ 0), quantized to 6 bits against the super-block's f16 d and dmin.
+template <class Block>
+void k4_block(const float* x, std::byte* out) {
+  constexpr bool five = requires(Block b) { b.qh; };
+  constexpr float top = five ? 31.0f : 15.0f;
+  auto* b = reinterpret_cast<Block*>(out);
   float scale[8], mins[8], smax = 0, mmax = 0;
   for (int j = 0; j < 8; ++j) {
     float lo = 0, hi = x[32 * j];
     for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * j + l]), hi = std::max(hi, x[32 * j + l]);
-    scale[j] = (hi - lo) / 15.0f;
+    scale[j] = (hi - lo) / top;
     mins[j] = -lo;
     smax = std::max(smax, scale[j]);
     mmax = std::max(mmax, mins[j]);
@@ -132,12 +135,14 @@ void q4_k_block(const float* x, std::byte* out) {
     b->scales[j + 4] = uint8_t((m[j] & 63) | ((m[j + 4] >> 4) << 6));
     b->scales[j + 8] = uint8_t((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
   }
+  if constexpr (five) std::memset(b->qh, 0, sizeof b->qh);
   for (int j = 0; j < 8; ++j) {
     const float ed = d * float(sc[j]), em = dmin * float(m[j]);
     for (int l = 0; l < 32; ++l) {
-      const int q = ed > 0 ? int(std::clamp(std::nearbyint((x[32 * j + l] + em) / ed), 0.0f, 15.0f)) : 0;
+      const int q = ed > 0 ? int(std::clamp(std::nearbyint((x[32 * j + l] + em) / ed), 0.0f, top)) : 0;
       uint8_t& byte = b->qs[32 * (j / 2) + l];
-      byte = (j & 1) ? uint8_t((byte & 0x0F) | (q << 4)) : uint8_t(q);
+      byte = (j & 1) ? uint8_t((byte & 0x0F) | ((q & 15) << 4)) : uint8_t(q & 15);
+      if constexpr (five) b->qh[l] = uint8_t(b->qh[l] | ((q >> 4) << j));
     }
   }
 }
@@ -197,7 +202,8 @@ void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
         }
         break;
       }
-      case GgmlType::Q4_K: q4_k_block(x, dst); break;
+      case GgmlType::Q4_K: k4_block<BlockQ4_K>(x, dst); break;
+      case GgmlType::Q5_K: k4_block<BlockQ5_K>(x, dst); break;
       case GgmlType::Q6_K: q6_k_block(x, dst); break;
     }
   }
@@ -270,17 +276,17 @@ float dot_row(const std::byte* row, const Row& a, size_t K) {
       for (int j = 0; j < 16; ++j) s += ((b->qs[j] & 0xF) - 8) * q[j] + ((b->qs[j] >> 4) - 8) * q[j + 16];
       acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
     }
-  } else if constexpr (T == GgmlType::Q4_K) {
+  } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    using Block = std::conditional_t<T == GgmlType::Q4_K, BlockQ4_K, BlockQ5_K>;
     for (size_t i = 0; i < K / 256; ++i) {
-      const auto* b = reinterpret_cast<const BlockQ4_K*>(row) + i;
+      const auto* b = reinterpret_cast<const Block*>(row) + i;
       const int8_t* x = a.q + 256 * i;
       int sum = 0, mins = 0;  // Σ sc·q·x and Σ m·Σx over the sub-blocks, in integers
       for (int j = 0; j < 8; ++j) {
         uint8_t sc, m;
         scale_min_k4(j, b->scales, sc, m);
-        const uint8_t* q = b->qs + 32 * (j / 2);
         int s = 0;
-        for (int l = 0; l < 32; ++l) s += ((j & 1) ? q[l] >> 4 : q[l] & 0xF) * x[32 * j + l];
+        for (int l = 0; l < 32; ++l) s += k4_code(b, j, l) * x[32 * j + l];
         sum += sc * s;
         mins += m * (a.bsums[16 * i + size_t(2 * j)] + a.bsums[16 * i + size_t(2 * j + 1)]);
       }
@@ -313,7 +319,8 @@ void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
 
 namespace detail {
 const QuantKernels kQuantScalar = {{&dot_scalar<GgmlType::Q8_0>}, {&dot_scalar<GgmlType::Q4_0>},
-                                   {&dot_scalar<GgmlType::Q4_K>}, {&dot_scalar<GgmlType::Q6_K>},
+                                   {&dot_scalar<GgmlType::Q4_K>}, {&dot_scalar<GgmlType::Q5_K>},
+                                   {&dot_scalar<GgmlType::Q6_K>},
                                    &quantize_activations_scalar, &quantize_activations_k_scalar};
 }  // namespace detail
 

@@ -1,4 +1,4 @@
-// ggml's block layouts (ggml-common.h block_q8_0, block_q4_0, block_q4_K, block_q6_K) and the
+// ggml's block layouts (ggml-common.h block_q8_0, block_q4_0, block_q4_K, block_q5_K, block_q6_K) and the
 // small accessors every quant path shares. Internal to src/kernels/quant*.
 #pragma once
 #include <cstddef>
@@ -27,6 +27,12 @@ struct BlockQ4_K {       // 256 values in 8 sub-blocks of 32: d·sc·q − dmin�
   uint8_t scales[12];    // 6-bit sc and m per sub-block, packed (scale_min_k4)
   uint8_t qs[128];       // 32 bytes per pair of sub-blocks: low nibbles first, high second
 };
+struct BlockQ5_K {       // Q4_K with a fifth code bit: 256 values, d·sc·q − dmin·m, q in 0..31
+  uint16_t d, dmin;      // f16
+  uint8_t scales[12];    // as BlockQ4_K's
+  uint8_t qh[32];        // bit j of qh[l]: the fifth bit of value l of sub-block j
+  uint8_t qs[128];       // the low four bits, laid out as BlockQ4_K's qs
+};
 struct BlockQ6_K {       // 256 values in 16 sub-blocks of 16: d·sc·(q − 32)
   uint8_t ql[128];       // low 4 bits
   uint8_t qh[64];        // high 2 bits
@@ -35,7 +41,7 @@ struct BlockQ6_K {       // 256 values in 16 sub-blocks of 16: d·sc·(q − 32)
 };
 #pragma pack(pop)
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18);
-static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 
 // Sub-block j's 6-bit scale and min (ggml-quants.c get_scale_min_k4).
 inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
@@ -46,6 +52,15 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
     sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+// The unsigned code of value l (0..31) of sub-block j (0..7) of a Q4_K (0..15) or Q5_K (0..31) block.
+template <class Block>
+inline int k4_code(const Block* b, int j, int l) {
+  const uint8_t q = b->qs[32 * (j / 2) + l];
+  const int low = (j & 1) ? q >> 4 : q & 0x0F;
+  if constexpr (requires { b->qh; }) return low | (((b->qh[l] >> j) & 1) << 4);
+  else return low;
 }
 
 // The unsigned 6-bit code (0..63) of value l (0..31) of 32-value chunk k (0..3) of half `half`.

@@ -155,13 +155,13 @@ QTARGET inline void dot_q4_0_streams(const std::byte* const* rows, const Q8Row& 
   store_rows4<S>(acc[0], acc[1], out);
 }
 
-// A Q4_K block's eight six-bit sub-block scales (bytes 0-7) and mins (bytes 8-15) as ggml's
-// get_scale_min_k4 gives them for j = 0..7, unpacked in one 128-bit vector: scales 0-3 are the
-// low 6 bits of word 0, scales 4-7 the low nibbles of word 2 with the top two bits of word 0,
+// A Q4_K or Q5_K block's eight six-bit sub-block scales (bytes 0-7) and mins (bytes 8-15) as
+// ggml's get_scale_min_k4 gives them for j = 0..7, unpacked in one 128-bit vector: scales 0-3 are
+// the low 6 bits of word 0, scales 4-7 the low nibbles of word 2 with the top two bits of word 0,
 // the mins likewise from words 1 and 2 (docs/gguf.md §2). The 16-byte load runs 4 bytes into
 // the block's codes, which the masks drop.
-QTARGET inline __m128i scales_mins_k4(const BlockQ4_K* b) {
-  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));  // words 0, 1, 2
+QTARGET inline __m128i scales_mins_k4(const uint8_t* scales) {
+  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));  // words 0, 1, 2
   const __m128i low = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
   const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 2),
@@ -191,14 +191,22 @@ constexpr ShuffleBytes kPick[8] = {shuffle_bytes(0, 0), shuffle_bytes(1, 1), shu
 constexpr ShuffleBytes kPickPair[4] = {shuffle_bytes(0, 1), shuffle_bytes(2, 3), shuffle_bytes(4, 5), shuffle_bytes(6, 7)};
 QTARGET inline __m256i shuffle(__m256i v, const ShuffleBytes& s) { return _mm256_shuffle_epi8(v, load32(s.b)); }
 
-// Q4_K against Q8_K activations (one scale per 256): a 32-value sub-block's codes meet x as
-// int16 pair sums (vpmaddubsw), and vpmaddwd multiplies them by the sub-block's scale while it
-// sums them in int32, so the whole block stays one integer sum (exact: at most 8·2·2·15·127·63
-// per lane). The mins meet the activation sums per 16 (bsums) in one more vpmaddwd. Then two
-// conversions and two FMAs per block finish it: with a scale per 32 activations, a conversion
-// and an FMA per sub-block were the kernel's cost (docs/gguf.md, "What holds the K-quant kernels").
-template <int RM, int S>
-QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
+// Bit k (0..7) of each byte of v at bit 4, the other bits clear: 16-bit shifts by at most four
+// places, so no bit crosses into the next byte.
+QTARGET inline __m256i bit_to_4(__m256i v, int k) {
+  return _mm256_and_si256(k <= 4 ? _mm256_slli_epi16(v, 4 - k) : _mm256_srli_epi16(v, k - 4), _mm256_set1_epi8(0x10));
+}
+
+// Q4_K or Q5_K (Block) against Q8_K activations (one scale per 256): a 32-value sub-block's
+// codes meet x as int16 pair sums (vpmaddubsw), and vpmaddwd multiplies them by the sub-block's
+// scale while it sums them in int32, so the whole block stays one integer sum (exact: at most
+// 8·2·2·31·127·63 per lane). The mins meet the activation sums per 16 (bsums) in one more
+// vpmaddwd. Then two conversions and two FMAs per block finish it: with a scale per 32
+// activations, a conversion and an FMA per sub-block were the kernel's cost (docs/gguf.md, "What
+// holds the K-quant kernels"). Q5_K's fifth code bit of sub-block k is bit k of each qh byte.
+template <class Block, int RM, int S>
+QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
+  constexpr bool five = std::is_same_v<Block, BlockQ5_K>;
   __m256 acc[RM][S];
   VLM_UNROLL
   for (int m = 0; m < RM; ++m) {
@@ -210,18 +218,24 @@ QTARGET inline void dot_q4_k(const std::byte* const* rows, const Acts<RM, Q8KRow
   for (size_t i = 0; i < nb; ++i) {
     VLM_UNROLL
     for (int j = 0; j < S; ++j) {
-      const auto* b = reinterpret_cast<const BlockQ4_K*>(rows[j]) + i;
-      prefetch_ahead<S>(b, sizeof(BlockQ4_K));
-      const __m128i sm = scales_mins_k4(b);
+      const auto* b = reinterpret_cast<const Block*>(rows[j]) + i;
+      prefetch_ahead<S>(b, sizeof(Block));
+      const __m128i sm = scales_mins_k4(b->scales);
       const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pairs));  // m_j for bsums 2j and 2j + 1
+      __m256i qh = _mm256_setzero_si256();
+      if constexpr (five) qh = load32(b->qh);
       __m256i sum[RM];
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) sum[m] = _mm256_setzero_si256();
       VLM_UNROLL
       for (int c = 0; c < 4; ++c) {
         const __m256i q = load32(b->qs + 32 * c);
-        const __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+        __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+        if constexpr (five) {
+          codes[0] = _mm256_or_si256(codes[0], bit_to_4(qh, 2 * c));
+          codes[1] = _mm256_or_si256(codes[1], bit_to_4(qh, 2 * c + 1));
+        }
         VLM_UNROLL
         for (int h = 0; h < 2; ++h) {
           const int k = 2 * c + h;
@@ -315,7 +329,8 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
 template <GgmlType T, int RM>
 QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM, ActRow<T>>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0) dot_block32<T, RM>(row, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_K) dot_q4_k<RM, 1>(&row, x, K / 256, out);
+  else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, RM, 1>(&row, x, K / 256, out);
+  else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, RM, 1>(&row, x, K / 256, out);
   else dot_q6_k<RM, 1>(&row, x, K / 256, out);
 }
 
@@ -369,7 +384,8 @@ template <GgmlType T, int S>
 QTARGET inline void dot_streams(const std::byte* const* rows, const ActRow<T>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0) dot_q8_0_streams<S>(rows, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_0) dot_q4_0_streams<S>(rows, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_K) dot_q4_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
+  else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
+  else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
   else dot_q6_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
 }
 
@@ -482,7 +498,7 @@ QTARGET void quantize_xk(const float* x, std::byte* out, size_t K) {
 
 constexpr QuantKernels make_quant_kernels() {
   return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q4_K>},
-          {&quant_dot<GgmlType::Q6_K>}, &quantize_x, &quantize_xk};
+          {&quant_dot<GgmlType::Q5_K>}, {&quant_dot<GgmlType::Q6_K>}, &quantize_x, &quantize_xk};
 }
 
 }  // namespace

@@ -161,7 +161,7 @@ class Gguf(unittest.TestCase):
         for d, p in cls.lc.items():
             make_lc(p, d)
         cls.files = {}
-        for t in ("f32", "q8_0", "q4_0", "q4_k", "q6_k"):
+        for t in ("f32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"):
             cls.files[t] = os.path.join(cls.tmp, f"lc-{t}.gguf")
             convert(cls.lc["f32"], cls.files[t], t)
         cls.files["bf16"] = os.path.join(cls.tmp, "lc-bf16.gguf")
@@ -206,7 +206,7 @@ class Gguf(unittest.TestCase):
         src = {convert_hf_to_gguf.text_name(convert_hf_to_gguf.strip_prefix(k)): v
                for k, v in st_tensors(os.path.join(self.lc["f32"], "model.safetensors")).items()}
         # Worst relative RMS error seen per format (these are loose sanity bounds, not the format's).
-        limit = {"q8_0": 0.01, "q4_0": 0.2, "q4_k": 0.2, "q6_k": 0.05}
+        limit = {"q8_0": 0.01, "q4_0": 0.2, "q4_k": 0.2, "q5_k": 0.1, "q6_k": 0.05}
         for t, lim in limit.items():
             _, ts = gguf_writer.read(self.files[t])
             n_quant = 0
@@ -362,8 +362,8 @@ class Gguf(unittest.TestCase):
         refused(self, ["run", "--model", missing, *ids], "missing tensor 'blk.3.ffn_up.weight'")
         shape = patch_tensor_info(f32, os.path.join(self.tmp, "shape.gguf"), "blk.2.attn_q.weight", ne1=255)
         refused(self, ["run", "--model", shape, *ids], "blk.2.attn_q.weight", "has shape [255, 256]")
-        q5 = patch_tensor_info(q8, os.path.join(self.tmp, "q5_k.gguf"), "blk.1.ffn_down.weight", type_id=13)
-        refused(self, ["run", "--model", q5, *ids], "blk.1.ffn_down.weight", "Q5_K")
+        q5 = patch_tensor_info(q8, os.path.join(self.tmp, "q5_1.gguf"), "blk.1.ffn_down.weight", type_id=7)
+        refused(self, ["run", "--model", q5, *ids], "blk.1.ffn_down.weight", "Q5_1", "not supported")
         two = os.path.join(self.tmp, "two")
         os.makedirs(two)
         for t in ("f32", "q8_0"):
@@ -403,17 +403,19 @@ class Gguf(unittest.TestCase):
         prompt = [2] + [1000 + 37 * i % 7000 for i in range(44)]
         n = 12
         report = {}
-        for t in ("q8_0", "q4_0", "q4_k_m"):
+        for t in ("q8_0", "q4_0", "q4_k_m", "q5_k_m"):
             path = os.path.join(self.tmp, f"vq-{t}.gguf")
             r = subprocess.run([BIN, "quantize", "--model", self.lc["f32"], "--type", t, "--out", path],
                                capture_output=True, text=True, timeout=600)
             self.assertEqual(r.returncode, 0, r.stderr)
             meta, ts = gguf_writer.read(path)
             kinds = {v[0] for k, v in ts.items() if len(v[1]) == 2}
-            # llama.cpp's mixes: Q4_K_M = Q4_K with Q6_K for the head and attn_v/ffn_down of layers 2 and 5 of 6
-            want = {"q8_0": {"q8_0"}, "q4_0": {"q4_0", "q6_k"}, "q4_k_m": {"q4_k", "q6_k"}}[t]
+            # llama.cpp's mixes: Q4_K_M (Q5_K_M) = Q4_K (Q5_K) with Q6_K for the head and attn_v/ffn_down of
+            # layers 2 and 5 of 6
+            want = {"q8_0": {"q8_0"}, "q4_0": {"q4_0", "q6_k"}, "q4_k_m": {"q4_k", "q6_k"},
+                    "q5_k_m": {"q5_k", "q6_k"}}[t]
             self.assertEqual(kinds, want, t)
-            if t == "q4_k_m":
+            if t.endswith("_k_m"):
                 six = sorted(k for k, v in ts.items() if v[0] == "q6_k")
                 self.assertEqual(six, ["blk.2.attn_v.weight", "blk.2.ffn_down.weight", "blk.5.attn_v.weight",
                                        "blk.5.ffn_down.weight", "token_embd.weight"])

@@ -35,7 +35,7 @@ std::vector<std::byte> random_rows(GgmlType t, size_t rows, size_t cols, std::mt
   std::vector<std::byte> w = random_bytes(rows * rb, rng);
   for (size_t o = 0; o < w.size(); o += bb) {
     if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0) put_scale(&w[o], rng);
-    if (t == GgmlType::Q4_K) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
+    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
     if (t == GgmlType::Q6_K) put_scale(&w[o + 208], rng);
   }
   return w;
@@ -57,7 +57,8 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
       const int code = i < 16 ? (u[2 + i] & 15) : (u[2 + i - 16] >> 4);
       return float(code - 8) * f16_at(blk);
     }
-    case GgmlType::Q4_K: {
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
       const int sub = i / 32, l = i % 32;
       const uint8_t* s = u + 4;
       // 6-bit fields: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scale) and 4-7 (min);
@@ -70,8 +71,10 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
         sc = (s[sub + 4] & 0x0f) + 16 * (s[sub - 4] / 64);
         mn = (s[sub + 4] / 16) + 16 * (s[sub] / 64);
       }
-      const uint8_t byte = u[16 + 32 * (sub / 2) + l];
-      const int code = sub % 2 ? byte / 16 : byte % 16;
+      // Q5_K: 32 bytes qh (bit `sub` of byte l is the code's fifth bit) before the 128 bytes of nibbles
+      const bool five = t == GgmlType::Q5_K;
+      const uint8_t byte = u[(five ? 48 : 16) + 32 * (sub / 2) + l];
+      const int code = (sub % 2 ? byte / 16 : byte % 16) + (five ? 16 * ((u[16 + l] >> sub) % 2) : 0);
       const float d1 = f16_at(blk) * float(sc), m1 = f16_at(blk + 2) * float(mn);
       const float p = d1 * float(code);
       return p - m1;
@@ -88,7 +91,7 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
   }
 }
 
-constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K};
+constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
 TEST(Quant, DequantizeIsBitExact) {
   std::mt19937 rng(1);
@@ -280,7 +283,7 @@ TEST(Quant, StridedRowsAndBiasOnEveryIsa) {
 }
 
 // quantize_row then dequantize_row: every value within its format's step (Q8_0 amax/127 of the
-// block, Q4_0 amax/8, Q4_K (max − min)/15 of the sub-block plus the 6-bit scale/min rounding,
+// block, Q4_0 amax/8, Q4_K (max − min)/15 (Q5_K /31) of the sub-block plus the 6-bit scale/min rounding,
 // Q6_K amax/31 of the sub-block plus the scale rounding), and Q8_0 exactly ggml's rule.
 TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
   std::mt19937 rng(5);
@@ -296,11 +299,15 @@ TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
     for (size_t g = 0; g < n; g += group) {
       float amax = 0, lo = 0, hi = x[g];
       for (size_t i = g; i < g + group; ++i) amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
-      float step = t == GgmlType::Q8_0 ? amax / 127 : t == GgmlType::Q4_0 ? amax / 8 : t == GgmlType::Q4_K ? (hi - lo) / 15 : amax / 31;
-      // the super-block's 6-bit (Q4_K) / 8-bit (Q6_K) sub-block scales add up to half a scale unit per code
+      float step = t == GgmlType::Q8_0   ? amax / 127
+                   : t == GgmlType::Q4_0 ? amax / 8
+                   : t == GgmlType::Q4_K ? (hi - lo) / 15
+                   : t == GgmlType::Q5_K ? (hi - lo) / 31
+                                         : amax / 31;
+      // the super-block's 6-bit (Q4_K, Q5_K) / 8-bit (Q6_K) sub-block scales add up to half a scale unit per code
       float sb = 0;
       for (size_t i = g / 256 * 256; i < g / 256 * 256 + 256; ++i) sb = std::max(sb, std::fabs(x[i]));
-      if (t == GgmlType::Q4_K) step += 2 * sb / 63;
+      if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) step += 2 * sb / 63;
       if (t == GgmlType::Q6_K) step += 32 * sb / 31 / 127;
       // half a step (Q4_0: a whole one, its codes reach −8·d but only +7·d) + the f16 rounding of
       // the block scale (relative 2^-11, at most amax away)
