@@ -17,7 +17,8 @@ ALIGNMENT = 32
 
 # ggml.h enum ggml_type: id, values per block, bytes per block.
 GGML_TYPES = {
-    "f32": (0, 1, 4), "f16": (1, 1, 2), "q4_0": (2, 32, 18), "q8_0": (8, 32, 34),
+    "f32": (0, 1, 4), "f16": (1, 1, 2), "q4_0": (2, 32, 18), "q5_0": (6, 32, 22), "q5_1": (7, 32, 24),
+    "q8_0": (8, 32, 34),
     "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210), "bf16": (30, 1, 2),
 }
 GGML_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
@@ -112,6 +113,40 @@ def quantize_q4_0(x):
     return out.tobytes()
 
 
+def _q5_pack(q, out, at):
+    """32 5-bit codes per row of q: nibbles as Q4_0's at out[:, at + 4:], fifth bits (bit j = value j) at out[:, at:at + 4]."""
+    out[:, at + 4:at + 20] = (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)
+    qh = ((q.astype(np.uint32) >> 4) & 1) << np.arange(32, dtype=np.uint32)
+    out[:, at:at + 4] = qh.sum(axis=1, dtype=np.uint32).astype("<u4").view(np.uint8).reshape(-1, 4)
+
+
+def quantize_q5_0(x):
+    """ggml's quantize_row_q5_0_ref: the value of largest magnitude, sign kept, maps to -16."""
+    b = np.asarray(x, np.float32).reshape(-1, 32)
+    mx = b[np.arange(b.shape[0]), np.abs(b).argmax(axis=1)]
+    d = mx / np.float32(-16)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.minimum(31, (b * inv[:, None] + np.float32(16.5)).astype(np.int8)).astype(np.uint8)
+    out = np.zeros((b.shape[0], 22), np.uint8)
+    out[:, 0:2] = _f16(d).view(np.uint8).reshape(-1, 2)
+    _q5_pack(q, out, 2)
+    return out.tobytes()
+
+
+def quantize_q5_1(x):
+    """ggml's quantize_row_q5_1_ref: [min, max] in 31 steps, value = d*q + m."""
+    b = np.asarray(x, np.float32).reshape(-1, 32)
+    lo, hi = b.min(axis=1), b.max(axis=1)
+    d = (hi - lo) / np.float32(31)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = ((b - lo[:, None]) * inv[:, None] + np.float32(0.5)).astype(np.uint8)
+    out = np.zeros((b.shape[0], 24), np.uint8)
+    out[:, 0:2] = _f16(d).view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = _f16(lo).view(np.uint8).reshape(-1, 2)
+    _q5_pack(q, out, 4)
+    return out.tobytes()
+
+
 def quantize_q4_k(x, bits=4):
     """Super-blocks of 8 sub-blocks of 32: value = d*sc*q - dmin*m with 6-bit sc, m and 4-bit q
     (Q5_K, bits=5: 5-bit q, its fifth bits in 32 bytes qh before the nibbles).
@@ -201,6 +236,15 @@ def dequantize(data, gtype, n):
     if gtype == "q4_0":
         q = np.concatenate([blk[:, 2:] & 15, blk[:, 2:] >> 4], axis=1).astype(np.float32) - 8
         return (q * f16(blk[:, 0:2])[:, None]).reshape(-1)
+    if gtype in ("q5_0", "q5_1"):
+        at = 2 if gtype == "q5_0" else 4
+        qs = blk[:, at + 4:at + 20]
+        qh = blk[:, at:at + 4].copy().view("<u4").reshape(-1, 1)
+        q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.uint32)
+        q = (q | (((qh >> np.arange(32, dtype=np.uint32)) & 1) << 4)).astype(np.float32)
+        if gtype == "q5_0":
+            return ((q - 16) * f16(blk[:, 0:2])[:, None]).reshape(-1)
+        return ((q * f16(blk[:, 0:2])[:, None]).astype(np.float32) + f16(blk[:, 2:4])[:, None]).reshape(-1)
     if gtype in ("q4_k", "q5_k"):
         d, dmin, s = f16(blk[:, 0:2]), f16(blk[:, 2:4]), blk[:, 4:16].astype(np.uint8)
         sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
@@ -230,7 +274,8 @@ def dequantize(data, gtype, n):
     raise ValueError(gtype)
 
 
-QUANTIZERS = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_k": quantize_q4_k, "q5_k": quantize_q5_k,
+QUANTIZERS = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q5_0": quantize_q5_0, "q5_1": quantize_q5_1,
+              "q4_k": quantize_q4_k, "q5_k": quantize_q5_k,
               "q6_k": quantize_q6_k}
 
 

@@ -94,9 +94,9 @@ void add_tokenizer(GgufWriter& w, const fs::path& dir, size_t rows) {
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
 // The stored type of a text tensor, as llama.cpp's llama_tensor_get_type decides for these
-// mixes: the output head (token_embd when tied) Q6_K except for Q8_0 files (Q8_0 when rows are
-// not whole 256-blocks); Q4_K_M and Q5_K_M: attn_v and ffn_down Q6_K on use_more_bits layers,
-// else Q4_K or Q5_K.
+// mixes: the output head (token_embd when tied) Q6_K except for Q8_0 files; Q4_K_M and Q5_K_M:
+// attn_v and ffn_down Q6_K on use_more_bits layers, else Q4_K or Q5_K. Rows that are not whole
+// blocks of the type fall back (add()).
 GgmlType text_type(const std::string& type, const std::string& gguf_name, bool head, int layer, int n_layers) {
   const GgmlType base = type == "q8_0"   ? GgmlType::Q8_0
                         : type == "q4_0" ? GgmlType::Q4_0
@@ -109,10 +109,23 @@ GgmlType text_type(const std::string& type, const std::string& gguf_name, bool h
   return base;
 }
 
+// llama.cpp's tensor_type_fallback (src/llama-quant.cpp): rows that are not whole 256-blocks
+// (Gemma 3 1B's 1152 columns) take the 32-value type of about as many bits, and rows that are
+// not whole 32-blocks either are stored f16 (vectors f32).
+GgmlType fallback(GgmlType type, size_t cols, bool vector) {
+  if (cols % size_t(ggml_traits(type).block_elems) == 0) return type;
+  const GgmlType t32 = type == GgmlType::Q4_K   ? GgmlType::Q5_0
+                       : type == GgmlType::Q5_K ? GgmlType::Q5_1
+                       : type == GgmlType::Q6_K ? GgmlType::Q8_0
+                                                : type;
+  if (cols % size_t(ggml_traits(t32).block_elems) == 0) return t32;
+  return vector ? GgmlType::F32 : GgmlType::F16;
+}
+
 // Adds one tensor: values widened to f32 row by row, norms shifted to 1 + w, rows quantized.
 void add(GgufWriter& w, const TensorView& t, const std::string& name, GgmlType type, bool shift) {
   const size_t cols = t.shape.empty() ? 1 : size_t(t.shape.back()), rows = size_t(t.numel()) / cols;
-  if (cols % size_t(ggml_traits(type).block_elems)) type = t.shape.size() == 1 ? GgmlType::F32 : GgmlType::F16;
+  type = fallback(type, cols, t.shape.size() == 1);
   const kernels::Format& src = kernels::format_of(t.dtype);
   const size_t out_row = size_t(ggml_traits(type).block_bytes) * cols / size_t(ggml_traits(type).block_elems);
   std::vector<std::byte> out(rows * out_row);

@@ -22,7 +22,7 @@ struct TypeRow {
 // so that a refusal says which type a file uses.
 constexpr TypeRow kTypes[] = {
     {0, "F32", {1, 4}},        {1, "F16", {1, 2}},        {2, "Q4_0", {32, 18}},     {3, "Q4_1", {0, 0}},
-    {6, "Q5_0", {0, 0}},       {7, "Q5_1", {0, 0}},       {8, "Q8_0", {32, 34}},     {9, "Q8_1", {0, 0}},
+    {6, "Q5_0", {32, 22}},     {7, "Q5_1", {32, 24}},       {8, "Q8_0", {32, 34}},     {9, "Q8_1", {0, 0}},
     {10, "Q2_K", {0, 0}},      {11, "Q3_K", {0, 0}},      {12, "Q4_K", {256, 144}},  {13, "Q5_K", {256, 176}},
     {14, "Q6_K", {256, 210}},  {15, "Q8_K", {0, 0}},      {16, "IQ2_XXS", {0, 0}},   {17, "IQ2_XS", {0, 0}},
     {18, "IQ3_XXS", {0, 0}},   {19, "IQ1_S", {0, 0}},     {20, "IQ4_NL", {0, 0}},    {21, "IQ3_S", {0, 0}},
@@ -159,7 +159,7 @@ GgufTensor read_tensor_info(Cursor& c, const std::string& where, uint64_t index)
   const TypeRow* row = type_row(type);
   if (!row) fail("{}: {}: unknown ggml type {}", where, what, type);
   if (row->traits.block_elems == 0)
-    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K)", where,
+    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)", where,
          what, row->name, type);
   t.type = GgmlType(type);
   t.offset = c.read<uint64_t>(what + " offset");
@@ -197,6 +197,8 @@ DType dtype_of(GgmlType t) {
     case GgmlType::BF16: return DType::BF16;
     case GgmlType::Q8_0: return DType::Q8_0;
     case GgmlType::Q4_0: return DType::Q4_0;
+    case GgmlType::Q5_0: return DType::Q5_0;
+    case GgmlType::Q5_1: return DType::Q5_1;
     case GgmlType::Q4_K: return DType::Q4_K;
     case GgmlType::Q5_K: return DType::Q5_K;
     case GgmlType::Q6_K: return DType::Q6_K;
@@ -205,8 +207,8 @@ DType dtype_of(GgmlType t) {
 }
 
 GgmlType ggml_type_of(DType t) {
-  for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K,
-                     GgmlType::Q5_K, GgmlType::Q6_K})
+  for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
+                     GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
     if (dtype_of(g) == t) return g;
   fail("gguf: weight format {} has no ggml type", dtype_name(t));
 }

@@ -75,6 +75,23 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
         }
       }
       return;
+    case GgmlType::Q5_0:
+      for (size_t i = 0; i < nb; ++i, y += 32) {
+        const auto* b = reinterpret_cast<const BlockQ5_0*>(src) + i;
+        const float d = f16_to_f32(b->d);
+        for (int j = 0; j < 32; ++j) y[j] = float(q5_code(b, j) - 16) * d;
+      }
+      return;
+    case GgmlType::Q5_1:
+      for (size_t i = 0; i < nb; ++i, y += 32) {
+        const auto* b = reinterpret_cast<const BlockQ5_1*>(src) + i;
+        const float d = f16_to_f32(b->d), m = f16_to_f32(b->m);
+        for (int j = 0; j < 32; ++j) {
+          const float p = float(q5_code(b, j)) * d;
+          y[j] = p + m;
+        }
+      }
+      return;
     case GgmlType::Q4_K: return dequantize_k4<BlockQ4_K>(src, nb, y);
     case GgmlType::Q5_K: return dequantize_k4<BlockQ5_K>(src, nb, y);
     case GgmlType::Q6_K:
@@ -105,6 +122,39 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
 namespace {
 
 void store_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// Q5_0 and Q5_1 as ggml's quantize_row_q5_0_ref / _q5_1_ref: Q5_0 maps the value of largest
+// magnitude, sign kept, to −16 (codes truncated from x/d + 16.5); Q5_1 spans [min, max] in 31
+// steps (codes truncated from (x − min)/d + 0.5). The nibbles go as Q4_0's, the fifth bits to qh.
+template <class Block>
+void q5_block(const float* x, std::byte* out) {
+  constexpr bool offset = std::is_same_v<Block, BlockQ5_1>;
+  auto* b = reinterpret_cast<Block*>(out);
+  float d, lo = 0;
+  if constexpr (offset) {
+    float hi = x[0];
+    lo = x[0];
+    for (int j = 0; j < 32; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
+    d = (hi - lo) / 31.0f;
+    b->m = f32_to_f16(lo);
+  } else {
+    float amax = 0, mx = 0;
+    for (int j = 0; j < 32; ++j)
+      if (amax < std::fabs(x[j])) amax = std::fabs(x[j]), mx = x[j];
+    d = mx / -16.0f;
+  }
+  b->d = f32_to_f16(d);
+  const float id = d != 0 ? 1.0f / d : 0.0f;
+  uint32_t qh = 0;
+  int q[32];
+  for (int j = 0; j < 32; ++j) {
+    if constexpr (offset) q[j] = uint8_t((x[j] - lo) * id + 0.5f);
+    else q[j] = std::min(31, int(int8_t(x[j] * id + 16.5f)));
+    qh |= uint32_t((q[j] >> 4) & 1) << j;
+  }
+  for (int j = 0; j < 16; ++j) b->qs[j] = uint8_t((q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
+  std::memcpy(b->qh, &qh, 4);
+}
 
 // Q4_K and Q5_K: each sub-block of 32 gets scale (max − min)/15 (Q5_K: /31) and offset −min
 // (min ≤ 0), quantized to 6 bits against the super-block's f16 d and dmin.
@@ -202,6 +252,8 @@ void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
         }
         break;
       }
+      case GgmlType::Q5_0: q5_block<BlockQ5_0>(x, dst); break;
+      case GgmlType::Q5_1: q5_block<BlockQ5_1>(x, dst); break;
       case GgmlType::Q4_K: k4_block<BlockQ4_K>(x, dst); break;
       case GgmlType::Q5_K: k4_block<BlockQ5_K>(x, dst); break;
       case GgmlType::Q6_K: q6_k_block(x, dst); break;
@@ -276,6 +328,20 @@ float dot_row(const std::byte* row, const Row& a, size_t K) {
       for (int j = 0; j < 16; ++j) s += ((b->qs[j] & 0xF) - 8) * q[j] + ((b->qs[j] >> 4) - 8) * q[j + 16];
       acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
     }
+  } else if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+    for (size_t i = 0; i < K / 32; ++i) {
+      const int8_t* q = a.q + 32 * i;
+      int s = 0, sx = 0;  // Σ code·x and Σ x
+      if constexpr (T == GgmlType::Q5_0) {
+        const auto* b = reinterpret_cast<const BlockQ5_0*>(row) + i;
+        for (int j = 0; j < 32; ++j) s += (q5_code(b, j) - 16) * q[j];
+        acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
+      } else {
+        const auto* b = reinterpret_cast<const BlockQ5_1*>(row) + i;
+        for (int j = 0; j < 32; ++j) s += q5_code(b, j) * q[j], sx += q[j];
+        acc += float(s) * (f16_to_f32(b->d) * a.d[i]) + float(sx) * (f16_to_f32(b->m) * a.d[i]);
+      }
+    }
   } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
     using Block = std::conditional_t<T == GgmlType::Q4_K, BlockQ4_K, BlockQ5_K>;
     for (size_t i = 0; i < K / 256; ++i) {
@@ -319,6 +385,7 @@ void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
 
 namespace detail {
 const QuantKernels kQuantScalar = {{&dot_scalar<GgmlType::Q8_0>}, {&dot_scalar<GgmlType::Q4_0>},
+                                   {&dot_scalar<GgmlType::Q5_0>}, {&dot_scalar<GgmlType::Q5_1>},
                                    {&dot_scalar<GgmlType::Q4_K>}, {&dot_scalar<GgmlType::Q5_K>},
                                    {&dot_scalar<GgmlType::Q6_K>},
                                    &quantize_activations_scalar, &quantize_activations_k_scalar};

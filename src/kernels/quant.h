@@ -1,4 +1,4 @@
-// ggml block-quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) and the GGUF float types.
+// ggml block-quantized weights (Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) and the GGUF float types.
 //
 // dequantize_row() is bit-exact to ggml's dequantize_row_* (the same f32 operations in the
 // same order; docs/gguf.md gives each block layout). The formats are rows of the weight-format
@@ -27,9 +27,10 @@ size_t quant_row_bytes(GgmlType t, size_t cols);
 // n values (a multiple of the block size) from `src` blocks into dst.
 void dequantize_row(GgmlType t, const std::byte* src, float* dst, size_t n);
 
-// n values (a multiple of the block size) of x into `dst` blocks of type t. Q8_0 and Q4_0
-// follow ggml's reference quantizers (quantize_row_q8_0_ref: d = amax/127, round half away;
-// quantize_row_q4_0_ref: the value of largest magnitude, sign kept, maps to −8). The K-quants
+// n values (a multiple of the block size) of x into `dst` blocks of type t. Q8_0, Q4_0, Q5_0
+// and Q5_1 follow ggml's reference quantizers (quantize_row_q8_0_ref: d = amax/127, round half
+// away; quantize_row_q4_0_ref / _q5_0_ref: the value of largest magnitude, sign kept, maps to
+// −8 / −16; quantize_row_q5_1_ref: [min, max] in 31 steps). The K-quants
 // fit each sub-block's scale (and Q4_K's and Q5_K's min) from its range, then the super-block's f16
 // scales from those (not ggml's iterative search: valid blocks, a little more error).
 // F32/F16/BF16 round to nearest even.
@@ -88,11 +89,11 @@ bool quant_vnni_supported();
 namespace detail {
 // One ISA's dot kernels for the block formats (rows of format.h's table): y[m, n] for n in
 // [n0, n1) and every m, from weight rows in GemmArgs::w and activation rows in GemmArgs::xq:
-// Q8Rows for Q8_0/Q4_0, Q8KRows for the K-quants (quantized once per call by matmul(), which
-// also lays the Q8Row scales of each four rows side by side in GemmArgs::xd4, and for Q4_0 their
-// code sums in GemmArgs::xs4).
+// Q8Rows for the 32-value formats, Q8KRows for the K-quants (quantized once per call by matmul(),
+// which also lays the Q8Row scales of each four rows side by side in GemmArgs::xd4, and for
+// Q4_0, Q5_0 and Q5_1 their code sums in GemmArgs::xs4).
 struct QuantKernels {
-  FormatKernels q8_0, q4_0, q4_k, q5_k, q6_k;
+  FormatKernels q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k;
   void (*quantize)(const float* x, std::byte* out, size_t K);    // quantize_activations' bytes
   void (*quantize_k)(const float* x, std::byte* out, size_t K);  // quantize_activations_k's
 };

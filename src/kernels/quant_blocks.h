@@ -1,4 +1,5 @@
-// ggml's block layouts (ggml-common.h block_q8_0, block_q4_0, block_q4_K, block_q5_K, block_q6_K) and the
+// ggml's block layouts (ggml-common.h block_q8_0, block_q4_0, block_q5_0, block_q5_1, block_q4_K, block_q5_K,
+// block_q6_K) and the
 // small accessors every quant path shares. Internal to src/kernels/quant*.
 #pragma once
 #include <cstddef>
@@ -22,6 +23,16 @@ struct BlockQ4_0 {  // 32 values: d · (nibble − 8); low nibbles are values 0.
   uint16_t d;
   uint8_t qs[16];
 };
+struct BlockQ5_0 {  // 32 values: d · (q − 16), q = nibble + 16 · bit j of qh (nibbles as Q4_0's)
+  uint16_t d;
+  uint8_t qh[4];     // bit j (of the little-endian 32-bit word): value j's fifth bit
+  uint8_t qs[16];
+};
+struct BlockQ5_1 {  // 32 values: d · q + m, q as Q5_0's
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[16];
+};
 struct BlockQ4_K {       // 256 values in 8 sub-blocks of 32: d·sc·q − dmin·m
   uint16_t d, dmin;      // f16
   uint8_t scales[12];    // 6-bit sc and m per sub-block, packed (scale_min_k4)
@@ -40,7 +51,7 @@ struct BlockQ6_K {       // 256 values in 16 sub-blocks of 16: d·sc·(q − 32)
   uint16_t d;
 };
 #pragma pack(pop)
-static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 
 // Sub-block j's 6-bit scale and min (ggml-quants.c get_scale_min_k4).
@@ -52,6 +63,14 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
     sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+// The unsigned 5-bit code (0..31) of value j (0..31) of a Q5_0 or Q5_1 block.
+template <class Block>
+inline int q5_code(const Block* b, int j) {
+  uint32_t qh;
+  std::memcpy(&qh, b->qh, 4);
+  return (j < 16 ? b->qs[j] & 0x0F : b->qs[j - 16] >> 4) | int((qh >> j) & 1) << 4;
 }
 
 // The unsigned code of value l (0..31) of sub-block j (0..7) of a Q4_K (0..15) or Q5_K (0..31) block.

@@ -45,7 +45,7 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
 }
 
 // Each kernel takes RM activation rows against S weight rows (rows[j]; dot_block32 one row, the
-// M = 1 kernels dot_q8_0_streams and dot_q4_0_streams S rows: those prepare each x block once for
+// M = 1 kernels dot_q8_0_streams and dot_nibble_streams S rows: those prepare each x block once for
 // their S weight rows, while against one weight row the sign moves of each weight block serve
 // all RM activation rows) and writes out[m · S + j]: a weight block is decoded once
 // and meets every activation row, and every (row, weight row) sum is its own chain (for the
@@ -87,68 +87,112 @@ QTARGET inline void store_rows4(__m256 a, __m256 b, float* out) {
   for (int m = 0; m < RM; ++m) out[m] = v[m];
 }
 
-// Q4_0's 32 unsigned codes (0..15) of block b in order: the low nibbles are values 0-15, the
-// high ones 16-31 (one 128-bit load into both halves, the high half shifted by 4).
-QTARGET inline __m256i q4_0_codes(const BlockQ4_0* b) {
+// The block type of a 32-value format.
+template <GgmlType T>
+using Block32 = std::conditional_t<
+    T == GgmlType::Q8_0, BlockQ8_0,
+    std::conditional_t<T == GgmlType::Q4_0, BlockQ4_0, std::conditional_t<T == GgmlType::Q5_0, BlockQ5_0, BlockQ5_1>>>;
+// What Q4_0's and Q5_0's unsigned codes are offset by (their value is d·(code − offset)); Q5_1 has
+// none (its value is d·code + m).
+template <GgmlType T>
+inline constexpr int kCodeOffset = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : 0;
+
+// The 32 unsigned codes of a Q4_0, Q5_0 or Q5_1 block in order: the low nibbles are values 0-15,
+// the high ones 16-31 (one 128-bit load into both halves, the high half shifted by 4); Q5_0 and
+// Q5_1 add 16 where bit j of qh is set (byte j/8 of qh spread over bytes 8·(j/8).., tested
+// against its bit, the hits turned into 0x10).
+template <class Block>
+QTARGET inline __m256i nibble_codes(const Block* b) {
   const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs)));
-  return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+  const __m256i low = _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+  if constexpr (std::is_same_v<Block, BlockQ4_0>) {
+    return low;
+  } else {
+    uint32_t qh;
+    std::memcpy(&qh, b->qh, 4);
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
+                                              _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    return _mm256_or_si256(low, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10)));
+  }
 }
 
-// Q8_0 and Q4_0, RM activation rows against one weight row (prefill, batches). Q8_0 moves the
-// sign of each weight block onto x, so |w| is the unsigned operand for every row; Q4_0's codes are
-// unsigned already, and its offset leaves with the rows' code sums (s4). The rows' block sums
-// gather into one vector (rows4), scaled by d_w times the rows' d_x (d4) in one FMA.
+// The 32-value formats, RM activation rows against one weight row (prefill, batches). Q8_0 moves
+// the sign of each weight block onto x, so |w| is the unsigned operand for every row; the codes
+// of Q4_0, Q5_0 and Q5_1 are unsigned already: the offset of Q4_0 and Q5_0 leaves with the rows'
+// code sums (s4), which also meet Q5_1's m. The rows' block sums gather into one vector (rows4),
+// scaled by d_w times the rows' d_x (d4) in one FMA.
 template <GgmlType T, int RM>
 QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
-  using Block = std::conditional_t<T == GgmlType::Q8_0, BlockQ8_0, BlockQ4_0>;
-  const auto* b = reinterpret_cast<const Block*>(row);
+  const auto* b = reinterpret_cast<const Block32<T>*>(row);
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   auto block = [&](size_t i, int s) QTARGET {
     __m256i p[4], sum;
+    const __m256 d4 = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.d4 + 4 * i));
     if constexpr (T == GgmlType::Q8_0) {
       const __m256i w = load32(b[i].qs), aw = _mm256_sign_epi8(w, w);
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * i), w));
       sum = rows4<RM>(p);
     } else {
-      // Unsigned codes, less 8 times the rows' code sums (lanes 0-3; lanes 4-7 hold the rest of
-      // each row's sum, and the two halves are added at the end).
-      const __m256i w = q4_0_codes(b + i);
+      // The rows' code sums in lanes 0-3 (lanes 4-7 of rows4 hold the rest of each row's sum, and
+      // the two halves are added at the end).
+      const __m256i w = nibble_codes(b + i);
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(w, load32(a.x[m].q + 32 * i));
-      const __m128i s4 = _mm_slli_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.s4 + 4 * i)), 3);
-      sum = _mm256_sub_epi32(rows4<RM>(p), _mm256_zextsi128_si256(s4));
+      const __m256i s4 = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.s4 + 4 * i)));
+      sum = rows4<RM>(p);
+      if constexpr (kCodeOffset<T> != 0) sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(s4, kCodeOffset<T> == 8 ? 3 : 4));
+      if constexpr (T == GgmlType::Q5_1) acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s4), _mm256_mul_ps(bcast_f16(b[i].m), d4), acc[s]);
     }
-    const __m256 scale = _mm256_mul_ps(bcast_f16(b[i].d), _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.d4 + 4 * i)));
-    acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), scale, acc[s]);
+    acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(bcast_f16(b[i].d), d4), acc[s]);
   };
   size_t i = 0;
-  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(b + i, 2 * sizeof(Block)), block(i, 0), block(i + 1, 1);
+  for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(b + i, 2 * sizeof(Block32<T>)), block(i, 0), block(i + 1, 1);
   if (i < nb) block(i, 0);
   store_rows4<RM>(acc[0], acc[1], out);
 }
 
-// Q4_0 at M = 1, one activation row against S weight rows: the unsigned codes meet x directly,
-// less the products of 8 with x (the offset, once per x block for the S rows); the S rows' block
-// sums gather into one vector (rows4) and meet their d_w·d_x in one conversion and FMA.
-template <int S>
-QTARGET inline void dot_q4_0_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
+// The f16 values at member `field` of the S streams' block i in lanes 0-3 (lanes of absent
+// streams zero) and again in lanes 4-7, as f32.
+template <int S, class Block>
+QTARGET inline __m256 stream_f16(const Block* const* b, size_t i, uint16_t Block::*field) {
+  const short h0 = short(b[0][i].*field), h1 = S > 1 ? short(b[1 % S][i].*field) : 0;
+  const short h2 = S > 1 ? short(b[2 % S][i].*field) : 0, h3 = S > 1 ? short(b[3 % S][i].*field) : 0;
+  return _mm256_cvtph_ps(_mm_setr_epi16(h0, h1, h2, h3, h0, h1, h2, h3));
+}
+
+// Q4_0, Q5_0 and Q5_1 at M = 1, one activation row against S weight rows: the unsigned codes meet
+// x directly, less the products of the offset with x (once per x block for the S rows; Q5_1's m
+// meets the sum of x instead); the S rows' block sums gather into one vector (rows4) and meet
+// their d_w·d_x in one conversion and FMA.
+template <GgmlType T, int S>
+QTARGET inline void dot_nibble_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
   static_assert(S == 1 || S == 4);
+  using Block = Block32<T>;
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  const auto* const* b = reinterpret_cast<const BlockQ4_0* const*>(rows);
+  const auto* const* b = reinterpret_cast<const Block* const*>(rows);
   auto block = [&](size_t i, int h) QTARGET {
-    const __m256i xq = load32(x.q + 32 * i), off = dot_u8s8(_mm256_set1_epi8(8), xq);
+    const __m256i xq = load32(x.q + 32 * i);
+    const __m256 dx = bcast(x.d + i);
     __m256i p[4];
-    VLM_UNROLL
-    for (int j = 0; j < S; ++j) p[j] = _mm256_sub_epi32(dot_u8s8(q4_0_codes(b[j] + i), xq), off);
-    const uint16_t d0 = b[0][i].d, d1 = S > 1 ? b[1 % S][i].d : 0, d2 = S > 1 ? b[2 % S][i].d : 0, d3 = S > 1 ? b[3 % S][i].d : 0;
-    const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16(short(d0), short(d1), short(d2), short(d3), short(d0), short(d1), short(d2), short(d3)));
-    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4<S>(p)), _mm256_mul_ps(dw, bcast(x.d + i)), acc[h]);
+    if constexpr (kCodeOffset<T> != 0) {
+      const __m256i off = dot_u8s8(_mm256_set1_epi8(kCodeOffset<T>), xq);
+      VLM_UNROLL
+      for (int j = 0; j < S; ++j) p[j] = _mm256_sub_epi32(dot_u8s8(nibble_codes(b[j] + i), xq), off);
+    } else {
+      VLM_UNROLL
+      for (int j = 0; j < S; ++j) p[j] = dot_u8s8(nibble_codes(b[j] + i), xq);
+      const __m256i sx = dot_u8s8(_mm256_set1_epi8(1), xq);
+      const __m256i sxs[4] = {sx, sx, sx, sx};
+      acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4<S>(sxs)), _mm256_mul_ps(stream_f16<S>(b, i, &Block::m), dx), acc[h]);
+    }
+    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4<S>(p)), _mm256_mul_ps(stream_f16<S>(b, i, &Block::d), dx), acc[h]);
   };
   size_t i = 0;
   for (; i + 2 <= nb; i += 2) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) prefetch_ahead<S>(b[j] + i, 2 * sizeof(BlockQ4_0));
+    for (int j = 0; j < S; ++j) prefetch_ahead<S>(b[j] + i, 2 * sizeof(Block));
     block(i, 0), block(i + 1, 1);
   }
   if (i < nb) block(i, 0);
@@ -328,7 +372,7 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
 
 template <GgmlType T, int RM>
 QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM, ActRow<T>>& x, size_t K, float* out) {
-  if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0) dot_block32<T, RM>(row, x, K / 32, out);
+  if constexpr (!takes_q8k(T)) dot_block32<T, RM>(row, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, RM, 1>(&row, x, K / 256, out);
   else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, RM, 1>(&row, x, K / 256, out);
   else dot_q6_k<RM, 1>(&row, x, K / 256, out);
@@ -383,7 +427,7 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
 template <GgmlType T, int S>
 QTARGET inline void dot_streams(const std::byte* const* rows, const ActRow<T>& x, size_t K, float* out) {
   if constexpr (T == GgmlType::Q8_0) dot_q8_0_streams<S>(rows, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_0) dot_q4_0_streams<S>(rows, x, K / 32, out);
+  else if constexpr (!takes_q8k(T)) dot_nibble_streams<T, S>(rows, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
   else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
   else dot_q6_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
@@ -497,8 +541,9 @@ QTARGET void quantize_xk(const float* x, std::byte* out, size_t K) {
 }
 
 constexpr QuantKernels make_quant_kernels() {
-  return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q4_K>},
-          {&quant_dot<GgmlType::Q5_K>}, {&quant_dot<GgmlType::Q6_K>}, &quantize_x, &quantize_xk};
+  return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q5_0>},
+          {&quant_dot<GgmlType::Q5_1>}, {&quant_dot<GgmlType::Q4_K>}, {&quant_dot<GgmlType::Q5_K>},
+          {&quant_dot<GgmlType::Q6_K>}, &quantize_x, &quantize_xk};
 }
 
 }  // namespace

@@ -42,15 +42,16 @@ NODE_LLAMA = os.path.join(SRC, "tools/npm/node_modules/node-llama-cpp")
 PY = "/usr/bin/python3"
 
 
-def lc_config(dtype_name):
+def lc_config(dtype_name, hidden=256):
     """Gemma3ForCausalLM whose HF semantics llama.cpp's gemma3 graph reproduces: 6 layers with
     layer 5 global (llama.cpp's fixed period 6), query_pre_attn_scalar = head_dim (llama.cpp's
-    1/sqrt(key_length)), rows of 256 (K-quant blocks) and a vocabulary cut to 8192 ids."""
+    1/sqrt(key_length)), rows of 256 (K-quant blocks) and a vocabulary cut to 8192 ids. hidden=288
+    is Gemma 3 1B's case (1152): rows of the width are not whole 256-blocks, the others are."""
     return {
         "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
         "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": [1, 106],
         "final_logit_softcapping": None, "head_dim": 64, "hidden_activation": "gelu_pytorch_tanh",
-        "hidden_size": 256, "intermediate_size": 512, "layer_types":
+        "hidden_size": hidden, "intermediate_size": 512, "layer_types":
             ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(6)],
         "max_position_embeddings": 1024, "model_type": "gemma3_text", "num_attention_heads": 4,
         "num_hidden_layers": 6, "num_key_value_heads": 2, "pad_token_id": 0, "query_pre_attn_scalar": 64,
@@ -59,9 +60,9 @@ def lc_config(dtype_name):
     }
 
 
-def make_lc(out, dtype):
+def make_lc(out, dtype, hidden=256):
     os.makedirs(out, exist_ok=True)
-    cfg = lc_config(make_checkpoint.DTYPES[dtype][2])
+    cfg = lc_config(make_checkpoint.DTYPES[dtype][2], hidden)
     entries = [(c, make_checkpoint.file_name(c, "causal_lm"), shape, init)
                for c, shape, init in make_checkpoint.text_tensors(cfg, False)]
     make_checkpoint.write_safetensors(os.path.join(out, "model.safetensors"), entries, dtype, 0)
@@ -161,7 +162,7 @@ class Gguf(unittest.TestCase):
         for d, p in cls.lc.items():
             make_lc(p, d)
         cls.files = {}
-        for t in ("f32", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"):
+        for t in ("f32", "q8_0", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"):
             cls.files[t] = os.path.join(cls.tmp, f"lc-{t}.gguf")
             convert(cls.lc["f32"], cls.files[t], t)
         cls.files["bf16"] = os.path.join(cls.tmp, "lc-bf16.gguf")
@@ -206,7 +207,7 @@ class Gguf(unittest.TestCase):
         src = {convert_hf_to_gguf.text_name(convert_hf_to_gguf.strip_prefix(k)): v
                for k, v in st_tensors(os.path.join(self.lc["f32"], "model.safetensors")).items()}
         # Worst relative RMS error seen per format (these are loose sanity bounds, not the format's).
-        limit = {"q8_0": 0.01, "q4_0": 0.2, "q4_k": 0.2, "q5_k": 0.1, "q6_k": 0.05}
+        limit = {"q8_0": 0.01, "q4_0": 0.2, "q5_0": 0.1, "q5_1": 0.1, "q4_k": 0.2, "q5_k": 0.1, "q6_k": 0.05}
         for t, lim in limit.items():
             _, ts = gguf_writer.read(self.files[t])
             n_quant = 0
@@ -271,6 +272,14 @@ class Gguf(unittest.TestCase):
             same_top = int((got.argmax(-1) == ref.argmax(-1)).sum())
             report[t] = (round(diff, 4), f"top-1 {same_top}/{len(prompt)}",
                          f"greedy {sum(a == b for a, b in zip(r['generate'][0], greedy))}/{n}")
+            if t not in ("f32", "bf16"):
+                # vlm on the same block-quantized file (the NumPy writer's bytes) computes what llama.cpp does, up to
+                # the activation rounding (bound as in test_vlm_quantize_files_run_in_llama_cpp_like_in_vlm)
+                out = vlm_dump([path], os.path.join(self.tmp, f"same-{t}"), "--tokens", json.dumps(prompt))
+                mine = np.load(os.path.join(out, "logits.npy"))
+                report[t] += (f"vlm on the file {float(np.abs(mine - got).max()):.4f}",)
+                self.assertLess(float(np.abs(mine - got).max()), 0.5, t)
+                self.assertEqual(int((mine.argmax(-1) == got.argmax(-1)).sum()), len(prompt), t)
             if t == "f32":
                 # llama.cpp's CPU GELU goes through an f16 table: |Δlogit| ~3e-3 at logits of ~20 (measured
                 # 2.9e-3); a wrong norm shift, tensor mapping or hyperparameter moves them by > 1.
@@ -362,8 +371,8 @@ class Gguf(unittest.TestCase):
         refused(self, ["run", "--model", missing, *ids], "missing tensor 'blk.3.ffn_up.weight'")
         shape = patch_tensor_info(f32, os.path.join(self.tmp, "shape.gguf"), "blk.2.attn_q.weight", ne1=255)
         refused(self, ["run", "--model", shape, *ids], "blk.2.attn_q.weight", "has shape [255, 256]")
-        q5 = patch_tensor_info(q8, os.path.join(self.tmp, "q5_1.gguf"), "blk.1.ffn_down.weight", type_id=7)
-        refused(self, ["run", "--model", q5, *ids], "blk.1.ffn_down.weight", "Q5_1", "not supported")
+        q4 = patch_tensor_info(q8, os.path.join(self.tmp, "q4_1.gguf"), "blk.1.ffn_down.weight", type_id=3)
+        refused(self, ["run", "--model", q4, *ids], "blk.1.ffn_down.weight", "Q4_1", "not supported")
         two = os.path.join(self.tmp, "two")
         os.makedirs(two)
         for t in ("f32", "q8_0"):
@@ -403,9 +412,14 @@ class Gguf(unittest.TestCase):
         prompt = [2] + [1000 + 37 * i % 7000 for i in range(44)]
         n = 12
         report = {}
-        for t in ("q8_0", "q4_0", "q4_k_m", "q5_k_m"):
-            path = os.path.join(self.tmp, f"vq-{t}.gguf")
-            r = subprocess.run([BIN, "quantize", "--model", self.lc["f32"], "--type", t, "--out", path],
+        lc288 = os.path.join(self.tmp, "lc-f32-288")
+        make_lc(lc288, "f32", hidden=288)
+        cases = [(self.lc["f32"], t) for t in ("q8_0", "q4_0", "q4_k_m", "q5_k_m")] + \
+                [(lc288, t) for t in ("q4_k_m", "q5_k_m")]
+        for src, t in cases:
+            wide = src == lc288
+            path = os.path.join(self.tmp, f"vq-{t}{'-288' if wide else ''}.gguf")
+            r = subprocess.run([BIN, "quantize", "--model", src, "--type", t, "--out", path],
                                capture_output=True, text=True, timeout=600)
             self.assertEqual(r.returncode, 0, r.stderr)
             meta, ts = gguf_writer.read(path)
@@ -414,11 +428,18 @@ class Gguf(unittest.TestCase):
             # layers 2 and 5 of 6
             want = {"q8_0": {"q8_0"}, "q4_0": {"q4_0", "q6_k"}, "q4_k_m": {"q4_k", "q6_k"},
                     "q5_k_m": {"q5_k", "q6_k"}}[t]
+            if wide:  # rows of 288, not whole 256-blocks, fall back as llama.cpp's: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0
+                fb = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+                for name, (gtype, shape, _) in ts.items():
+                    if len(shape) == 2:
+                        self.assertEqual(gtype in fb.values(), shape[1] == 288, f"{t} {name} {gtype} {shape}")
+                want = want | {fb[k] for k in want}
             self.assertEqual(kinds, want, t)
-            if t.endswith("_k_m"):
+            if t.endswith("_k_m") and not wide:
                 six = sorted(k for k, v in ts.items() if v[0] == "q6_k")
                 self.assertEqual(six, ["blk.2.attn_v.weight", "blk.2.ffn_down.weight", "blk.5.attn_v.weight",
                                        "blk.5.ffn_down.weight", "token_embd.weight"])
+            t = f"{t}{'-288' if wide else ''}"
             lc = llama(path, {"logits": [prompt], "generate": [{"ids": prompt, "n": n}]})
             theirs = np.array(lc["logits"][0], dtype=np.float64)
             logits = {}

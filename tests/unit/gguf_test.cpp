@@ -255,8 +255,9 @@ TEST(Gguf, TypeNames) {
   EXPECT_EQ(ggml_type_from_name("q4_k"), GgmlType::Q4_K);
   EXPECT_EQ(ggml_type_from_name("BF16"), GgmlType::BF16);
   EXPECT_EQ(ggml_type_from_name("q5_k"), GgmlType::Q5_K);
-  EXPECT_EQ(ggml_type_from_name("q5_1"), std::nullopt);  // known to ggml, not read
-  EXPECT_EQ(ggml_type_id_name(7), "Q5_1");
+  EXPECT_EQ(ggml_type_from_name("q5_1"), GgmlType::Q5_1);
+  EXPECT_EQ(ggml_type_from_name("q4_1"), std::nullopt);  // known to ggml, not read
+  EXPECT_EQ(ggml_type_id_name(3), "Q4_1");
   EXPECT_EQ(ggml_traits(GgmlType::Q6_K).block_bytes, 210u);
   EXPECT_EQ(ggml_traits(GgmlType::Q5_K).block_bytes, 176u);
   EXPECT_EQ(ggml_traits(GgmlType::Q4_K).block_bytes, 144u);

@@ -34,7 +34,8 @@ std::vector<std::byte> random_rows(GgmlType t, size_t rows, size_t cols, std::mt
   const size_t rb = quant_row_bytes(t, cols), bb = ggml_traits(t).block_bytes;
   std::vector<std::byte> w = random_bytes(rows * rb, rng);
   for (size_t o = 0; o < w.size(); o += bb) {
-    if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0) put_scale(&w[o], rng);
+    if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0) put_scale(&w[o], rng);
+    if (t == GgmlType::Q5_1) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
     if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
     if (t == GgmlType::Q6_K) put_scale(&w[o + 208], rng);
   }
@@ -56,6 +57,18 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
     case GgmlType::Q4_0: {
       const int code = i < 16 ? (u[2 + i] & 15) : (u[2 + i - 16] >> 4);
       return float(code - 8) * f16_at(blk);
+    }
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1: {
+      // d (and Q5_1's m) first, then 4 bytes qh whose bit i (little-endian) is value i's fifth bit,
+      // then the nibbles as Q4_0's
+      const bool one = t == GgmlType::Q5_1;
+      const uint8_t* qh = u + (one ? 4 : 2);
+      const int nib = i < 16 ? qh[4 + i] % 16 : qh[4 + i - 16] / 16;
+      const int code = nib + 16 * ((qh[i / 8] >> (i % 8)) % 2);
+      if (!one) return float(code - 16) * f16_at(blk);
+      const float p = float(code) * f16_at(blk);
+      return p + f16_at(blk + 2);
     }
     case GgmlType::Q4_K:
     case GgmlType::Q5_K: {
@@ -91,7 +104,8 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
   }
 }
 
-constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1,
+                                    GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
 TEST(Quant, DequantizeIsBitExact) {
   std::mt19937 rng(1);
@@ -283,7 +297,7 @@ TEST(Quant, StridedRowsAndBiasOnEveryIsa) {
 }
 
 // quantize_row then dequantize_row: every value within its format's step (Q8_0 amax/127 of the
-// block, Q4_0 amax/8, Q4_K (max − min)/15 (Q5_K /31) of the sub-block plus the 6-bit scale/min rounding,
+// block, Q4_0 amax/8, Q5_0 amax/16, Q5_1 (max − min)/31, Q4_K (max − min)/15 (Q5_K /31) of the sub-block plus the 6-bit scale/min rounding,
 // Q6_K amax/31 of the sub-block plus the scale rounding), and Q8_0 exactly ggml's rule.
 TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
   std::mt19937 rng(5);
@@ -301,6 +315,8 @@ TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
       for (size_t i = g; i < g + group; ++i) amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
       float step = t == GgmlType::Q8_0   ? amax / 127
                    : t == GgmlType::Q4_0 ? amax / 8
+                   : t == GgmlType::Q5_0 ? amax / 16
+                   : t == GgmlType::Q5_1 ? (hi - lo) / 31
                    : t == GgmlType::Q4_K ? (hi - lo) / 15
                    : t == GgmlType::Q5_K ? (hi - lo) / 31
                                          : amax / 31;
@@ -309,9 +325,10 @@ TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
       for (size_t i = g / 256 * 256; i < g / 256 * 256 + 256; ++i) sb = std::max(sb, std::fabs(x[i]));
       if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) step += 2 * sb / 63;
       if (t == GgmlType::Q6_K) step += 32 * sb / 31 / 127;
-      // half a step (Q4_0: a whole one, its codes reach −8·d but only +7·d) + the f16 rounding of
-      // the block scale (relative 2^-11, at most amax away)
-      const float half = t == GgmlType::Q4_0 ? 1.f : 0.5f;
+      // half a step (Q4_0, Q5_0: a whole one, their codes reach −8·d (−16·d) but only +7·d (+15·d);
+      // Q5_1: a whole one, its codes are truncated from +0.5 after the f16 rounding of m) + the f16
+      // rounding of the block scale (relative 2^-11, at most amax away)
+      const float half = t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 ? 1.f : 0.5f;
       for (size_t i = g; i < g + group; ++i)
         ASSERT_LE(std::fabs(y[i] - x[i]), step * half * 1.01f + amax / 1024 + 1e-6f) << ggml_type_name(t) << " value " << i;
     }
