@@ -89,10 +89,10 @@ H, I, d = 32, 64, 16
 shapes = [("token_embd.weight", (n_vocab, H), "q8_0"), ("output_norm.weight", (H,), "f32"),
           ("blk.0.attn_norm.weight", (H,), "f32"), ("blk.0.attn_q.weight", (2 * d, H), "f16"),
           ("blk.0.attn_k.weight", (d, H), "bf16"), ("blk.0.attn_v.weight", (d, H), "q4_0"),
-          ("blk.0.attn_output.weight", (H, 2 * d), "f32"), ("blk.0.attn_q_norm.weight", (d,), "f32"),
+          ("blk.0.attn_output.weight", (H, 2 * d), "q5_0"), ("blk.0.attn_q_norm.weight", (d,), "f32"),
           ("blk.0.attn_k_norm.weight", (d,), "f32"), ("blk.0.post_attention_norm.weight", (H,), "f32"),
           ("blk.0.ffn_norm.weight", (H,), "f32"), ("blk.0.ffn_gate.weight", (I, H), "q8_0"),
-          ("blk.0.ffn_up.weight", (I, H), "bf16"), ("blk.0.ffn_down.weight", (H, I), "f16"),
+          ("blk.0.ffn_up.weight", (I, H), "q5_1"), ("blk.0.ffn_down.weight", (H, I), "f16"),
           ("blk.0.post_ffw_norm.weight", (H,), "f32")]
 for name, shape, gtype in shapes:
     model.add_tensor(name, rng.standard_normal(shape).astype(np.float32) * 0.1, gtype)
