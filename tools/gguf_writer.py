@@ -19,7 +19,8 @@ ALIGNMENT = 32
 GGML_TYPES = {
     "f32": (0, 1, 4), "f16": (1, 1, 2), "q4_0": (2, 32, 18), "q5_0": (6, 32, 22), "q5_1": (7, 32, 24),
     "q8_0": (8, 32, 34),
-    "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210), "bf16": (30, 1, 2),
+    "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210), "iq4_nl": (20, 32, 18),
+    "iq4_xs": (23, 256, 136), "bf16": (30, 1, 2),
 }
 GGML_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
 
@@ -147,6 +148,50 @@ def quantize_q5_1(x):
     return out.tobytes()
 
 
+# ggml-common.h kvalues_iq4nl: the values of the 16 IQ4 codes before the block scale.
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+
+def _signed_max(b):
+    """The value of largest magnitude of each row (last axis), sign kept."""
+    idx = np.abs(b).argmax(axis=-1)
+    return np.take_along_axis(b, idx[..., None], axis=-1)[..., 0]
+
+
+def _iq4_nibbles(b, e):
+    """Nibbles (Q4_0's order) of the nearest codebook entries to b / e, rows of 32 values."""
+    t = np.where(e[:, None] != 0, b / np.where(e != 0, e, 1)[:, None], 0)
+    q = np.abs(t[:, :, None] - IQ4_VALUES[None, None, :]).argmin(axis=2).astype(np.uint8)
+    return q[:, :16] | (q[:, 16:] << 4)
+
+
+def quantize_iq4_nl(x):
+    """Blocks of 32: value = d*kvalues[q]; the value of largest magnitude maps to -127 (no search)."""
+    b = np.asarray(x, np.float32).reshape(-1, 32)
+    d16 = _f16(_signed_max(b) / np.float32(-127))
+    out = np.zeros((b.shape[0], 18), np.uint8)
+    out[:, 0:2] = d16.view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = _iq4_nibbles(b, d16.astype(np.float32))
+    return out.tobytes()
+
+
+def quantize_iq4_xs(x):
+    """Super-blocks of 8 sub-blocks of 32: value = d*(ls-32)*kvalues[q], 6-bit ls per sub-block."""
+    b = np.asarray(x, np.float32).reshape(-1, 8, 32)
+    s = _signed_max(b) / np.float32(-127)                          # [n, 8] wanted sub-block scales
+    d16 = _f16(np.abs(s).max(axis=1) / np.float32(31))
+    d = d16.astype(np.float32)
+    lv = np.where(d[:, None] > 0, np.rint(s / np.where(d > 0, d, 1)[:, None]), 0).clip(-32, 31).astype(np.int32)
+    ls = (lv + 32).astype(np.uint32)
+    out = np.zeros((b.shape[0], 136), np.uint8)
+    out[:, 0:2] = d16.view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = ((ls >> 4) << (2 * np.arange(8, dtype=np.uint32))).sum(axis=1).astype("<u2").view(np.uint8).reshape(-1, 2)
+    out[:, 4:8] = ((ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)).astype(np.uint8)
+    e = (d[:, None] * lv.astype(np.float32)).astype(np.float32).reshape(-1)
+    out[:, 8:] = _iq4_nibbles(b.reshape(-1, 32), e).reshape(-1, 128)
+    return out.tobytes()
+
+
 def quantize_q4_k(x, bits=4):
     """Super-blocks of 8 sub-blocks of 32: value = d*sc*q - dmin*m with 6-bit sc, m and 4-bit q
     (Q5_K, bits=5: 5-bit q, its fifth bits in 32 bytes qh before the nibbles).
@@ -245,6 +290,18 @@ def dequantize(data, gtype, n):
         if gtype == "q5_0":
             return ((q - 16) * f16(blk[:, 0:2])[:, None]).reshape(-1)
         return ((q * f16(blk[:, 0:2])[:, None]).astype(np.float32) + f16(blk[:, 2:4])[:, None]).reshape(-1)
+    if gtype in ("iq4_nl", "iq4_xs"):
+        qs = blk[:, 2:] if gtype == "iq4_nl" else blk[:, 8:]
+        qs = qs.reshape(-1, 16)                                       # 16 bytes per 32 values
+        v = IQ4_VALUES[np.concatenate([qs & 15, qs >> 4], axis=1)]  # [groups of 32, 32]
+        if gtype == "iq4_nl":
+            return (f16(blk[:, 0:2])[:, None] * v).astype(np.float32).reshape(-1)
+        sh = blk[:, 2:4].copy().view("<u2").astype(np.int32)         # [n, 1]
+        sl = blk[:, 4:8].astype(np.int32)
+        j = np.arange(8)
+        ls = ((sl[:, j // 2] >> (4 * (j % 2))) & 15) | (((sh >> (2 * j)) & 3) << 4)
+        dl = (f16(blk[:, 0:2])[:, None] * (ls - 32).astype(np.float32)).astype(np.float32).reshape(-1)
+        return (dl[:, None] * v).astype(np.float32).reshape(-1)
     if gtype in ("q4_k", "q5_k"):
         d, dmin, s = f16(blk[:, 0:2]), f16(blk[:, 2:4]), blk[:, 4:16].astype(np.uint8)
         sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
@@ -275,7 +332,7 @@ def dequantize(data, gtype, n):
 
 
 QUANTIZERS = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q5_0": quantize_q5_0, "q5_1": quantize_q5_1,
-              "q4_k": quantize_q4_k, "q5_k": quantize_q5_k,
+              "q4_k": quantize_q4_k, "q5_k": quantize_q5_k, "iq4_nl": quantize_iq4_nl, "iq4_xs": quantize_iq4_xs,
               "q6_k": quantize_q6_k}
 
 

@@ -94,30 +94,35 @@ void add_tokenizer(GgufWriter& w, const fs::path& dir, size_t rows) {
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
 // The stored type of a text tensor, as llama.cpp's llama_tensor_get_type decides for these
-// mixes: the output head (token_embd when tied) Q6_K except for Q8_0 files; Q4_K_M and Q5_K_M:
-// attn_v and ffn_down Q6_K on use_more_bits layers, else Q4_K or Q5_K. Rows that are not whole
-// blocks of the type fall back (add()).
-GgmlType text_type(const std::string& type, const std::string& gguf_name, bool head, int layer, int n_layers) {
-  const GgmlType base = type == "q8_0"   ? GgmlType::Q8_0
-                        : type == "q4_0" ? GgmlType::Q4_0
+// mixes (without an importance matrix): the output head (token_embd when tied) Q6_K except for
+// Q8_0 files; Q4_K_M and Q5_K_M: attn_v and ffn_down Q6_K on use_more_bits layers, else Q4_K or
+// Q5_K; IQ4_XS: ffn_down of the first eighth of the layers, and attn_v where four or more query
+// heads share a KV head (Gemma 3 1B), Q5_K. Rows that are not whole blocks of the type fall
+// back (add()).
+GgmlType text_type(const std::string& type, const std::string& gguf_name, bool head, int layer, int n_layers,
+                   int gqa) {
+  const GgmlType base = type == "q8_0"     ? GgmlType::Q8_0
+                        : type == "q4_0"   ? GgmlType::Q4_0
                         : type == "q5_k_m" ? GgmlType::Q5_K
+                        : type == "iq4_xs" ? GgmlType::IQ4_XS
                                            : GgmlType::Q4_K;
+  const bool v = gguf_name.ends_with(".attn_v.weight"), down = gguf_name.ends_with(".ffn_down.weight");
   if (head) return base == GgmlType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q6_K;
-  if (type.ends_with("_k_m") && (gguf_name.ends_with(".attn_v.weight") || gguf_name.ends_with(".ffn_down.weight")) &&
-      use_more_bits(layer, n_layers))
-    return GgmlType::Q6_K;
+  if (type.ends_with("_k_m") && (v || down) && use_more_bits(layer, n_layers)) return GgmlType::Q6_K;
+  if (type == "iq4_xs" && ((down && layer < n_layers / 8) || (v && gqa >= 4))) return GgmlType::Q5_K;
   return base;
 }
 
 // llama.cpp's tensor_type_fallback (src/llama-quant.cpp): rows that are not whole 256-blocks
-// (Gemma 3 1B's 1152 columns) take the 32-value type of about as many bits, and rows that are
+// (Gemma 3 1B's 1152 columns) take the 32-value type of about as many bits (IQ4_XS: IQ4_NL), and rows that are
 // not whole 32-blocks either are stored f16 (vectors f32).
 GgmlType fallback(GgmlType type, size_t cols, bool vector) {
   if (cols % size_t(ggml_traits(type).block_elems) == 0) return type;
-  const GgmlType t32 = type == GgmlType::Q4_K   ? GgmlType::Q5_0
-                       : type == GgmlType::Q5_K ? GgmlType::Q5_1
-                       : type == GgmlType::Q6_K ? GgmlType::Q8_0
-                                                : type;
+  const GgmlType t32 = type == GgmlType::Q4_K     ? GgmlType::Q5_0
+                       : type == GgmlType::Q5_K   ? GgmlType::Q5_1
+                       : type == GgmlType::Q6_K   ? GgmlType::Q8_0
+                       : type == GgmlType::IQ4_XS ? GgmlType::IQ4_NL
+                                                  : type;
   if (cols % size_t(ggml_traits(t32).block_elems) == 0) return t32;
   return vector ? GgmlType::F32 : GgmlType::F16;
 }
@@ -151,7 +156,8 @@ void write_text(const Checkpoint& ck, const fs::path& out, const std::string& ty
   w.add_string("general.architecture", "gemma3");
   w.add_string("general.type", "model");
   w.add_string("general.name", ck.dir().filename().string());
-  w.add_u32("general.file_type", type == "q8_0" ? 7 : type == "q4_0" ? 2 : type == "q4_k_m" ? 15 : 17);  // llama_ftype
+  const std::map<std::string, uint32_t> ftype = {{"q8_0", 7}, {"q4_0", 2}, {"q4_k_m", 15}, {"q5_k_m", 17}, {"iq4_xs", 30}};
+  w.add_u32("general.file_type", ftype.at(type));  // llama_ftype
   w.add_u32("general.quantization_version", 2);
   w.add_u32("gemma3.context_length", uint32_t(t.max_position_embeddings));
   w.add_u32("gemma3.embedding_length", uint32_t(t.hidden_size));
@@ -176,7 +182,9 @@ void write_text(const Checkpoint& ck, const fs::path& out, const std::string& ty
     const std::string name = gguf_name_of(spec.name).value_or("output.weight");
     const TensorView& v = ck.get(spec.name);
     const bool head = spec.name == "lm_head.weight" || (tied && spec.name == "text.embed_tokens.weight");
-    const GgmlType g = v.shape.size() == 1 ? GgmlType::F32 : text_type(type, name, head, layer_of(spec.name), t.num_layers);
+    const GgmlType g = v.shape.size() == 1 ? GgmlType::F32
+                                           : text_type(type, name, head, layer_of(spec.name), t.num_layers,
+                                                       t.num_heads / t.num_kv_heads);
     add(w, v, name, g, spec.name.ends_with("norm.weight"));
   }
   w.write(out);
@@ -223,9 +231,10 @@ int cmd_quantize(int argc, char** argv) {
   CLI::App app{"Write a safetensors checkpoint as a block-quantized GGUF file (and its mmproj file)", argv[0]};
   std::string model, type, out, mmproj_out, mmproj_type = "f16";
   app.add_option("--model", model, "checkpoint folder (safetensors)")->required();
-  app.add_option("--type", type, "q8_0, q4_0, q4_k_m or q5_k_m (Q4_K or Q5_K with Q6_K where llama.cpp's mix puts it)")
+  app.add_option("--type", type,
+                 "q8_0, q4_0, q4_k_m, q5_k_m or iq4_xs (with Q6_K / Q5_K where llama.cpp's mix puts them)")
       ->required()
-      ->check(CLI::IsMember({"q8_0", "q4_0", "q4_k_m", "q5_k_m"}));
+      ->check(CLI::IsMember({"q8_0", "q4_0", "q4_k_m", "q5_k_m", "iq4_xs"}));
   app.add_option("--out", out, "the model .gguf to write")->required();
   app.add_option("--mmproj-out", mmproj_out, "also write the vision tower + projector as an mmproj .gguf");
   app.add_option("--mmproj-type", mmproj_type, "mmproj matrices: f16, bf16, f32 or q8_0")

@@ -10,7 +10,7 @@
 
 namespace vlm {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8Act, Q8KAct };
+enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q8Act, Q8KAct };
 
 inline bool is_block_quantized(DType t) { return t != DType::F32 && t != DType::F16 && t != DType::BF16; }
 // Bytes per element of a float type (block types: kernels::format_of(t).row_bytes).
@@ -28,6 +28,8 @@ inline std::string_view dtype_name(DType t) {
     case DType::Q4_K: return "Q4_K";
     case DType::Q5_K: return "Q5_K";
     case DType::Q6_K: return "Q6_K";
+    case DType::IQ4_NL: return "IQ4_NL";
+    case DType::IQ4_XS: return "IQ4_XS";
     case DType::Q8Act: return "Q8_ACT";
     case DType::Q8KAct: return "Q8_K_ACT";
   }

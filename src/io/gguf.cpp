@@ -25,8 +25,8 @@ constexpr TypeRow kTypes[] = {
     {6, "Q5_0", {32, 22}},     {7, "Q5_1", {32, 24}},       {8, "Q8_0", {32, 34}},     {9, "Q8_1", {0, 0}},
     {10, "Q2_K", {0, 0}},      {11, "Q3_K", {0, 0}},      {12, "Q4_K", {256, 144}},  {13, "Q5_K", {256, 176}},
     {14, "Q6_K", {256, 210}},  {15, "Q8_K", {0, 0}},      {16, "IQ2_XXS", {0, 0}},   {17, "IQ2_XS", {0, 0}},
-    {18, "IQ3_XXS", {0, 0}},   {19, "IQ1_S", {0, 0}},     {20, "IQ4_NL", {0, 0}},    {21, "IQ3_S", {0, 0}},
-    {22, "IQ2_S", {0, 0}},     {23, "IQ4_XS", {0, 0}},    {24, "I8", {0, 0}},        {25, "I16", {0, 0}},
+    {18, "IQ3_XXS", {0, 0}},   {19, "IQ1_S", {0, 0}},     {20, "IQ4_NL", {32, 18}},    {21, "IQ3_S", {0, 0}},
+    {22, "IQ2_S", {0, 0}},     {23, "IQ4_XS", {256, 136}},    {24, "I8", {0, 0}},        {25, "I16", {0, 0}},
     {26, "I32", {0, 0}},       {27, "I64", {0, 0}},       {28, "F64", {0, 0}},       {29, "IQ1_M", {0, 0}},
     {30, "BF16", {1, 2}},      {34, "TQ1_0", {0, 0}},     {35, "TQ2_0", {0, 0}},     {39, "MXFP4", {0, 0}},
 };
@@ -159,7 +159,7 @@ GgufTensor read_tensor_info(Cursor& c, const std::string& where, uint64_t index)
   const TypeRow* row = type_row(type);
   if (!row) fail("{}: {}: unknown ggml type {}", where, what, type);
   if (row->traits.block_elems == 0)
-    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)", where,
+    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)", where,
          what, row->name, type);
   t.type = GgmlType(type);
   t.offset = c.read<uint64_t>(what + " offset");
@@ -202,13 +202,15 @@ DType dtype_of(GgmlType t) {
     case GgmlType::Q4_K: return DType::Q4_K;
     case GgmlType::Q5_K: return DType::Q5_K;
     case GgmlType::Q6_K: return DType::Q6_K;
+    case GgmlType::IQ4_NL: return DType::IQ4_NL;
+    case GgmlType::IQ4_XS: return DType::IQ4_XS;
   }
   fail("gguf: no weight format for ggml type {}", uint32_t(t));
 }
 
 GgmlType ggml_type_of(DType t) {
   for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
-                     GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+                     GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS})
     if (dtype_of(g) == t) return g;
   fail("gguf: weight format {} has no ggml type", dtype_name(t));
 }

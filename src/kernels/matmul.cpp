@@ -91,6 +91,8 @@ const Format& format_of(DType type) {
   static const Format q4_k = block_format<GgmlType::Q4_K>("q4_k", &Q::q4_k);
   static const Format q5_k = block_format<GgmlType::Q5_K>("q5_k", &Q::q5_k);
   static const Format q6_k = block_format<GgmlType::Q6_K>("q6_k", &Q::q6_k);
+  static const Format iq4_nl = block_format<GgmlType::IQ4_NL>("iq4_nl", &Q::iq4_nl);
+  static const Format iq4_xs = block_format<GgmlType::IQ4_XS>("iq4_xs", &Q::iq4_xs);
   // Activations only: no weight kernels.
   static const Format q8act{DType::Q8Act, "q8_act", 32, kQ8BlockBytes, &act_to_f32<32>, DType::F32,
                             &quantize_activations, false, {}};
@@ -107,6 +109,8 @@ const Format& format_of(DType type) {
     case DType::Q4_K: return q4_k;
     case DType::Q5_K: return q5_k;
     case DType::Q6_K: return q6_k;
+    case DType::IQ4_NL: return iq4_nl;
+    case DType::IQ4_XS: return iq4_xs;
     case DType::Q8Act: return q8act;
     case DType::Q8KAct: return q8kact;
   }

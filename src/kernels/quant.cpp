@@ -92,6 +92,23 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
         }
       }
       return;
+    case GgmlType::IQ4_NL:
+      for (size_t i = 0; i < nb; ++i, y += 32) {
+        const auto* b = reinterpret_cast<const BlockIQ4_NL*>(src) + i;
+        const float d = f16_to_f32(b->d);
+        for (int j = 0; j < 32; ++j) y[j] = d * float(kIq4Values[nibble32(b->qs, j)]);
+      }
+      return;
+    case GgmlType::IQ4_XS:
+      for (size_t i = 0; i < nb; ++i) {
+        const auto* b = reinterpret_cast<const BlockIQ4_XS*>(src) + i;
+        const float d = f16_to_f32(b->d);
+        for (int j = 0; j < 8; ++j, y += 32) {
+          const float dl = d * float(iq4_xs_scale(b, j));
+          for (int l = 0; l < 32; ++l) y[l] = dl * float(kIq4Values[nibble32(b->qs + 16 * j, l)]);
+        }
+      }
+      return;
     case GgmlType::Q4_K: return dequantize_k4<BlockQ4_K>(src, nb, y);
     case GgmlType::Q5_K: return dequantize_k4<BlockQ5_K>(src, nb, y);
     case GgmlType::Q6_K:
@@ -197,6 +214,52 @@ void k4_block(const float* x, std::byte* out) {
   }
 }
 
+// The codes of 32 values x against scale e (value ≈ e · kIq4Values[code]), the nearest codebook
+// entry each, packed as Q4_0's nibbles.
+void iq4_codes(const float* x, float e, uint8_t* qs) {
+  int q[32];
+  for (int j = 0; j < 32; ++j) {
+    const float t = e != 0 ? x[j] / e : 0.0f;
+    q[j] = 0;
+    for (int c = 1; c < 16; ++c)
+      if (std::fabs(t - float(kIq4Values[c])) < std::fabs(t - float(kIq4Values[q[j]]))) q[j] = c;
+  }
+  for (int j = 0; j < 16; ++j) qs[j] = uint8_t(q[j] | q[j + 16] << 4);
+}
+
+// The value of largest magnitude of n, sign kept.
+float signed_max(const float* x, int n) {
+  float amax = 0, mx = 0;
+  for (int j = 0; j < n; ++j)
+    if (amax < std::fabs(x[j])) amax = std::fabs(x[j]), mx = x[j];
+  return mx;
+}
+
+// IQ4_NL: the value of largest magnitude maps to the codebook's −127 (not ggml's search over
+// nearby scales: valid blocks, a little more error); IQ4_XS: each sub-block's scale so, rounded
+// to a signed 6-bit multiple of the super-block's f16 d.
+void iq4_nl_block(const float* x, std::byte* out) {
+  auto* b = reinterpret_cast<BlockIQ4_NL*>(out);
+  b->d = f32_to_f16(signed_max(x, 32) / -127.0f);
+  iq4_codes(x, f16_to_f32(b->d), b->qs);
+}
+
+void iq4_xs_block(const float* x, std::byte* out) {
+  auto* b = reinterpret_cast<BlockIQ4_XS*>(out);
+  float s[8], smax = 0;
+  for (int j = 0; j < 8; ++j) s[j] = signed_max(x + 32 * j, 32) / -127.0f, smax = std::max(smax, std::fabs(s[j]));
+  b->d = f32_to_f16(smax / 31.0f);
+  const float d = f16_to_f32(b->d);
+  b->scales_h = 0;
+  std::memset(b->scales_l, 0, sizeof b->scales_l);
+  for (int j = 0; j < 8; ++j) {
+    const int l = d > 0 ? int(std::clamp(std::nearbyint(s[j] / d), -32.0f, 31.0f)) : 0, ls = l + 32;
+    b->scales_l[j / 2] = uint8_t(b->scales_l[j / 2] | (ls & 15) << 4 * (j % 2));
+    b->scales_h = uint16_t(b->scales_h | (ls >> 4) << 2 * j);
+    iq4_codes(x + 32 * j, d * float(l), b->qs + 16 * j);
+  }
+}
+
 void q6_k_block(const float* x, std::byte* out) {
   auto* b = reinterpret_cast<BlockQ6_K*>(out);
   float scale[16], smax = 0;
@@ -257,6 +320,8 @@ void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
       case GgmlType::Q4_K: k4_block<BlockQ4_K>(x, dst); break;
       case GgmlType::Q5_K: k4_block<BlockQ5_K>(x, dst); break;
       case GgmlType::Q6_K: q6_k_block(x, dst); break;
+      case GgmlType::IQ4_NL: iq4_nl_block(x, dst); break;
+      case GgmlType::IQ4_XS: iq4_xs_block(x, dst); break;
     }
   }
 }
@@ -358,6 +423,25 @@ float dot_row(const std::byte* row, const Row& a, size_t K) {
       }
       acc += float(sum) * (f16_to_f32(b->d) * a.d[i]) - float(mins) * (f16_to_f32(b->dmin) * a.d[i]);
     }
+  } else if constexpr (T == GgmlType::IQ4_NL) {
+    for (size_t i = 0; i < K / 32; ++i) {
+      const auto* b = reinterpret_cast<const BlockIQ4_NL*>(row) + i;
+      int s = 0;
+      for (int j = 0; j < 32; ++j) s += kIq4Values[nibble32(b->qs, j)] * a.q[32 * i + size_t(j)];
+      acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
+    }
+  } else if constexpr (T == GgmlType::IQ4_XS) {
+    for (size_t i = 0; i < K / 256; ++i) {
+      const auto* b = reinterpret_cast<const BlockIQ4_XS*>(row) + i;
+      const int8_t* x = a.q + 256 * i;
+      int sum = 0;  // Σ (ls − 32)·Σ kv·x over the sub-blocks
+      for (int j = 0; j < 8; ++j) {
+        int s = 0;
+        for (int l = 0; l < 32; ++l) s += kIq4Values[nibble32(b->qs + 16 * j, l)] * x[32 * j + l];
+        sum += iq4_xs_scale(b, j) * s;
+      }
+      acc += float(sum) * (f16_to_f32(b->d) * a.d[i]);
+    }
   } else {
     static_assert(T == GgmlType::Q6_K);
     for (size_t i = 0; i < K / 256; ++i) {
@@ -387,7 +471,8 @@ namespace detail {
 const QuantKernels kQuantScalar = {{&dot_scalar<GgmlType::Q8_0>}, {&dot_scalar<GgmlType::Q4_0>},
                                    {&dot_scalar<GgmlType::Q5_0>}, {&dot_scalar<GgmlType::Q5_1>},
                                    {&dot_scalar<GgmlType::Q4_K>}, {&dot_scalar<GgmlType::Q5_K>},
-                                   {&dot_scalar<GgmlType::Q6_K>},
+                                   {&dot_scalar<GgmlType::Q6_K>}, {&dot_scalar<GgmlType::IQ4_NL>},
+                                   {&dot_scalar<GgmlType::IQ4_XS>},
                                    &quantize_activations_scalar, &quantize_activations_k_scalar};
 }  // namespace detail
 

@@ -1,5 +1,5 @@
 // ggml's block layouts (ggml-common.h block_q8_0, block_q4_0, block_q5_0, block_q5_1, block_q4_K, block_q5_K,
-// block_q6_K) and the
+// block_q6_K, block_iq4_nl, block_iq4_xs) and the
 // small accessors every quant path shares. Internal to src/kernels/quant*.
 #pragma once
 #include <cstddef>
@@ -50,9 +50,31 @@ struct BlockQ6_K {       // 256 values in 16 sub-blocks of 16: d·sc·(q − 32)
   int8_t scales[16];
   uint16_t d;
 };
+struct BlockIQ4_NL {  // 32 values: d · kIq4Values[nibble], nibbles as Q4_0's
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct BlockIQ4_XS {     // 256 values in 8 sub-blocks of 32: d · (ls − 32) · kIq4Values[nibble]
+  uint16_t d;
+  uint16_t scales_h;     // bits 2j, 2j + 1: the top two bits of sub-block j's 6-bit ls
+  uint8_t scales_l[4];   // the low four bits of ls: sub-block j in nibble j % 2 of byte j / 2
+  uint8_t qs[128];       // 16 bytes per sub-block, nibbles as Q4_0's
+};
 #pragma pack(pop)
 static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
+
+// The IQ4 codebook (ggml-common.h kvalues_iq4nl): a code's value before the block scale.
+inline constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// The nibble of value j (0..31) of a 32-value group of 16 bytes: low nibbles are values 0-15.
+inline int nibble32(const uint8_t* qs, int j) { return j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4; }
+
+// Sub-block j's signed scale ls − 32 (−32..31) of an IQ4_XS block.
+inline int iq4_xs_scale(const BlockIQ4_XS* b, int j) {
+  return (((b->scales_l[j / 2] >> 4 * (j % 2)) & 0x0F) | (((b->scales_h >> 2 * j) & 3) << 4)) - 32;
+}
 
 // Sub-block j's 6-bit scale and min (ggml-quants.c get_scale_min_k4).
 inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
@@ -70,7 +92,7 @@ template <class Block>
 inline int q5_code(const Block* b, int j) {
   uint32_t qh;
   std::memcpy(&qh, b->qh, 4);
-  return (j < 16 ? b->qs[j] & 0x0F : b->qs[j - 16] >> 4) | int((qh >> j) & 1) << 4;
+  return nibble32(b->qs, j) | int((qh >> j) & 1) << 4;
 }
 
 // The unsigned code of value l (0..31) of sub-block j (0..7) of a Q4_K (0..15) or Q5_K (0..31) block.

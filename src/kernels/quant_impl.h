@@ -45,7 +45,7 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
 }
 
 // Each kernel takes RM activation rows against S weight rows (rows[j]; dot_block32 one row, the
-// M = 1 kernels dot_q8_0_streams and dot_nibble_streams S rows: those prepare each x block once for
+// M = 1 kernels dot_signed_streams and dot_nibble_streams S rows: those prepare each x block once for
 // their S weight rows, while against one weight row the sign moves of each weight block serve
 // all RM activation rows) and writes out[m · S + j]: a weight block is decoded once
 // and meets every activation row, and every (row, weight row) sum is its own chain (for the
@@ -91,21 +91,37 @@ QTARGET inline void store_rows4(__m256 a, __m256 b, float* out) {
 template <GgmlType T>
 using Block32 = std::conditional_t<
     T == GgmlType::Q8_0, BlockQ8_0,
-    std::conditional_t<T == GgmlType::Q4_0, BlockQ4_0, std::conditional_t<T == GgmlType::Q5_0, BlockQ5_0, BlockQ5_1>>>;
+    std::conditional_t<T == GgmlType::Q4_0, BlockQ4_0,
+                       std::conditional_t<T == GgmlType::Q5_0, BlockQ5_0,
+                                          std::conditional_t<T == GgmlType::Q5_1, BlockQ5_1, BlockIQ4_NL>>>>;
+// The 32-value formats whose weights are signed bytes (Q8_0's codes, IQ4_NL's codebook values):
+// their sign moves onto x. The others have unsigned codes.
+template <GgmlType T>
+inline constexpr bool kSignedWeights = T == GgmlType::Q8_0 || T == GgmlType::IQ4_NL;
 // What Q4_0's and Q5_0's unsigned codes are offset by (their value is d·(code − offset)); Q5_1 has
 // none (its value is d·code + m).
 template <GgmlType T>
 inline constexpr int kCodeOffset = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : 0;
 
-// The 32 unsigned codes of a Q4_0, Q5_0 or Q5_1 block in order: the low nibbles are values 0-15,
-// the high ones 16-31 (one 128-bit load into both halves, the high half shifted by 4); Q5_0 and
-// Q5_1 add 16 where bit j of qh is set (byte j/8 of qh spread over bytes 8·(j/8).., tested
-// against its bit, the hits turned into 0x10).
+// The 32 nibbles of 16 bytes in order: the low nibbles are values 0-15, the high ones 16-31 (one
+// 128-bit load into both halves, the high half shifted by 4).
+QTARGET inline __m256i nibbles32(const uint8_t* qs) {
+  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
+}
+
+// The IQ4 codebook's values of 32 codes (one byte shuffle).
+QTARGET inline __m256i iq4_values(__m256i codes) {
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values))), codes);
+}
+
+// The 32 unsigned codes of a Q4_0, Q5_0 or Q5_1 block in order (nibbles32); Q5_0 and Q5_1 add 16
+// where bit j of qh is set (byte j/8 of qh spread over bytes 8·(j/8).., tested against its bit,
+// the hits turned into 0x10).
 template <class Block>
 QTARGET inline __m256i nibble_codes(const Block* b) {
-  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b->qs)));
-  const __m256i low = _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
-  if constexpr (std::is_same_v<Block, BlockQ4_0>) {
+  const __m256i low = nibbles32(b->qs);
+  if constexpr (!requires { b->qh; }) {
     return low;
   } else {
     uint32_t qh;
@@ -117,9 +133,16 @@ QTARGET inline __m256i nibble_codes(const Block* b) {
   }
 }
 
-// The 32-value formats, RM activation rows against one weight row (prefill, batches). Q8_0 moves
-// the sign of each weight block onto x, so |w| is the unsigned operand for every row; the codes
-// of Q4_0, Q5_0 and Q5_1 are unsigned already: the offset of Q4_0 and Q5_0 leaves with the rows'
+// The 32 signed weight bytes of a Q8_0 or IQ4_NL block.
+template <GgmlType T>
+QTARGET inline __m256i weights32(const Block32<T>* b) {
+  if constexpr (T == GgmlType::Q8_0) return load32(b->qs);
+  else return iq4_values(nibbles32(b->qs));
+}
+
+// The 32-value formats, RM activation rows against one weight row (prefill, batches). Q8_0 and
+// IQ4_NL move the sign of each weight block onto x, so |w| is the unsigned operand for every row;
+// the codes of Q4_0, Q5_0 and Q5_1 are unsigned already: the offset of Q4_0 and Q5_0 leaves with the rows'
 // code sums (s4), which also meet Q5_1's m. The rows' block sums gather into one vector (rows4),
 // scaled by d_w times the rows' d_x (d4) in one FMA.
 template <GgmlType T, int RM>
@@ -129,8 +152,8 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
   auto block = [&](size_t i, int s) QTARGET {
     __m256i p[4], sum;
     const __m256 d4 = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.d4 + 4 * i));
-    if constexpr (T == GgmlType::Q8_0) {
-      const __m256i w = load32(b[i].qs), aw = _mm256_sign_epi8(w, w);
+    if constexpr (kSignedWeights<T>) {
+      const __m256i w = weights32<T>(b + i), aw = _mm256_sign_epi8(w, w);
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) p[m] = dot_u8s8(aw, _mm256_sign_epi8(load32(a.x[m].q + 32 * i), w));
       sum = rows4<RM>(p);
@@ -213,6 +236,24 @@ QTARGET inline __m128i scales_mins_k4(const uint8_t* scales) {
   return _mm_or_si128(low, top);
 }
 
+// The f32 sums of the 256-value kernels: RM activation rows × S weight rows, each to its hsum.
+template <int RM, int S>
+QTARGET inline void zero_sums(__m256 (&acc)[RM][S]) {
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) acc[m][j] = _mm256_setzero_ps();
+  }
+}
+template <int RM, int S>
+QTARGET inline void store_sums(const __m256 (&acc)[RM][S], float* out) {
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(acc[m][j]);
+  }
+}
+
 // Keeps v's running sum a chain in one register: GCC otherwise reassociates the integer adds of
 // a block into a tree whose partial sums it spills (with four activation rows, a third of the
 // tile's time went to stack loads and stores: perf annotate, Zen 3).
@@ -252,11 +293,7 @@ template <class Block, int RM, int S>
 QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
   constexpr bool five = std::is_same_v<Block, BlockQ5_K>;
   __m256 acc[RM][S];
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int j = 0; j < S; ++j) acc[m][j] = _mm256_setzero_ps();
-  }
+  zero_sums(acc);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m128i pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (size_t i = 0; i < nb; ++i) {
@@ -302,11 +339,7 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
       }
     }
   }
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(acc[m][j]);
-  }
+  store_sums(acc, out);
 }
 
 // Q6_K against Q8_K activations: a 32-value chunk's unsigned codes q meet x as int16 pair sums
@@ -317,11 +350,7 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
 template <int RM, int S>
 QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
   __m256 acc[RM][S];
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
-    VLM_UNROLL
-    for (int j = 0; j < S; ++j) acc[m][j] = _mm256_setzero_ps();
-  }
+  zero_sums(acc);
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
   for (size_t i = 0; i < nb; ++i) {
     VLM_UNROLL
@@ -363,11 +392,45 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
       for (int m = 0; m < RM; ++m) acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_mul_ps(d, bcast(a.x[m].d + i)), acc[m][j]);
     }
   }
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) {
+  store_sums(acc, out);
+}
+
+// IQ4_XS against Q8_K activations: a sub-block's codebook values w (signed bytes) meet x as int16
+// pair sums of |w| and x with w's sign (vpmaddubsw), and vpmaddwd multiplies them by the
+// sub-block's signed scale ls − 32 while it sums them in int32; the block stays one exact integer
+// sum (at most 8·2·2·127·127·32 per lane), finished by one conversion and one FMA by d·d_x.
+template <int RM, int S>
+QTARGET inline void dot_iq4_xs(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
+  __m256 acc[RM][S];
+  zero_sums(acc);
+  for (size_t i = 0; i < nb; ++i) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) out[m * S + j] = hsum(acc[m][j]);
+    for (int j = 0; j < S; ++j) {
+      const auto* b = reinterpret_cast<const BlockIQ4_XS*>(rows[j]) + i;
+      prefetch_ahead<S>(b, sizeof(BlockIQ4_XS));
+      const __m256i sc = _mm256_broadcastsi128_si256(
+          _mm_setr_epi16(short(iq4_xs_scale(b, 0)), short(iq4_xs_scale(b, 1)), short(iq4_xs_scale(b, 2)), short(iq4_xs_scale(b, 3)),
+                         short(iq4_xs_scale(b, 4)), short(iq4_xs_scale(b, 5)), short(iq4_xs_scale(b, 6)), short(iq4_xs_scale(b, 7))));
+      __m256i sum[RM];
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) sum[m] = _mm256_setzero_si256();
+      VLM_UNROLL
+      for (int k = 0; k < 8; ++k) {
+        const __m256i w = iq4_values(nibbles32(b->qs + 16 * k)), aw = _mm256_sign_epi8(w, w);
+        const __m256i scale = shuffle(sc, kPick[k]);
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) {
+          const __m256i xs = _mm256_sign_epi8(load32(a.x[m].q + 256 * i + 32 * size_t(k)), w);
+          sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), scale));
+          keep_chain(sum[m]);
+        }
+      }
+      const __m256 d = _mm256_set1_ps(f16(b->d));
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_mul_ps(d, bcast(a.x[m].d + i)), acc[m][j]);
+    }
   }
+  store_sums(acc, out);
 }
 
 template <GgmlType T, int RM>
@@ -375,6 +438,7 @@ QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM, ActRow<T
   if constexpr (!takes_q8k(T)) dot_block32<T, RM>(row, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, RM, 1>(&row, x, K / 256, out);
   else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, RM, 1>(&row, x, K / 256, out);
+  else if constexpr (T == GgmlType::IQ4_XS) dot_iq4_xs<RM, 1>(&row, x, K / 256, out);
   else dot_q6_k<RM, 1>(&row, x, K / 256, out);
 }
 
@@ -395,10 +459,11 @@ QTARGET void dot_rows(const GemmArgs& a, size_t m0, size_t n0, size_t n1) {
   }
 }
 
-// Q8_0 at M = 1: one activation row against S weight rows at once, each x block prepared once
-// (XBlock) for all of them.
-template <int S>
-QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
+// Q8_0 and IQ4_NL at M = 1: one activation row against S weight rows at once, each x block
+// prepared once (XBlock) for all of them.
+template <GgmlType T, int S>
+QTARGET inline void dot_signed_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
+  using Block = Block32<T>;
   __m256 acc[S][2];
   VLM_UNROLL
   for (int j = 0; j < S; ++j) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
@@ -407,15 +472,15 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
     const __m256 dx = bcast(x.d + i);
     VLM_UNROLL
     for (int j = 0; j < S; ++j) {
-      const auto* b = reinterpret_cast<const BlockQ8_0*>(rows[j]) + i;
+      const auto* b = reinterpret_cast<const Block*>(rows[j]) + i;
       const __m256 dw = bcast_f16(b->d);
-      acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(xb.dot(load32(b->qs))), _mm256_mul_ps(dw, dx), acc[j][h]);
+      acc[j][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(xb.dot(weights32<T>(b))), _mm256_mul_ps(dw, dx), acc[j][h]);
     }
   };
   size_t i = 0;
   for (; i + 2 <= nb; i += 2) {
     VLM_UNROLL
-    for (int j = 0; j < S; ++j) prefetch_ahead<S>(reinterpret_cast<const BlockQ8_0*>(rows[j]) + i, 1);
+    for (int j = 0; j < S; ++j) prefetch_ahead<S>(reinterpret_cast<const Block*>(rows[j]) + i, 1);
     block(i, 0), block(i + 1, 1);
   }
   if (i < nb) block(i, 0);
@@ -426,10 +491,11 @@ QTARGET inline void dot_q8_0_streams(const std::byte* const* rows, const Q8Row& 
 // One activation row against S weight rows in lockstep.
 template <GgmlType T, int S>
 QTARGET inline void dot_streams(const std::byte* const* rows, const ActRow<T>& x, size_t K, float* out) {
-  if constexpr (T == GgmlType::Q8_0) dot_q8_0_streams<S>(rows, x, K / 32, out);
+  if constexpr (kSignedWeights<T>) dot_signed_streams<T, S>(rows, x, K / 32, out);
   else if constexpr (!takes_q8k(T)) dot_nibble_streams<T, S>(rows, x, K / 32, out);
   else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
   else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
+  else if constexpr (T == GgmlType::IQ4_XS) dot_iq4_xs<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
   else dot_q6_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
 }
 
@@ -543,7 +609,8 @@ QTARGET void quantize_xk(const float* x, std::byte* out, size_t K) {
 constexpr QuantKernels make_quant_kernels() {
   return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q5_0>},
           {&quant_dot<GgmlType::Q5_1>}, {&quant_dot<GgmlType::Q4_K>}, {&quant_dot<GgmlType::Q5_K>},
-          {&quant_dot<GgmlType::Q6_K>}, &quantize_x, &quantize_xk};
+          {&quant_dot<GgmlType::Q6_K>}, {&quant_dot<GgmlType::IQ4_NL>}, {&quant_dot<GgmlType::IQ4_XS>},
+          &quantize_x, &quantize_xk};
 }
 
 }  // namespace

@@ -34,7 +34,9 @@ std::vector<std::byte> random_rows(GgmlType t, size_t rows, size_t cols, std::mt
   const size_t rb = quant_row_bytes(t, cols), bb = ggml_traits(t).block_bytes;
   std::vector<std::byte> w = random_bytes(rows * rb, rng);
   for (size_t o = 0; o < w.size(); o += bb) {
-    if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0) put_scale(&w[o], rng);
+    if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::IQ4_NL ||
+        t == GgmlType::IQ4_XS)
+      put_scale(&w[o], rng);
     if (t == GgmlType::Q5_1) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
     if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
     if (t == GgmlType::Q6_K) put_scale(&w[o + 208], rng);
@@ -70,6 +72,21 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
       const float p = float(code) * f16_at(blk);
       return p + f16_at(blk + 2);
     }
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS: {
+      // ggml's kvalues_iq4nl; IQ4_NL: d then 16 bytes of nibbles (low: values 0-15); IQ4_XS: d, a
+      // 16-bit scales_h (bits 2j, 2j+1: the top of sub-block j's 6-bit scale), 4 bytes scales_l
+      // (nibble j%2 of byte j/2: its low four bits), then 16 bytes of nibbles per sub-block
+      static const int kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+      const bool xs = t == GgmlType::IQ4_XS;
+      const int sub = xs ? i / 32 : 0, l = i % 32;
+      const uint8_t* qs = u + (xs ? 8 + 16 * sub : 2);
+      const int code = l < 16 ? qs[l] % 16 : qs[l - 16] / 16;
+      if (!xs) return f16_at(blk) * float(kv[code]);
+      const int ls = ((u[4 + sub / 2] >> (4 * (sub % 2))) % 16) + 16 * (((u[2] | u[3] << 8) >> (2 * sub)) % 4);
+      const float dl = f16_at(blk) * float(ls - 32);
+      return dl * float(kv[code]);
+    }
     case GgmlType::Q4_K:
     case GgmlType::Q5_K: {
       const int sub = i / 32, l = i % 32;
@@ -104,8 +121,8 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
   }
 }
 
-constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q5_1,
-                                    GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,   GgmlType::Q5_1,  GgmlType::Q4_K,
+                                    GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
 
 TEST(Quant, DequantizeIsBitExact) {
   std::mt19937 rng(1);
@@ -324,6 +341,11 @@ TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
       float sb = 0;
       for (size_t i = g / 256 * 256; i < g / 256 * 256 + 256; ++i) sb = std::max(sb, std::fabs(x[i]));
       if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) step += 2 * sb / 63;
+      // IQ4: the codebook's widest gap is 24 and it ends at 113 against −127 (14), in units of the
+      // (sub-)block's amax/127; IQ4_XS's sub-block scale is a 6-bit multiple of d = max/31, half
+      // a unit off at most, which moves values up to 127 units by 63.5·d (and widens the 14)
+      if (t == GgmlType::IQ4_NL || t == GgmlType::IQ4_XS) step = 2 * 14 * amax / 127;
+      if (t == GgmlType::IQ4_XS) step += 2 * 78 * sb / (127 * 31);
       if (t == GgmlType::Q6_K) step += 32 * sb / 31 / 127;
       // half a step (Q4_0, Q5_0: a whole one, their codes reach −8·d (−16·d) but only +7·d (+15·d);
       // Q5_1: a whole one, its codes are truncated from +0.5 after the f16 rounding of m) + the f16
