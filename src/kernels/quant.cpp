@@ -140,6 +140,14 @@ namespace {
 
 void store_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }
 
+// The value of largest magnitude of n, sign kept (the first of equals).
+float signed_max(const float* x, int n) {
+  float amax = 0, mx = 0;
+  for (int j = 0; j < n; ++j)
+    if (amax < std::fabs(x[j])) amax = std::fabs(x[j]), mx = x[j];
+  return mx;
+}
+
 // Q5_0 and Q5_1 as ggml's quantize_row_q5_0_ref / _q5_1_ref: Q5_0 maps the value of largest
 // magnitude, sign kept, to −16 (codes truncated from x/d + 16.5); Q5_1 spans [min, max] in 31
 // steps (codes truncated from (x − min)/d + 0.5). The nibbles go as Q4_0's, the fifth bits to qh.
@@ -155,10 +163,7 @@ void q5_block(const float* x, std::byte* out) {
     d = (hi - lo) / 31.0f;
     b->m = f32_to_f16(lo);
   } else {
-    float amax = 0, mx = 0;
-    for (int j = 0; j < 32; ++j)
-      if (amax < std::fabs(x[j])) amax = std::fabs(x[j]), mx = x[j];
-    d = mx / -16.0f;
+    d = signed_max(x, 32) / -16.0f;
   }
   b->d = f32_to_f16(d);
   const float id = d != 0 ? 1.0f / d : 0.0f;
@@ -225,14 +230,6 @@ void iq4_codes(const float* x, float e, uint8_t* qs) {
       if (std::fabs(t - float(kIq4Values[c])) < std::fabs(t - float(kIq4Values[q[j]]))) q[j] = c;
   }
   for (int j = 0; j < 16; ++j) qs[j] = uint8_t(q[j] | q[j + 16] << 4);
-}
-
-// The value of largest magnitude of n, sign kept.
-float signed_max(const float* x, int n) {
-  float amax = 0, mx = 0;
-  for (int j = 0; j < n; ++j)
-    if (amax < std::fabs(x[j])) amax = std::fabs(x[j]), mx = x[j];
-  return mx;
 }
 
 // IQ4_NL: the value of largest magnitude maps to the codebook's −127 (not ggml's search over
@@ -304,10 +301,7 @@ void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
         break;
       }
       case GgmlType::Q4_0: {
-        float amax = 0, mx = 0;
-        for (int j = 0; j < 32; ++j)
-          if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), mx = x[j];
-        const float d = mx / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        const float d = signed_max(x, 32) / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
         store_u16(dst, f32_to_f16(d));
         for (int j = 0; j < 16; ++j) {
           const int a = std::min(15, int(int8_t(x[j] * id + 8.5f))), b = std::min(15, int(int8_t(x[j + 16] * id + 8.5f)));
