@@ -28,7 +28,7 @@ const Command kCommands[] = {
     {"batch", "run a JSONL file of chat requests (continuous batching, resumable)", vlm::cli::cmd_batch},
     {"bench", "measure prefill, decode, batched decode and image speed against the machine's limits",
      vlm::cli::cmd_bench},
-    {"quantize", "write a checkpoint folder as a Q8_0 / Q4_0 / Q4_K_M / Q5_K_M / IQ4_XS GGUF (and mmproj) file", vlm::cli::cmd_quantize},
+    {"quantize", "write a checkpoint folder as a block-quantized GGUF (and mmproj) file", vlm::cli::cmd_quantize},
 };
 
 void usage() {

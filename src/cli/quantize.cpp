@@ -114,8 +114,8 @@ GgmlType text_type(const std::string& type, const std::string& gguf_name, bool h
 }
 
 // llama.cpp's tensor_type_fallback (src/llama-quant.cpp): rows that are not whole 256-blocks
-// (Gemma 3 1B's 1152 columns) take the 32-value type of about as many bits (IQ4_XS: IQ4_NL), and rows that are
-// not whole 32-blocks either are stored f16 (vectors f32).
+// (Gemma 3 1B's 1152 columns) take the 32-value type of about as many bits (IQ4_XS: IQ4_NL),
+// and rows that are not whole 32-blocks either are stored f16 (vectors f32).
 GgmlType fallback(GgmlType type, size_t cols, bool vector) {
   if (cols % size_t(ggml_traits(type).block_elems) == 0) return type;
   const GgmlType t32 = type == GgmlType::Q4_K     ? GgmlType::Q5_0
@@ -156,7 +156,8 @@ void write_text(const Checkpoint& ck, const fs::path& out, const std::string& ty
   w.add_string("general.architecture", "gemma3");
   w.add_string("general.type", "model");
   w.add_string("general.name", ck.dir().filename().string());
-  const std::map<std::string, uint32_t> ftype = {{"q8_0", 7}, {"q4_0", 2}, {"q4_k_m", 15}, {"q5_k_m", 17}, {"iq4_xs", 30}};
+  const std::map<std::string, uint32_t> ftype = {
+      {"q8_0", 7}, {"q4_0", 2}, {"q4_k_m", 15}, {"q5_k_m", 17}, {"iq4_xs", 30}};
   w.add_u32("general.file_type", ftype.at(type));  // llama_ftype
   w.add_u32("general.quantization_version", 2);
   w.add_u32("gemma3.context_length", uint32_t(t.max_position_embeddings));

@@ -159,7 +159,8 @@ GgufTensor read_tensor_info(Cursor& c, const std::string& where, uint64_t index)
   const TypeRow* row = type_row(type);
   if (!row) fail("{}: {}: unknown ggml type {}", where, what, type);
   if (row->traits.block_elems == 0)
-    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)", where,
+    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, "
+         "Q5_K, Q6_K, IQ4_NL, IQ4_XS)", where,
          what, row->name, type);
   t.type = GgmlType(type);
   t.offset = c.read<uint64_t>(what + " offset");
@@ -210,7 +211,8 @@ DType dtype_of(GgmlType t) {
 
 GgmlType ggml_type_of(DType t) {
   for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
-                     GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS})
+                     GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL,
+                     GgmlType::IQ4_XS})
     if (dtype_of(g) == t) return g;
   fail("gguf: weight format {} has no ggml type", dtype_name(t));
 }

@@ -26,7 +26,10 @@ namespace vlm {
 
 // ggml tensor types that vlm reads (numbers as in ggml.h `enum ggml_type`).
 // Any other type id is refused by name when a file is parsed.
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, BF16 = 30 };
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23,
+  BF16 = 30
+};
 
 struct GgmlTypeTraits {
   int64_t block_elems;  // values per block along ne[0]

@@ -112,7 +112,8 @@ QTARGET inline __m256i nibbles32(const uint8_t* qs) {
 
 // The IQ4 codebook's values of 32 codes (one byte shuffle).
 QTARGET inline __m256i iq4_values(__m256i codes) {
-  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values))), codes);
+  const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), codes);
 }
 
 // The 32 unsigned codes of a Q4_0, Q5_0 or Q5_1 block in order (nibbles32); Q5_0 and Q5_1 add 16
