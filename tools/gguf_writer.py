@@ -18,9 +18,8 @@ ALIGNMENT = 32
 # ggml.h enum ggml_type: id, values per block, bytes per block.
 GGML_TYPES = {
     "f32": (0, 1, 4), "f16": (1, 1, 2), "q4_0": (2, 32, 18), "q5_0": (6, 32, 22), "q5_1": (7, 32, 24),
-    "q8_0": (8, 32, 34),
-    "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210), "iq4_nl": (20, 32, 18),
-    "iq4_xs": (23, 256, 136), "bf16": (30, 1, 2),
+    "q8_0": (8, 32, 34), "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210),
+    "iq4_nl": (20, 32, 18), "iq4_xs": (23, 256, 136), "bf16": (30, 1, 2),
 }
 GGML_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
 
@@ -100,14 +99,24 @@ def quantize_q8_0(x):
     return out.tobytes()
 
 
+def _signed_max(b):
+    """The value of largest magnitude of each row (last axis), sign kept (the first of equals)."""
+    idx = np.abs(b).argmax(axis=-1)
+    return np.take_along_axis(b, idx[..., None], axis=-1)[..., 0]
+
+
+def _offset_codes(b, offset):
+    """ggml's quantize_row_q4_0_ref / _q5_0_ref rule for rows of 32: the value of largest magnitude, sign
+    kept, maps to -offset; codes are x/d + offset + 0.5 truncated, at most 2*offset - 1. Returns d, codes."""
+    d = _signed_max(b) / np.float32(-offset)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.minimum(2 * offset - 1, (b * inv[:, None] + np.float32(offset + 0.5)).astype(np.int8)).astype(np.uint8)
+    return d, q
+
+
 def quantize_q4_0(x):
     b = np.asarray(x, np.float32).reshape(-1, 32)
-    # the value of largest magnitude, sign kept, maps to -8 (as ggml's reference quantizer)
-    idx = np.abs(b).argmax(axis=1)
-    mx = b[np.arange(b.shape[0]), idx]
-    d = mx / np.float32(-8)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-    q = np.minimum(15, (b * inv[:, None] + np.float32(8.5)).astype(np.int8)).astype(np.uint8)
+    d, q = _offset_codes(b, 8)
     out = np.zeros((b.shape[0], 18), np.uint8)
     out[:, 0:2] = _f16(d).view(np.uint8).reshape(-1, 2)
     out[:, 2:] = q[:, :16] | (q[:, 16:] << 4)
@@ -115,7 +124,8 @@ def quantize_q4_0(x):
 
 
 def _q5_pack(q, out, at):
-    """32 5-bit codes per row of q: nibbles as Q4_0's at out[:, at + 4:], fifth bits (bit j = value j) at out[:, at:at + 4]."""
+    """32 5-bit codes per row of q: nibbles as Q4_0's at out[:, at + 4:], the fifth bits (bit j: value j)
+    at out[:, at:at + 4]."""
     out[:, at + 4:at + 20] = (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)
     qh = ((q.astype(np.uint32) >> 4) & 1) << np.arange(32, dtype=np.uint32)
     out[:, at:at + 4] = qh.sum(axis=1, dtype=np.uint32).astype("<u4").view(np.uint8).reshape(-1, 4)
@@ -124,10 +134,7 @@ def _q5_pack(q, out, at):
 def quantize_q5_0(x):
     """ggml's quantize_row_q5_0_ref: the value of largest magnitude, sign kept, maps to -16."""
     b = np.asarray(x, np.float32).reshape(-1, 32)
-    mx = b[np.arange(b.shape[0]), np.abs(b).argmax(axis=1)]
-    d = mx / np.float32(-16)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-    q = np.minimum(31, (b * inv[:, None] + np.float32(16.5)).astype(np.int8)).astype(np.uint8)
+    d, q = _offset_codes(b, 16)
     out = np.zeros((b.shape[0], 22), np.uint8)
     out[:, 0:2] = _f16(d).view(np.uint8).reshape(-1, 2)
     _q5_pack(q, out, 2)
@@ -150,12 +157,6 @@ def quantize_q5_1(x):
 
 # ggml-common.h kvalues_iq4nl: the values of the 16 IQ4 codes before the block scale.
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
-
-
-def _signed_max(b):
-    """The value of largest magnitude of each row (last axis), sign kept."""
-    idx = np.abs(b).argmax(axis=-1)
-    return np.take_along_axis(b, idx[..., None], axis=-1)[..., 0]
 
 
 def _iq4_nibbles(b, e):

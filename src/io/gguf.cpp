@@ -22,11 +22,11 @@ struct TypeRow {
 // so that a refusal says which type a file uses.
 constexpr TypeRow kTypes[] = {
     {0, "F32", {1, 4}},        {1, "F16", {1, 2}},        {2, "Q4_0", {32, 18}},     {3, "Q4_1", {0, 0}},
-    {6, "Q5_0", {32, 22}},     {7, "Q5_1", {32, 24}},       {8, "Q8_0", {32, 34}},     {9, "Q8_1", {0, 0}},
+    {6, "Q5_0", {32, 22}},     {7, "Q5_1", {32, 24}},     {8, "Q8_0", {32, 34}},     {9, "Q8_1", {0, 0}},
     {10, "Q2_K", {0, 0}},      {11, "Q3_K", {0, 0}},      {12, "Q4_K", {256, 144}},  {13, "Q5_K", {256, 176}},
     {14, "Q6_K", {256, 210}},  {15, "Q8_K", {0, 0}},      {16, "IQ2_XXS", {0, 0}},   {17, "IQ2_XS", {0, 0}},
-    {18, "IQ3_XXS", {0, 0}},   {19, "IQ1_S", {0, 0}},     {20, "IQ4_NL", {32, 18}},    {21, "IQ3_S", {0, 0}},
-    {22, "IQ2_S", {0, 0}},     {23, "IQ4_XS", {256, 136}},    {24, "I8", {0, 0}},        {25, "I16", {0, 0}},
+    {18, "IQ3_XXS", {0, 0}},   {19, "IQ1_S", {0, 0}},     {20, "IQ4_NL", {32, 18}},  {21, "IQ3_S", {0, 0}},
+    {22, "IQ2_S", {0, 0}},     {23, "IQ4_XS", {256, 136}}, {24, "I8", {0, 0}},       {25, "I16", {0, 0}},
     {26, "I32", {0, 0}},       {27, "I64", {0, 0}},       {28, "F64", {0, 0}},       {29, "IQ1_M", {0, 0}},
     {30, "BF16", {1, 2}},      {34, "TQ1_0", {0, 0}},     {35, "TQ2_0", {0, 0}},     {39, "MXFP4", {0, 0}},
 };
@@ -35,6 +35,17 @@ const TypeRow* type_row(uint32_t id) {
   for (const TypeRow& r : kTypes)
     if (r.id == id) return &r;
   return nullptr;
+}
+
+// "F32, F16, ...": the types vlm reads, for a refusal.
+const std::string& read_type_names() {
+  static const std::string names = [] {
+    std::string s;
+    for (const TypeRow& r : kTypes)
+      if (r.traits.block_elems) s += (s.empty() ? "" : ", ") + std::string(r.name);
+    return s;
+  }();
+  return names;
 }
 
 constexpr const char* kValueTypeNames[] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
@@ -159,9 +170,8 @@ GgufTensor read_tensor_info(Cursor& c, const std::string& where, uint64_t index)
   const TypeRow* row = type_row(type);
   if (!row) fail("{}: {}: unknown ggml type {}", where, what, type);
   if (row->traits.block_elems == 0)
-    fail("{}: {}: ggml type {} ({}) is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, "
-         "Q5_K, Q6_K, IQ4_NL, IQ4_XS)", where,
-         what, row->name, type);
+    fail("{}: {}: ggml type {} ({}) is not supported (supported: {})", where, what, row->name, type,
+         read_type_names());
   t.type = GgmlType(type);
   t.offset = c.read<uint64_t>(what + " offset");
 
@@ -210,10 +220,8 @@ DType dtype_of(GgmlType t) {
 }
 
 GgmlType ggml_type_of(DType t) {
-  for (GgmlType g : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
-                     GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL,
-                     GgmlType::IQ4_XS})
-    if (dtype_of(g) == t) return g;
+  for (const TypeRow& r : kTypes)
+    if (r.traits.block_elems && dtype_of(GgmlType(r.id)) == t) return GgmlType(r.id);
   fail("gguf: weight format {} has no ggml type", dtype_name(t));
 }
 

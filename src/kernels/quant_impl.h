@@ -434,13 +434,19 @@ QTARGET inline void dot_iq4_xs(const std::byte* const* rows, const Acts<RM, Q8KR
   store_sums(acc, out);
 }
 
+// The 256-value formats' kernel (Q8_K activations), RM activation rows against S weight rows.
+template <GgmlType T, int RM, int S>
+QTARGET inline void dot_k256(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
+  if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, RM, S>(rows, a, nb, out);
+  else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, RM, S>(rows, a, nb, out);
+  else if constexpr (T == GgmlType::IQ4_XS) dot_iq4_xs<RM, S>(rows, a, nb, out);
+  else dot_q6_k<RM, S>(rows, a, nb, out);
+}
+
 template <GgmlType T, int RM>
 QTARGET inline void dot_block_rows(const std::byte* row, const Acts<RM, ActRow<T>>& x, size_t K, float* out) {
   if constexpr (!takes_q8k(T)) dot_block32<T, RM>(row, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, RM, 1>(&row, x, K / 256, out);
-  else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, RM, 1>(&row, x, K / 256, out);
-  else if constexpr (T == GgmlType::IQ4_XS) dot_iq4_xs<RM, 1>(&row, x, K / 256, out);
-  else dot_q6_k<RM, 1>(&row, x, K / 256, out);
+  else dot_k256<T, RM, 1>(&row, x, K / 256, out);
 }
 
 // Activation rows [m0, m0 + RM) against weight rows [n0, n1).
@@ -494,10 +500,7 @@ template <GgmlType T, int S>
 QTARGET inline void dot_streams(const std::byte* const* rows, const ActRow<T>& x, size_t K, float* out) {
   if constexpr (kSignedWeights<T>) dot_signed_streams<T, S>(rows, x, K / 32, out);
   else if constexpr (!takes_q8k(T)) dot_nibble_streams<T, S>(rows, x, K / 32, out);
-  else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
-  else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
-  else if constexpr (T == GgmlType::IQ4_XS) dot_iq4_xs<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
-  else dot_q6_k<1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
+  else dot_k256<T, 1, S>(rows, Acts<1, Q8KRow>{{x}}, K / 256, out);
 }
 
 // M = 1: kStreams rows at a time, one from each of kStreams parts of the
