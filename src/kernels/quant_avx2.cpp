@@ -4,6 +4,7 @@
 #define QTARGET
 namespace vlm::kernels::detail {
 namespace {
+constexpr bool kZmm = false;  // quant_impl.h: no 512-bit K-quant loop
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }

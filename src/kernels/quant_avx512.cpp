@@ -6,6 +6,7 @@
 #define QTARGET __attribute__((target("avx512vnni,avx512vl,avx512bw,avx512f,avx2,fma,f16c")))
 namespace vlm::kernels::detail {
 namespace {
+constexpr bool kZmm = true;  // quant_impl.h: the K-quants' sub-blocks two at a time in 512-bit registers
 QTARGET inline __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 // One block of 32 signed activation bytes against signed weight bytes: vpdpbusd of the
 // weights as unsigned w + 128 (w xor 0x80) from a start of −128 · Σ x per group of four,
