@@ -282,6 +282,7 @@ struct alignas(64) ShuffleBytes64 {
   ShuffleBytes lo, hi;
 };
 constexpr ShuffleBytes64 kPickZ[4] = {{kPick[0], kPick[1]}, {kPick[2], kPick[3]}, {kPick[4], kPick[5]}, {kPick[6], kPick[7]}};
+constexpr ShuffleBytes64 kPickPairZ[2] = {{kPickPair[0], kPickPair[1]}, {kPickPair[2], kPickPair[3]}};
 
 // Bit k (0..7) of each byte of v at bit 4, the other bits clear: 16-bit shifts by at most four
 // places, so no bit crosses into the next byte.
@@ -403,6 +404,41 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
       VLM_UNROLL
       for (int m = 0; m < RM; ++m)
         sum[m] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(load32(a.x[m].bsums + 16 * i), all), 5));
+      if constexpr (kZmm) {
+        // Chunks 0, 1 and then 2, 3 of a half side by side in 512-bit registers (their 64 low
+        // code bytes are ql's 64 bytes, their activations contiguous in x), as in dot_k4.
+        const __m512i m4z = _mm512_set1_epi8(0x0F), m2z = _mm512_set1_epi8(0x30);
+        __m512i sumz[RM];
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) sumz[m] = _mm512_setzero_si512();
+        VLM_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          const __m512i l = _mm512_loadu_si512(b->ql + 64 * half);
+          const __m512i qh = _mm512_maskz_broadcast_i64x4(0xFF, load32(b->qh + 32 * half));
+          // qh's bits for chunks 0 | 1 at bits 4-5 of each byte (shifted left by 4 | 2), for 2 | 3 (by 0 | right 2)
+          const __m512i h01 = _mm512_mask_slli_epi16(_mm512_slli_epi16(qh, 4), 0xFFFF0000u, qh, 2);
+          const __m512i h23 = _mm512_mask_srli_epi16(qh, 0xFFFF0000u, qh, 2);
+          const __m512i codes[2] = {
+              _mm512_or_si512(_mm512_and_si512(l, m4z), _mm512_and_si512(h01, m2z)),
+              _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4z), _mm512_and_si512(h23, m2z)),
+          };
+          const __m512i scz = _mm512_maskz_broadcast_i64x4(0xFF, sc[half]);
+          VLM_UNROLL
+          for (int k = 0; k < 2; ++k) {
+            const __m512i scale = _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickPairZ[k]));
+            VLM_UNROLL
+            for (int m = 0; m < RM; ++m) {
+              const __m512i x = _mm512_loadu_si512(a.x[m].q + 256 * i + 128 * size_t(half) + 64 * size_t(k));
+              sumz[m] = _mm512_add_epi32(sumz[m], _mm512_madd_epi16(_mm512_maddubs_epi16(codes[k], x), scale));
+              asm("" : "+v"(sumz[m]));  // keep_chain
+            }
+          }
+        }
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m)
+          sum[m] = _mm256_add_epi32(sum[m], _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, sumz[m], 0),
+                                                             _mm512_maskz_extracti64x4_epi64(0xF, sumz[m], 1)));
+      } else {
       VLM_UNROLL
       for (int half = 0; half < 2; ++half) {
         const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
@@ -423,6 +459,7 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
             keep_chain(sum[m]);
           }
         }
+      }
       }
       const __m256 d = _mm256_set1_ps(f16(b->d));
       VLM_UNROLL
