@@ -283,6 +283,18 @@ struct alignas(64) ShuffleBytes64 {
 };
 constexpr ShuffleBytes64 kPickZ[4] = {{kPick[0], kPick[1]}, {kPick[2], kPick[3]}, {kPick[4], kPick[5]}, {kPick[6], kPick[7]}};
 constexpr ShuffleBytes64 kPickPairZ[2] = {{kPickPair[0], kPickPair[1]}, {kPickPair[2], kPickPair[3]}};
+// The kZmm loops' steps, templates so that only the AVX512 file instantiates them: sum += the
+// pair sums of codes × the 64 activations at x, times scale (int16 pairs, then int32, as in the
+// 256-bit loops), kept one chain (keep_chain); and a 512-bit sum's halves added.
+template <class V>
+QTARGET inline void add_scaled_pairs(V& sum, V codes, const int8_t* x, V scale) {
+  sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, _mm512_loadu_si512(x)), scale));
+  asm("" : "+v"(sum));
+}
+template <class V>
+QTARGET inline __m256i fold_halves(V v) {
+  return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, v, 0), _mm512_maskz_extracti64x4_epi64(0xF, v, 1));
+}
 
 // Bit k (0..7) of each byte of v at bit 4, the other bits clear: 16-bit shifts by at most four
 // places, so no bit crosses into the next byte.
@@ -336,15 +348,11 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
                                                    bit_to_4(qh, 2 * c + 1)));
           const __m512i scale = _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickZ[c]));
           VLM_UNROLL
-          for (int m = 0; m < RM; ++m) {
-            const __m512i p = _mm512_maddubs_epi16(codes, _mm512_loadu_si512(a.x[m].q + 256 * i + 64 * size_t(c)));
-            sumz[m] = _mm512_add_epi32(sumz[m], _mm512_madd_epi16(p, scale));
-            asm("" : "+v"(sumz[m]));  // keep_chain
-          }
+          for (int m = 0; m < RM; ++m) add_scaled_pairs(sumz[m], codes, a.x[m].q + 256 * i + 64 * size_t(c), scale);
         }
         VLM_UNROLL
         for (int m = 0; m < RM; ++m)
-          sum[m] = _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, sumz[m], 0), _mm512_maskz_extracti64x4_epi64(0xF, sumz[m], 1));
+          sum[m] = fold_halves(sumz[m]);
       } else {
       VLM_UNROLL
       for (int c = 0; c < 4; ++c) {
@@ -427,17 +435,13 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
           for (int k = 0; k < 2; ++k) {
             const __m512i scale = _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickPairZ[k]));
             VLM_UNROLL
-            for (int m = 0; m < RM; ++m) {
-              const __m512i x = _mm512_loadu_si512(a.x[m].q + 256 * i + 128 * size_t(half) + 64 * size_t(k));
-              sumz[m] = _mm512_add_epi32(sumz[m], _mm512_madd_epi16(_mm512_maddubs_epi16(codes[k], x), scale));
-              asm("" : "+v"(sumz[m]));  // keep_chain
-            }
+            for (int m = 0; m < RM; ++m)
+              add_scaled_pairs(sumz[m], codes[k], a.x[m].q + 256 * i + 128 * size_t(half) + 64 * size_t(k), scale);
           }
         }
         VLM_UNROLL
         for (int m = 0; m < RM; ++m)
-          sum[m] = _mm256_add_epi32(sum[m], _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, sumz[m], 0),
-                                                             _mm512_maskz_extracti64x4_epi64(0xF, sumz[m], 1)));
+          sum[m] = _mm256_add_epi32(sum[m], fold_halves(sumz[m]));
       } else {
       VLM_UNROLL
       for (int half = 0; half < 2; ++half) {
