@@ -281,7 +281,8 @@ QTARGET inline __m256i shuffle(__m256i v, const ShuffleBytes& s) { return _mm256
 struct alignas(64) ShuffleBytes64 {
   ShuffleBytes lo, hi;
 };
-constexpr ShuffleBytes64 kPickZ[4] = {{kPick[0], kPick[1]}, {kPick[2], kPick[3]}, {kPick[4], kPick[5]}, {kPick[6], kPick[7]}};
+constexpr ShuffleBytes64 kPickZ[4] = {
+    {kPick[0], kPick[1]}, {kPick[2], kPick[3]}, {kPick[4], kPick[5]}, {kPick[6], kPick[7]}};
 constexpr ShuffleBytes64 kPickPairZ[2] = {{kPickPair[0], kPickPair[1]}, {kPickPair[2], kPickPair[3]}};
 // The kZmm loops' steps, templates so that only the AVX512 file instantiates them: sum += the
 // pair sums of codes × the 64 activations at x, times scale (int16 pairs, then int32, as in the
@@ -354,26 +355,26 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
         for (int m = 0; m < RM; ++m)
           sum[m] = fold_halves(sumz[m]);
       } else {
-      VLM_UNROLL
-      for (int c = 0; c < 4; ++c) {
-        const __m256i q = load32(b->qs + 32 * c);
-        __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
-        if constexpr (five) {
-          codes[0] = _mm256_or_si256(codes[0], bit_to_4(qh, 2 * c));
-          codes[1] = _mm256_or_si256(codes[1], bit_to_4(qh, 2 * c + 1));
-        }
         VLM_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          const int k = 2 * c + h;
-          const __m256i scale = shuffle(sc, kPick[k]);
+        for (int c = 0; c < 4; ++c) {
+          const __m256i q = load32(b->qs + 32 * c);
+          __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
+          if constexpr (five) {
+            codes[0] = _mm256_or_si256(codes[0], bit_to_4(qh, 2 * c));
+            codes[1] = _mm256_or_si256(codes[1], bit_to_4(qh, 2 * c + 1));
+          }
           VLM_UNROLL
-          for (int m = 0; m < RM; ++m) {
-            const __m256i p = _mm256_maddubs_epi16(codes[h], load32(a.x[m].q + 256 * i + 32 * size_t(k)));
-            sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(p, scale));
-            keep_chain(sum[m]);
+          for (int h = 0; h < 2; ++h) {
+            const int k = 2 * c + h;
+            const __m256i scale = shuffle(sc, kPick[k]);
+            VLM_UNROLL
+            for (int m = 0; m < RM; ++m) {
+              const __m256i p = _mm256_maddubs_epi16(codes[h], load32(a.x[m].q + 256 * i + 32 * size_t(k)));
+              sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(p, scale));
+              keep_chain(sum[m]);
+            }
           }
         }
-      }
       }
       const __m256 d = _mm256_set1_ps(f16(b->d)), dmin = _mm256_set1_ps(f16(b->dmin));
       VLM_UNROLL
@@ -443,27 +444,29 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
         for (int m = 0; m < RM; ++m)
           sum[m] = _mm256_add_epi32(sum[m], fold_halves(sumz[m]));
       } else {
-      VLM_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
-        const __m256i qh = load32(b->qh + 32 * half);
-        const __m256i codes[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
-            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
-        };
         VLM_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          const __m256i scale = shuffle(sc[half], kPickPair[k]);
+        for (int half = 0; half < 2; ++half) {
+          const __m256i l0 = load32(b->ql + 64 * half), l1 = load32(b->ql + 64 * half + 32);
+          const __m256i qh = load32(b->qh + 32 * half);
+          const __m256i codes[4] = {
+              _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2)),
+              _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                              _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2)),
+          };
           VLM_UNROLL
-          for (int m = 0; m < RM; ++m) {
-            const __m256i p = _mm256_maddubs_epi16(codes[k], load32(a.x[m].q + 256 * i + 128 * size_t(half) + 32 * size_t(k)));
-            sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(p, scale));
-            keep_chain(sum[m]);
+          for (int k = 0; k < 4; ++k) {
+            const __m256i scale = shuffle(sc[half], kPickPair[k]);
+            VLM_UNROLL
+            for (int m = 0; m < RM; ++m) {
+              const __m256i x = load32(a.x[m].q + 256 * i + 128 * size_t(half) + 32 * size_t(k));
+              const __m256i p = _mm256_maddubs_epi16(codes[k], x);
+              sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(p, scale));
+              keep_chain(sum[m]);
+            }
           }
         }
-      }
       }
       const __m256 d = _mm256_set1_ps(f16(b->d));
       VLM_UNROLL
