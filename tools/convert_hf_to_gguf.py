@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Converts a Gemma 3 Hugging Face folder (safetensors) into llama.cpp's GGUF files.
 
-    /usr/bin/python3 tools/convert_hf_to_gguf.py DIR --out model.gguf [--type f32|f16|bf16|q8_0|q4_0|q5_0|q5_1|q4_k|q5_k|q6_k|iq4_nl|iq4_xs]
+    /usr/bin/python3 tools/convert_hf_to_gguf.py DIR --out model.gguf [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_nl|iq4_xs]
         [--mmproj-out mmproj.gguf] [--mmproj-type f16|f32|bf16|q8_0]
 
 The text file uses llama.cpp's `gemma3` architecture keys and tensor names, the mmproj file the
@@ -124,7 +124,8 @@ def storage_type(x, want, fallback):
     return want if x.shape[-1] % be == 0 else fallback
 
 
-FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q4_k": 15, "q5_k": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "bf16": 32}
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q2_k": 10, "q3_k": 11,
+             "q4_k": 15, "q5_k": 17, "q6_k": 18, "iq4_nl": 25, "iq4_xs": 30, "bf16": 32}
 
 
 def add_tokenizer(w, d, n_vocab):

@@ -17,8 +17,8 @@ ALIGNMENT = 32
 
 # ggml.h enum ggml_type: id, values per block, bytes per block.
 GGML_TYPES = {
-    "f32": (0, 1, 4), "f16": (1, 1, 2), "q4_0": (2, 32, 18), "q5_0": (6, 32, 22), "q5_1": (7, 32, 24),
-    "q8_0": (8, 32, 34), "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210),
+    "f32": (0, 1, 4), "f16": (1, 1, 2), "q4_0": (2, 32, 18), "q4_1": (3, 32, 20), "q5_0": (6, 32, 22),
+    "q5_1": (7, 32, 24), "q8_0": (8, 32, 34), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110), "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210),
     "iq4_nl": (20, 32, 18), "iq4_xs": (23, 256, 136), "bf16": (30, 1, 2),
 }
 GGML_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
@@ -141,17 +141,81 @@ def quantize_q5_0(x):
     return out.tobytes()
 
 
-def quantize_q5_1(x):
-    """ggml's quantize_row_q5_1_ref: [min, max] in 31 steps, value = d*q + m."""
+def _min_max_codes(x, top):
+    """ggml's quantize_row_q4_1_ref / _q5_1_ref rule for rows of 32: [min, max] in `top` steps, codes
+    (x - min)/d + 0.5 truncated, at most top. Returns the blocks, d, min and the codes."""
     b = np.asarray(x, np.float32).reshape(-1, 32)
     lo, hi = b.min(axis=1), b.max(axis=1)
-    d = (hi - lo) / np.float32(31)
+    d = (hi - lo) / np.float32(top)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-    q = ((b - lo[:, None]) * inv[:, None] + np.float32(0.5)).astype(np.uint8)
-    out = np.zeros((b.shape[0], 24), np.uint8)
+    q = np.minimum(top, ((b - lo[:, None]) * inv[:, None] + np.float32(0.5)).astype(np.uint8))
+    out = np.zeros((b.shape[0], 4 + (16 if top == 15 else 20)), np.uint8)
     out[:, 0:2] = _f16(d).view(np.uint8).reshape(-1, 2)
     out[:, 2:4] = _f16(lo).view(np.uint8).reshape(-1, 2)
+    return out, q
+
+
+def quantize_q4_1(x):
+    """value = d*q + m, q in 0..15: d, m, then the nibbles as Q4_0's."""
+    out, q = _min_max_codes(x, 15)
+    out[:, 4:] = q[:, :16] | (q[:, 16:] << 4)
+    return out.tobytes()
+
+
+def quantize_q5_1(x):
+    """value = d*q + m, q in 0..31: d, m, then the fifth bits and nibbles as Q5_0's."""
+    out, q = _min_max_codes(x, 31)
     _q5_pack(q, out, 4)
+    return out.tobytes()
+
+
+def _pack_2bit(q):
+    """The 64 bytes of two low code bits of 256 codes per row: 32 bytes per half of 128, value 32k + l
+    of a half (l < 32) in bits 2k, 2k+1 of byte l."""
+    q = (q.reshape(-1, 2, 4, 32) & 3).astype(np.uint8)
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def quantize_q2_k(x):
+    """Super-blocks of 16 sub-blocks of 16: value = d*sc*q - dmin*m, 4-bit sc and m, 2-bit q (a plain
+    min/max fit as quantize_q4_k's). Bytes: scales (sc | m << 4), codes, d, dmin."""
+    b = np.asarray(x, np.float32).reshape(-1, 16, 16)
+    lo = np.minimum(b.min(axis=2), 0)
+    scale, mins = (b.max(axis=2) - lo) / np.float32(3), -lo
+    d16, dmin16 = _f16(scale.max(axis=1) / np.float32(15)), _f16(mins.max(axis=1) / np.float32(15))
+    df, dminf = d16.astype(np.float32), dmin16.astype(np.float32)
+    sc = np.where(df[:, None] > 0, np.rint(scale / np.where(df > 0, df, 1)[:, None]), 0).clip(0, 15).astype(np.uint8)
+    m = np.where(dminf[:, None] > 0, np.rint(mins / np.where(dminf > 0, dminf, 1)[:, None]), 0).clip(0, 15).astype(np.uint8)
+    eff_d, eff_m = df[:, None] * sc, dminf[:, None] * m
+    q = np.where(eff_d[:, :, None] > 0, np.rint((b + eff_m[:, :, None]) / np.where(eff_d > 0, eff_d, 1)[:, :, None]), 0)
+    out = np.zeros((b.shape[0], 84), np.uint8)
+    out[:, 0:16] = sc | (m << 4)
+    out[:, 16:80] = _pack_2bit(q.clip(0, 3).astype(np.uint8))
+    out[:, 80:82] = d16.view(np.uint8).reshape(-1, 2)
+    out[:, 82:84] = dmin16.view(np.uint8).reshape(-1, 2)
+    return out.tobytes()
+
+
+def quantize_q3_k(x):
+    """Super-blocks of 16 sub-blocks of 16: value = d*(sc-32)*(q-4), 6-bit sc, 3-bit q; each sub-block's
+    value of largest magnitude maps to -4. Bytes: hmask (bit j of byte l: the third bit of value 32j + l),
+    the two low bits as Q2_K's, 12 bytes of scales (low nibbles of 0-7 in bytes 0-7, of 8-15 in their
+    high nibbles; top two bits of sub-block j at bits 2*(j//4) of byte 8 + j%4), d."""
+    b = np.asarray(x, np.float32).reshape(-1, 16, 16)
+    s = _signed_max(b) / np.float32(-4)
+    d16 = _f16(np.abs(s).max(axis=1) / np.float32(31))
+    d = d16.astype(np.float32)
+    lv = np.where(d[:, None] > 0, np.rint(s / np.where(d > 0, d, 1)[:, None]), 0).clip(-32, 31).astype(np.int32)
+    eff = d[:, None] * lv.astype(np.float32)
+    q = (np.where(eff[:, :, None] != 0, np.rint(b / np.where(eff != 0, eff, 1)[:, :, None]), 0).clip(-4, 3) + 4)
+    q = q.astype(np.uint8).reshape(-1, 8, 32)
+    sc = (lv + 32).astype(np.uint8)
+    out = np.zeros((b.shape[0], 110), np.uint8)
+    out[:, 0:32] = sum(((q[:, j] >> 2) << j).astype(np.uint8) for j in range(8))
+    out[:, 32:96] = _pack_2bit(q.reshape(-1, 256))
+    out[:, 96:104] = (sc[:, 0:8] & 15) | ((sc[:, 8:16] & 15) << 4)
+    out[:, 104:108] = sum(((sc[:, 4 * g:4 * g + 4] >> 4) << (2 * g)).astype(np.uint8) for g in range(4))
+    out[:, 108:110] = d16.view(np.uint8).reshape(-1, 2)
     return out.tobytes()
 
 
@@ -282,6 +346,23 @@ def dequantize(data, gtype, n):
     if gtype == "q4_0":
         q = np.concatenate([blk[:, 2:] & 15, blk[:, 2:] >> 4], axis=1).astype(np.float32) - 8
         return (q * f16(blk[:, 0:2])[:, None]).reshape(-1)
+    if gtype == "q4_1":
+        q = np.concatenate([blk[:, 4:] & 15, blk[:, 4:] >> 4], axis=1).astype(np.float32)
+        return ((q * f16(blk[:, 0:2])[:, None]).astype(np.float32) + f16(blk[:, 2:4])[:, None]).reshape(-1)
+    if gtype in ("q2_k", "q3_k"):
+        qs = blk[:, 16:80] if gtype == "q2_k" else blk[:, 32:96]
+        q = np.stack([(qs.reshape(-1, 2, 32) >> (2 * k)) & 3 for k in range(4)], axis=2).reshape(-1, 256)
+        if gtype == "q2_k":
+            d, dmin = f16(blk[:, 80:82]), f16(blk[:, 82:84])
+            d1 = (d[:, None] * (blk[:, 0:16] & 15).astype(np.float32)).astype(np.float32)
+            m1 = (dmin[:, None] * (blk[:, 0:16] >> 4).astype(np.float32)).astype(np.float32)
+            return (np.repeat(d1, 16, axis=1) * q.astype(np.float32) - np.repeat(m1, 16, axis=1)).astype(np.float32).reshape(-1)
+        e = np.arange(256)
+        q = q | (((blk[:, e % 32] >> (e // 32)) & 1) << 2)
+        s, j = blk[:, 96:108].astype(np.int32), np.arange(16)
+        sc = ((s[:, j % 8] >> (4 * (j // 8))) & 15) | (((s[:, 8 + j % 4] >> (2 * (j // 4))) & 3) << 4)
+        dl = (f16(blk[:, 108:110])[:, None] * (sc - 32).astype(np.float32)).astype(np.float32)
+        return (np.repeat(dl, 16, axis=1) * (q.astype(np.float32) - 4)).astype(np.float32).reshape(-1)
     if gtype in ("q5_0", "q5_1"):
         at = 2 if gtype == "q5_0" else 4
         qs = blk[:, at + 4:at + 20]
@@ -332,7 +413,8 @@ def dequantize(data, gtype, n):
     raise ValueError(gtype)
 
 
-QUANTIZERS = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q5_0": quantize_q5_0, "q5_1": quantize_q5_1,
+QUANTIZERS = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0, "q4_1": quantize_q4_1, "q5_0": quantize_q5_0,
+              "q5_1": quantize_q5_1, "q2_k": quantize_q2_k, "q3_k": quantize_q3_k,
               "q4_k": quantize_q4_k, "q5_k": quantize_q5_k, "iq4_nl": quantize_iq4_nl, "iq4_xs": quantize_iq4_xs,
               "q6_k": quantize_q6_k}
 

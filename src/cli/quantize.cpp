@@ -96,29 +96,40 @@ bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n 
 // The stored type of a text tensor, as llama.cpp's llama_tensor_get_type decides for these
 // mixes (without an importance matrix): the output head (token_embd when tied) Q6_K except for
 // Q8_0 files; Q4_K_M and Q5_K_M: attn_v and ffn_down Q6_K on use_more_bits layers, else Q4_K or
-// Q5_K; IQ4_XS: ffn_down of the first eighth of the layers, and attn_v where four or more query
-// heads share a KV head (Gemma 3 1B), Q5_K. Rows that are not whole blocks of the type fall
-// back (add()).
+// Q5_K; Q3_K_M: attn_v Q5_K in the first two layers, else Q4_K, ffn_down Q5_K in the first
+// sixteenth, else Q4_K, attn_output Q4_K; Q3_K_L: those three Q5_K; Q2_K: ffn_down and
+// attn_output Q3_K, attn_v Q3_K (Q4_K where four or more query heads share a KV head); IQ4_XS:
+// ffn_down of the first eighth of the layers, and attn_v where four or more query heads share a
+// KV head (Gemma 3 1B), Q5_K. Rows that are not whole blocks of the type fall back (add()).
 GgmlType text_type(const std::string& type, const std::string& gguf_name, bool head, int layer, int n_layers,
                    int gqa) {
-  const GgmlType base = type == "q8_0"     ? GgmlType::Q8_0
-                        : type == "q4_0"   ? GgmlType::Q4_0
-                        : type == "q5_k_m" ? GgmlType::Q5_K
-                        : type == "iq4_xs" ? GgmlType::IQ4_XS
-                                           : GgmlType::Q4_K;
+  const GgmlType base = type == "q8_0"              ? GgmlType::Q8_0
+                        : type == "q4_0"            ? GgmlType::Q4_0
+                        : type == "q4_1"            ? GgmlType::Q4_1
+                        : type == "q2_k"            ? GgmlType::Q2_K
+                        : type.starts_with("q3_k_") ? GgmlType::Q3_K
+                        : type == "q5_k_m"          ? GgmlType::Q5_K
+                        : type == "iq4_xs"          ? GgmlType::IQ4_XS
+                                                    : GgmlType::Q4_K;
   const bool v = gguf_name.ends_with(".attn_v.weight"), down = gguf_name.ends_with(".ffn_down.weight");
+  const bool o = gguf_name.ends_with(".attn_output.weight");
   if (head) return base == GgmlType::Q8_0 ? GgmlType::Q8_0 : GgmlType::Q6_K;
-  if (type.ends_with("_k_m") && (v || down) && use_more_bits(layer, n_layers)) return GgmlType::Q6_K;
+  if ((type == "q4_k_m" || type == "q5_k_m") && (v || down) && use_more_bits(layer, n_layers)) return GgmlType::Q6_K;
+  if (type == "q3_k_m" && (v || down || o))
+    return (v && layer < 2) || (down && layer < n_layers / 16) ? GgmlType::Q5_K : GgmlType::Q4_K;
+  if (type == "q3_k_l" && (v || down || o)) return GgmlType::Q5_K;
+  if (type == "q2_k" && (v || down || o)) return v && gqa >= 4 ? GgmlType::Q4_K : GgmlType::Q3_K;
   if (type == "iq4_xs" && ((down && layer < n_layers / 8) || (v && gqa >= 4))) return GgmlType::Q5_K;
   return base;
 }
 
 // llama.cpp's tensor_type_fallback (src/llama-quant.cpp): rows that are not whole 256-blocks
-// (Gemma 3 1B's 1152 columns) take the 32-value type of about as many bits (IQ4_XS: IQ4_NL),
-// and rows that are not whole 32-blocks either are stored f16 (vectors f32).
+// (Gemma 3 1B's 1152 columns) take the 32-value type of about as many bits (IQ4_XS: IQ4_NL;
+// Q2_K and Q3_K: Q4_0), and rows that are not whole 32-blocks either are stored f16 (vectors f32).
 GgmlType fallback(GgmlType type, size_t cols, bool vector) {
   if (cols % size_t(ggml_traits(type).block_elems) == 0) return type;
-  const GgmlType t32 = type == GgmlType::Q4_K     ? GgmlType::Q5_0
+  const GgmlType t32 = type == GgmlType::Q2_K || type == GgmlType::Q3_K ? GgmlType::Q4_0
+                       : type == GgmlType::Q4_K   ? GgmlType::Q5_0
                        : type == GgmlType::Q5_K   ? GgmlType::Q5_1
                        : type == GgmlType::Q6_K   ? GgmlType::Q8_0
                        : type == GgmlType::IQ4_XS ? GgmlType::IQ4_NL
@@ -157,7 +168,8 @@ void write_text(const Checkpoint& ck, const fs::path& out, const std::string& ty
   w.add_string("general.type", "model");
   w.add_string("general.name", ck.dir().filename().string());
   const std::map<std::string, uint32_t> ftype = {
-      {"q8_0", 7}, {"q4_0", 2}, {"q4_k_m", 15}, {"q5_k_m", 17}, {"iq4_xs", 30}};
+      {"q8_0", 7},    {"q4_0", 2},    {"q4_1", 3},    {"q2_k", 10},   {"q3_k_s", 11},
+      {"q3_k_m", 12}, {"q3_k_l", 13}, {"q4_k_m", 15}, {"q5_k_m", 17}, {"iq4_xs", 30}};
   w.add_u32("general.file_type", ftype.at(type));  // llama_ftype
   w.add_u32("general.quantization_version", 2);
   w.add_u32("gemma3.context_length", uint32_t(t.max_position_embeddings));
@@ -233,9 +245,10 @@ int cmd_quantize(int argc, char** argv) {
   std::string model, type, out, mmproj_out, mmproj_type = "f16";
   app.add_option("--model", model, "checkpoint folder (safetensors)")->required();
   app.add_option("--type", type,
-                 "q8_0, q4_0, q4_k_m, q5_k_m or iq4_xs (with Q6_K / Q5_K where llama.cpp's mix puts them)")
+                 "q8_0, q4_0, q4_1, q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m or iq4_xs (with the larger "
+                 "types where llama.cpp's mix puts them)")
       ->required()
-      ->check(CLI::IsMember({"q8_0", "q4_0", "q4_k_m", "q5_k_m", "iq4_xs"}));
+      ->check(CLI::IsMember({"q8_0", "q4_0", "q4_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "iq4_xs"}));
   app.add_option("--out", out, "the model .gguf to write")->required();
   app.add_option("--mmproj-out", mmproj_out, "also write the vision tower + projector as an mmproj .gguf");
   app.add_option("--mmproj-type", mmproj_type, "mmproj matrices: f16, bf16, f32 or q8_0")

@@ -10,7 +10,9 @@
 
 namespace vlm {
 
-enum class DType : uint8_t { F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q8Act, Q8KAct };
+enum class DType : uint8_t {
+  F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q8Act, Q8KAct
+};
 
 inline bool is_block_quantized(DType t) { return t != DType::F32 && t != DType::F16 && t != DType::BF16; }
 // Bytes per element of a float type (block types: kernels::format_of(t).row_bytes).
@@ -23,8 +25,11 @@ inline std::string_view dtype_name(DType t) {
     case DType::BF16: return "BF16";
     case DType::Q8_0: return "Q8_0";
     case DType::Q4_0: return "Q4_0";
+    case DType::Q4_1: return "Q4_1";
     case DType::Q5_0: return "Q5_0";
     case DType::Q5_1: return "Q5_1";
+    case DType::Q2_K: return "Q2_K";
+    case DType::Q3_K: return "Q3_K";
     case DType::Q4_K: return "Q4_K";
     case DType::Q5_K: return "Q5_K";
     case DType::Q6_K: return "Q6_K";

@@ -21,9 +21,9 @@ struct TypeRow {
 // ggml.c `type_traits` (blck_size, type_size) for the types vlm reads; names of the others
 // so that a refusal says which type a file uses.
 constexpr TypeRow kTypes[] = {
-    {0, "F32", {1, 4}},        {1, "F16", {1, 2}},        {2, "Q4_0", {32, 18}},     {3, "Q4_1", {0, 0}},
+    {0, "F32", {1, 4}},        {1, "F16", {1, 2}},        {2, "Q4_0", {32, 18}},     {3, "Q4_1", {32, 20}},
     {6, "Q5_0", {32, 22}},     {7, "Q5_1", {32, 24}},     {8, "Q8_0", {32, 34}},     {9, "Q8_1", {0, 0}},
-    {10, "Q2_K", {0, 0}},      {11, "Q3_K", {0, 0}},      {12, "Q4_K", {256, 144}},  {13, "Q5_K", {256, 176}},
+    {10, "Q2_K", {256, 84}},   {11, "Q3_K", {256, 110}},      {12, "Q4_K", {256, 144}},  {13, "Q5_K", {256, 176}},
     {14, "Q6_K", {256, 210}},  {15, "Q8_K", {0, 0}},      {16, "IQ2_XXS", {0, 0}},   {17, "IQ2_XS", {0, 0}},
     {18, "IQ3_XXS", {0, 0}},   {19, "IQ1_S", {0, 0}},     {20, "IQ4_NL", {32, 18}},  {21, "IQ3_S", {0, 0}},
     {22, "IQ2_S", {0, 0}},     {23, "IQ4_XS", {256, 136}}, {24, "I8", {0, 0}},       {25, "I16", {0, 0}},
@@ -208,8 +208,11 @@ DType dtype_of(GgmlType t) {
     case GgmlType::BF16: return DType::BF16;
     case GgmlType::Q8_0: return DType::Q8_0;
     case GgmlType::Q4_0: return DType::Q4_0;
+    case GgmlType::Q4_1: return DType::Q4_1;
     case GgmlType::Q5_0: return DType::Q5_0;
     case GgmlType::Q5_1: return DType::Q5_1;
+    case GgmlType::Q2_K: return DType::Q2_K;
+    case GgmlType::Q3_K: return DType::Q3_K;
     case GgmlType::Q4_K: return DType::Q4_K;
     case GgmlType::Q5_K: return DType::Q5_K;
     case GgmlType::Q6_K: return DType::Q6_K;

@@ -86,8 +86,11 @@ const Format& format_of(DType type) {
   static const Format bf16 = plain_format<DType::BF16>("bf16", &K::bf16);
   static const Format q8_0 = block_format<GgmlType::Q8_0>("q8_0", &Q::q8_0);
   static const Format q4_0 = block_format<GgmlType::Q4_0>("q4_0", &Q::q4_0);
+  static const Format q4_1 = block_format<GgmlType::Q4_1>("q4_1", &Q::q4_1);
   static const Format q5_0 = block_format<GgmlType::Q5_0>("q5_0", &Q::q5_0);
   static const Format q5_1 = block_format<GgmlType::Q5_1>("q5_1", &Q::q5_1);
+  static const Format q2_k = block_format<GgmlType::Q2_K>("q2_k", &Q::q2_k);
+  static const Format q3_k = block_format<GgmlType::Q3_K>("q3_k", &Q::q3_k);
   static const Format q4_k = block_format<GgmlType::Q4_K>("q4_k", &Q::q4_k);
   static const Format q5_k = block_format<GgmlType::Q5_K>("q5_k", &Q::q5_k);
   static const Format q6_k = block_format<GgmlType::Q6_K>("q6_k", &Q::q6_k);
@@ -104,8 +107,11 @@ const Format& format_of(DType type) {
     case DType::BF16: return bf16;
     case DType::Q8_0: return q8_0;
     case DType::Q4_0: return q4_0;
+    case DType::Q4_1: return q4_1;
     case DType::Q5_0: return q5_0;
     case DType::Q5_1: return q5_1;
+    case DType::Q2_K: return q2_k;
+    case DType::Q3_K: return q3_k;
     case DType::Q4_K: return q4_k;
     case DType::Q5_K: return q5_k;
     case DType::Q6_K: return q6_k;
@@ -238,8 +244,8 @@ void convert_x(GemmArgs& a, const Format& act) {
   for (size_t m = 0; m < a.M; ++m) act.from_f32(a.x + m * a.ldx, out + m * a.ldxq, a.K);
   a.xq = out;
   if (act.type != DType::Q8Act || a.M == 1) return;
-  // The code sums (GemmArgs::xs4) meet Q4_0's and Q5_0's offsets and Q5_1's m.
-  const bool sums = a.dtype == DType::Q4_0 || a.dtype == DType::Q5_0 || a.dtype == DType::Q5_1;
+  // The code sums (GemmArgs::xs4) meet Q4_0's and Q5_0's offsets and the m of Q4_1 and Q5_1.
+  const bool sums = a.dtype == DType::Q4_0 || a.dtype == DType::Q4_1 || a.dtype == DType::Q5_0 || a.dtype == DType::Q5_1;
   thread_local std::vector<float> d4;
   thread_local std::vector<int32_t> s4;
   const size_t nb = a.K / 32;

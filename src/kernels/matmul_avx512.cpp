@@ -394,8 +394,11 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
         _mm512_storeu_ps(y + 16, mul_exact(_mm512_sub_ps(u8x16_to_ps(_mm_and_si128(_mm_srli_epi16(q, 4), m4)), eight), d));
       }
       return;
-    case GgmlType::Q5_0:  // rare (rows of Gemma 3 1B that are not whole 256-blocks) or rarely used
-    case GgmlType::Q5_1:  // on such a CPU: the scalar loop
+    case GgmlType::Q4_1:  // rare (rows of Gemma 3 1B that are not whole 256-blocks) or rarely used
+    case GgmlType::Q5_0:  // on such a CPU: the scalar loop
+    case GgmlType::Q5_1:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
     case GgmlType::IQ4_NL:
     case GgmlType::IQ4_XS: return dequantize_row(t, src, y, n);
     case GgmlType::Q4_K: return dequantize_k4_avx512<BlockQ4_K>(src, y, n);

@@ -75,6 +75,16 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
         }
       }
       return;
+    case GgmlType::Q4_1:
+      for (size_t i = 0; i < nb; ++i, y += 32) {
+        const auto* b = reinterpret_cast<const BlockQ4_1*>(src) + i;
+        const float d = f16_to_f32(b->d), m = f16_to_f32(b->m);
+        for (int j = 0; j < 32; ++j) {
+          const float p = float(nibble32(b->qs, j)) * d;
+          y[j] = p + m;
+        }
+      }
+      return;
     case GgmlType::Q5_0:
       for (size_t i = 0; i < nb; ++i, y += 32) {
         const auto* b = reinterpret_cast<const BlockQ5_0*>(src) + i;
@@ -106,6 +116,31 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
         for (int j = 0; j < 8; ++j, y += 32) {
           const float dl = d * float(iq4_xs_scale(b, j));
           for (int l = 0; l < 32; ++l) y[l] = dl * float(kIq4Values[nibble32(b->qs + 16 * j, l)]);
+        }
+      }
+      return;
+    case GgmlType::Q2_K:
+      for (size_t i = 0; i < nb; ++i, y += 256) {
+        const auto* b = reinterpret_cast<const BlockQ2_K*>(src) + i;
+        const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
+        for (int j = 0; j < 16; ++j) {
+          const float dl = d * float(b->scales[j] & 0xF), ml = dmin * float(b->scales[j] >> 4);
+          for (int l = 0; l < 16; ++l) {
+            const float p = dl * float(q2_code(b->qs, 16 * j + l));
+            y[16 * j + l] = p - ml;
+          }
+        }
+      }
+      return;
+    case GgmlType::Q3_K:
+      for (size_t i = 0; i < nb; ++i, y += 256) {
+        const auto* b = reinterpret_cast<const BlockQ3_K*>(src) + i;
+        const float d = f16_to_f32(b->d);
+        uint8_t sc[16];
+        q3_k_scales(b->scales, sc);
+        for (int j = 0; j < 16; ++j) {
+          const float dl = d * float(sc[j] - 32);
+          for (int l = 0; l < 16; ++l) y[16 * j + l] = dl * float(q3_code(b, 16 * j + l) - 4);
         }
       }
       return;
@@ -148,19 +183,21 @@ float signed_max(const float* x, int n) {
   return mx;
 }
 
-// Q5_0 and Q5_1 as ggml's quantize_row_q5_0_ref / _q5_1_ref: Q5_0 maps the value of largest
-// magnitude, sign kept, to −16 (codes truncated from x/d + 16.5); Q5_1 spans [min, max] in 31
-// steps (codes truncated from (x − min)/d + 0.5). The nibbles go as Q4_0's, the fifth bits to qh.
+// Q4_1, Q5_0 and Q5_1 as ggml's quantize_row_q4_1_ref / _q5_0_ref / _q5_1_ref: Q5_0 maps the
+// value of largest magnitude, sign kept, to −16 (codes truncated from x/d + 16.5); Q4_1 and Q5_1
+// span [min, max] in 15 or 31 steps (codes truncated from (x − min)/d + 0.5). The nibbles go as
+// Q4_0's, the fifth bits to qh.
 template <class Block>
 void q5_block(const float* x, std::byte* out) {
-  constexpr bool offset = std::is_same_v<Block, BlockQ5_1>;
+  constexpr bool offset = !std::is_same_v<Block, BlockQ5_0>, fifth = requires(Block b) { b.qh; };
+  constexpr int top = fifth ? 31 : 15;
   auto* b = reinterpret_cast<Block*>(out);
   float d, lo = 0;
   if constexpr (offset) {
     float hi = x[0];
     lo = x[0];
     for (int j = 0; j < 32; ++j) lo = std::min(lo, x[j]), hi = std::max(hi, x[j]);
-    d = (hi - lo) / 31.0f;
+    d = (hi - lo) / float(top);
     b->m = f32_to_f16(lo);
   } else {
     d = signed_max(x, 32) / -16.0f;
@@ -170,38 +207,61 @@ void q5_block(const float* x, std::byte* out) {
   uint32_t qh = 0;
   int q[32];
   for (int j = 0; j < 32; ++j) {
-    if constexpr (offset) q[j] = uint8_t((x[j] - lo) * id + 0.5f);
+    if constexpr (offset) q[j] = std::min(top, int(uint8_t((x[j] - lo) * id + 0.5f)));
     else q[j] = std::min(31, int(int8_t(x[j] * id + 16.5f)));
     qh |= uint32_t((q[j] >> 4) & 1) << j;
   }
   for (int j = 0; j < 16; ++j) b->qs[j] = uint8_t((q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
-  std::memcpy(b->qh, &qh, 4);
+  if constexpr (fifth) std::memcpy(b->qh, &qh, 4);
 }
 
-// Q4_K and Q5_K: each sub-block of 32 gets scale (max − min)/15 (Q5_K: /31) and offset −min
-// (min ≤ 0), quantized to 6 bits against the super-block's f16 d and dmin.
-template <class Block>
-void k4_block(const float* x, std::byte* out) {
-  constexpr bool five = requires(Block b) { b.qh; };
-  constexpr float top = five ? 31.0f : 15.0f;
-  auto* b = reinterpret_cast<Block*>(out);
-  float scale[8], mins[8], smax = 0, mmax = 0;
-  for (int j = 0; j < 8; ++j) {
-    float lo = 0, hi = x[32 * j];
-    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * j + l]), hi = std::max(hi, x[32 * j + l]);
-    scale[j] = (hi - lo) / top;
+// The K-quants with a min (Q2_K, Q4_K, Q5_K): each of `n` sub-blocks of `len` values gets scale
+// (max − min)/top and offset −min (min ≤ 0), stored as codes 0..`steps` against the
+// super-block's f16 d and dmin. Value l of sub-block j then takes code
+// round((x + dmin·m_j)/(d·sc_j)) in 0..top (code()).
+struct AffineScales {
+  uint16_t d, dmin;  // f16
+  uint8_t sc[16], m[16];
+  float step[16], offset[16];
+  int top;
+  int code(int j, float x) const {
+    return step[j] > 0 ? int(std::clamp(std::nearbyint((x + offset[j]) / step[j]), 0.0f, float(top))) : 0;
+  }
+};
+AffineScales fit_affine(const float* x, int n, int len, int top, int steps) {
+  AffineScales a{};
+  a.top = top;
+  float scale[16], mins[16], smax = 0, mmax = 0;
+  for (int j = 0; j < n; ++j) {
+    float lo = 0, hi = x[len * j];
+    for (int l = 0; l < len; ++l) lo = std::min(lo, x[len * j + l]), hi = std::max(hi, x[len * j + l]);
+    scale[j] = (hi - lo) / float(top);
     mins[j] = -lo;
     smax = std::max(smax, scale[j]);
     mmax = std::max(mmax, mins[j]);
   }
-  b->d = f32_to_f16(smax / 63.0f);
-  b->dmin = f32_to_f16(mmax / 63.0f);
-  const float d = f16_to_f32(b->d), dmin = f16_to_f32(b->dmin);
-  uint8_t sc[8], m[8];
-  for (int j = 0; j < 8; ++j) {
-    sc[j] = d > 0 ? uint8_t(std::clamp(std::nearbyint(scale[j] / d), 0.0f, 63.0f)) : 0;
-    m[j] = dmin > 0 ? uint8_t(std::clamp(std::nearbyint(mins[j] / dmin), 0.0f, 63.0f)) : 0;
+  a.d = f32_to_f16(smax / float(steps));
+  a.dmin = f32_to_f16(mmax / float(steps));
+  const float d = f16_to_f32(a.d), dmin = f16_to_f32(a.dmin);
+  for (int j = 0; j < n; ++j) {
+    a.sc[j] = d > 0 ? uint8_t(std::clamp(std::nearbyint(scale[j] / d), 0.0f, float(steps))) : 0;
+    a.m[j] = dmin > 0 ? uint8_t(std::clamp(std::nearbyint(mins[j] / dmin), 0.0f, float(steps))) : 0;
+    a.step[j] = d * float(a.sc[j]);
+    a.offset[j] = dmin * float(a.m[j]);
   }
+  return a;
+}
+
+// Q4_K and Q5_K: sub-blocks of 32, codes to 15 (Q5_K: 31), 6-bit scales and mins.
+template <class Block>
+void k4_block(const float* x, std::byte* out) {
+  constexpr bool five = requires(Block b) { b.qh; };
+  auto* b = reinterpret_cast<Block*>(out);
+  const AffineScales a = fit_affine(x, 8, 32, five ? 31 : 15, 63);
+  b->d = a.d;
+  b->dmin = a.dmin;
+  const uint8_t* sc = a.sc;
+  const uint8_t* m = a.m;
   for (int j = 0; j < 4; ++j) {
     b->scales[j] = uint8_t((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
     b->scales[j + 4] = uint8_t((m[j] & 63) | ((m[j + 4] >> 4) << 6));
@@ -209,12 +269,51 @@ void k4_block(const float* x, std::byte* out) {
   }
   if constexpr (five) std::memset(b->qh, 0, sizeof b->qh);
   for (int j = 0; j < 8; ++j) {
-    const float ed = d * float(sc[j]), em = dmin * float(m[j]);
     for (int l = 0; l < 32; ++l) {
-      const int q = ed > 0 ? int(std::clamp(std::nearbyint((x[32 * j + l] + em) / ed), 0.0f, top)) : 0;
+      const int q = a.code(j, x[32 * j + l]);
       uint8_t& byte = b->qs[32 * (j / 2) + l];
       byte = (j & 1) ? uint8_t((byte & 0x0F) | ((q & 15) << 4)) : uint8_t(q & 15);
       if constexpr (five) b->qh[l] = uint8_t(b->qh[l] | ((q >> 4) << j));
+    }
+  }
+}
+
+// Value e's two low code bits into a Q2_K or Q3_K block's qs (q2_code's layout).
+void put_q2(uint8_t* qs, int e, int q) { qs[32 * (e / 128) + e % 32] |= uint8_t((q & 3) << 2 * (e % 128 / 32)); }
+
+// Q2_K: sub-blocks of 16, codes to 3, 4-bit scales and mins.
+void q2_k_block(const float* x, std::byte* out) {
+  auto* b = reinterpret_cast<BlockQ2_K*>(out);
+  const AffineScales a = fit_affine(x, 16, 16, 3, 15);
+  b->d = a.d;
+  b->dmin = a.dmin;
+  for (int j = 0; j < 16; ++j) b->scales[j] = uint8_t(a.sc[j] | a.m[j] << 4);
+  std::memset(b->qs, 0, sizeof b->qs);
+  for (int e = 0; e < 256; ++e) put_q2(b->qs, e, a.code(e / 16, x[e]));
+}
+
+// Q3_K: each sub-block of 16 maps its value of largest magnitude, sign kept, to −4; those
+// scales are signed 6-bit multiples (sc − 32) of the super-block's f16 d = max/31.
+void q3_k_block(const float* x, std::byte* out) {
+  auto* b = reinterpret_cast<BlockQ3_K*>(out);
+  float s[16], smax = 0;
+  for (int j = 0; j < 16; ++j) s[j] = signed_max(x + 16 * j, 16) / -4.0f, smax = std::max(smax, std::fabs(s[j]));
+  b->d = f32_to_f16(smax / 31.0f);
+  const float d = f16_to_f32(b->d);
+  std::memset(b->scales, 0, sizeof b->scales);
+  std::memset(b->hmask, 0, sizeof b->hmask);
+  std::memset(b->qs, 0, sizeof b->qs);
+  for (int j = 0; j < 16; ++j) {
+    const int l = d > 0 ? int(std::clamp(std::nearbyint(s[j] / d), -32.0f, 31.0f)) : 0, sc = l + 32;
+    // q3_k_scales' layout: low nibble j / 8 of byte j % 8, top bits 2·(j / 4) of byte 8 + j % 4
+    b->scales[j % 8] = uint8_t(b->scales[j % 8] | (sc & 15) << 4 * (j / 8));
+    b->scales[8 + j % 4] = uint8_t(b->scales[8 + j % 4] | (sc >> 4) << 2 * (j / 4));
+    const float e = d * float(l);
+    for (int i = 0; i < 16; ++i) {
+      const int v = 16 * j + i;
+      const int q = (e != 0 ? int(std::clamp(std::nearbyint(x[v] / e), -4.0f, 3.0f)) : 0) + 4;
+      put_q2(b->qs, v, q);
+      b->hmask[v % 32] = uint8_t(b->hmask[v % 32] | (q >> 2) << (v / 32));
     }
   }
 }
@@ -309,8 +408,11 @@ void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
         }
         break;
       }
+      case GgmlType::Q4_1: q5_block<BlockQ4_1>(x, dst); break;
       case GgmlType::Q5_0: q5_block<BlockQ5_0>(x, dst); break;
       case GgmlType::Q5_1: q5_block<BlockQ5_1>(x, dst); break;
+      case GgmlType::Q2_K: q2_k_block(x, dst); break;
+      case GgmlType::Q3_K: q3_k_block(x, dst); break;
       case GgmlType::Q4_K: k4_block<BlockQ4_K>(x, dst); break;
       case GgmlType::Q5_K: k4_block<BlockQ5_K>(x, dst); break;
       case GgmlType::Q6_K: q6_k_block(x, dst); break;
@@ -387,7 +489,7 @@ float dot_row(const std::byte* row, const Row& a, size_t K) {
       for (int j = 0; j < 16; ++j) s += ((b->qs[j] & 0xF) - 8) * q[j] + ((b->qs[j] >> 4) - 8) * q[j + 16];
       acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
     }
-  } else if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+  } else if constexpr (T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
     for (size_t i = 0; i < K / 32; ++i) {
       const int8_t* q = a.q + 32 * i;
       int s = 0, sx = 0;  // Σ code·x and Σ x
@@ -396,8 +498,12 @@ float dot_row(const std::byte* row, const Row& a, size_t K) {
         for (int j = 0; j < 32; ++j) s += (q5_code(b, j) - 16) * q[j];
         acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
       } else {
-        const auto* b = reinterpret_cast<const BlockQ5_1*>(row) + i;
-        for (int j = 0; j < 32; ++j) s += q5_code(b, j) * q[j], sx += q[j];
+        const auto* b = reinterpret_cast<const std::conditional_t<T == GgmlType::Q4_1, BlockQ4_1, BlockQ5_1>*>(row) + i;
+        for (int j = 0; j < 32; ++j) {
+          if constexpr (T == GgmlType::Q4_1) s += nibble32(b->qs, j) * q[j];
+          else s += q5_code(b, j) * q[j];
+          sx += q[j];
+        }
         acc += float(s) * (f16_to_f32(b->d) * a.d[i]) + float(sx) * (f16_to_f32(b->m) * a.d[i]);
       }
     }
@@ -416,6 +522,31 @@ float dot_row(const std::byte* row, const Row& a, size_t K) {
         mins += m * (a.bsums[16 * i + size_t(2 * j)] + a.bsums[16 * i + size_t(2 * j + 1)]);
       }
       acc += float(sum) * (f16_to_f32(b->d) * a.d[i]) - float(mins) * (f16_to_f32(b->dmin) * a.d[i]);
+    }
+  } else if constexpr (T == GgmlType::Q2_K || T == GgmlType::Q3_K) {
+    for (size_t i = 0; i < K / 256; ++i) {
+      const int8_t* x = a.q + 256 * i;
+      int sum = 0, mins = 0;  // Σ sc·q·x over the sub-blocks (Q3_K: (sc − 32)·(q − 4)·x); Q2_K: Σ m·Σx
+      if constexpr (T == GgmlType::Q2_K) {
+        const auto* b = reinterpret_cast<const BlockQ2_K*>(row) + i;
+        for (int j = 0; j < 16; ++j) {
+          int s = 0;
+          for (int l = 0; l < 16; ++l) s += q2_code(b->qs, 16 * j + l) * x[16 * j + l];
+          sum += (b->scales[j] & 0xF) * s;
+          mins += (b->scales[j] >> 4) * a.bsums[16 * i + size_t(j)];
+        }
+        acc += float(sum) * (f16_to_f32(b->d) * a.d[i]) - float(mins) * (f16_to_f32(b->dmin) * a.d[i]);
+      } else {
+        const auto* b = reinterpret_cast<const BlockQ3_K*>(row) + i;
+        uint8_t sc[16];
+        q3_k_scales(b->scales, sc);
+        for (int j = 0; j < 16; ++j) {
+          int s = 0;
+          for (int l = 0; l < 16; ++l) s += (q3_code(b, 16 * j + l) - 4) * x[16 * j + l];
+          sum += (sc[j] - 32) * s;
+        }
+        acc += float(sum) * (f16_to_f32(b->d) * a.d[i]);
+      }
     }
   } else if constexpr (T == GgmlType::IQ4_NL) {
     for (size_t i = 0; i < K / 32; ++i) {
@@ -463,7 +594,9 @@ void dot_scalar(const detail::GemmArgs& a, size_t n0, size_t n1) {
 
 namespace detail {
 const QuantKernels kQuantScalar = {{&dot_scalar<GgmlType::Q8_0>}, {&dot_scalar<GgmlType::Q4_0>},
-                                   {&dot_scalar<GgmlType::Q5_0>}, {&dot_scalar<GgmlType::Q5_1>},
+                                   {&dot_scalar<GgmlType::Q4_1>}, {&dot_scalar<GgmlType::Q5_0>},
+                                   {&dot_scalar<GgmlType::Q5_1>}, {&dot_scalar<GgmlType::Q2_K>},
+                                   {&dot_scalar<GgmlType::Q3_K>},
                                    {&dot_scalar<GgmlType::Q4_K>}, {&dot_scalar<GgmlType::Q5_K>},
                                    {&dot_scalar<GgmlType::Q6_K>}, {&dot_scalar<GgmlType::IQ4_NL>},
                                    {&dot_scalar<GgmlType::IQ4_XS>},

@@ -1,5 +1,5 @@
-// ggml block-quantized weights (Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) and the
-// GGUF float types.
+// ggml block-quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+// IQ4_XS) and the GGUF float types.
 //
 // dequantize_row() is bit-exact to ggml's dequantize_row_* (the same f32 operations in the
 // same order; docs/gguf.md gives each block layout). The formats are rows of the weight-format
@@ -28,13 +28,13 @@ size_t quant_row_bytes(GgmlType t, size_t cols);
 // n values (a multiple of the block size) from `src` blocks into dst.
 void dequantize_row(GgmlType t, const std::byte* src, float* dst, size_t n);
 
-// n values (a multiple of the block size) of x into `dst` blocks of type t. Q8_0, Q4_0, Q5_0
-// and Q5_1 follow ggml's reference quantizers (quantize_row_q8_0_ref: d = amax/127, round half
-// away; quantize_row_q4_0_ref / _q5_0_ref: the value of largest magnitude, sign kept, maps to
-// −8 / −16; quantize_row_q5_1_ref: [min, max] in 31 steps). IQ4_NL and IQ4_XS map each
-// (sub-)block's value of largest magnitude to the codebook's −127. The K-quants
-// fit each sub-block's scale (and Q4_K's and Q5_K's min) from its range, then the super-block's f16
-// scales from those (not ggml's iterative search: valid blocks, a little more error).
+// n values (a multiple of the block size) of x into `dst` blocks of type t. Q8_0, Q4_0, Q4_1,
+// Q5_0 and Q5_1 follow ggml's reference quantizers (quantize_row_q8_0_ref: d = amax/127, round
+// half away; quantize_row_q4_0_ref / _q5_0_ref: the value of largest magnitude, sign kept, maps
+// to −8 / −16; quantize_row_q4_1_ref / _q5_1_ref: [min, max] in 15 / 31 steps). IQ4_NL and
+// IQ4_XS map each (sub-)block's value of largest magnitude to the codebook's −127. The K-quants
+// fit each sub-block's scale (and the min of Q2_K, Q4_K and Q5_K) from its range, then the
+// super-block's f16 scales from those (not ggml's iterative search: valid blocks, more error).
 // F32/F16/BF16 round to nearest even.
 void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n);
 
@@ -75,7 +75,8 @@ inline Q8KRow q8k_row(const std::byte* p, size_t K) {
 void quantize_activations_k(const float* x, std::byte* out, size_t K);
 // The block formats whose kernels take Q8KRows (the others take Q8Rows).
 constexpr bool takes_q8k(GgmlType t) {
-  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::IQ4_XS;
+  return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K ||
+         t == GgmlType::IQ4_XS;
 }
 // The activation row type of format T's kernels, read from its bytes.
 template <GgmlType T>
@@ -95,9 +96,9 @@ namespace detail {
 // [n0, n1) and every m, from weight rows in GemmArgs::w and activation rows in GemmArgs::xq:
 // Q8Rows for the 32-value formats, Q8KRows for the K-quants (quantized once per call by matmul(),
 // which also lays the Q8Row scales of each four rows side by side in GemmArgs::xd4, and for
-// Q4_0, Q5_0 and Q5_1 their code sums in GemmArgs::xs4).
+// Q4_0, Q4_1, Q5_0 and Q5_1 their code sums in GemmArgs::xs4).
 struct QuantKernels {
-  FormatKernels q8_0, q4_0, q5_0, q5_1, q4_k, q5_k, q6_k, iq4_nl, iq4_xs;
+  FormatKernels q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs;
   void (*quantize)(const float* x, std::byte* out, size_t K);    // quantize_activations' bytes
   void (*quantize_k)(const float* x, std::byte* out, size_t K);  // quantize_activations_k's
 };

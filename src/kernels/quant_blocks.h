@@ -1,5 +1,5 @@
-// ggml's block layouts (ggml-common.h block_q8_0, block_q4_0, block_q5_0, block_q5_1, block_q4_K, block_q5_K,
-// block_q6_K, block_iq4_nl, block_iq4_xs) and the
+// ggml's block layouts (ggml-common.h block_q8_0, block_q4_0, block_q4_1, block_q5_0, block_q5_1, block_q2_K,
+// block_q3_K, block_q4_K, block_q5_K, block_q6_K, block_iq4_nl, block_iq4_xs) and the
 // small accessors every quant path shares. Internal to src/kernels/quant*.
 #pragma once
 #include <cstddef>
@@ -23,6 +23,10 @@ struct BlockQ4_0 {  // 32 values: d · (nibble − 8); low nibbles are values 0.
   uint16_t d;
   uint8_t qs[16];
 };
+struct BlockQ4_1 {  // 32 values: d · nibble + m, nibbles as Q4_0's
+  uint16_t d, m;
+  uint8_t qs[16];
+};
 struct BlockQ5_0 {  // 32 values: d · (q − 16), q = nibble + 16 · bit j of qh (nibbles as Q4_0's)
   uint16_t d;
   uint8_t qh[4];     // bit j (of the little-endian 32-bit word): value j's fifth bit
@@ -32,6 +36,17 @@ struct BlockQ5_1 {  // 32 values: d · q + m, q as Q5_0's
   uint16_t d, m;
   uint8_t qh[4];
   uint8_t qs[16];
+};
+struct BlockQ2_K {       // 256 values in 16 sub-blocks of 16: d·sc·q − dmin·m, q in 0..3
+  uint8_t scales[16];    // sub-block j: sc in the low nibble, m in the high one
+  uint8_t qs[64];        // 32 bytes per half of 128: bits 2k..2k+1 of byte l are value 32k + l (l < 32)
+  uint16_t d, dmin;      // f16
+};
+struct BlockQ3_K {       // 256 values in 16 sub-blocks of 16: d·(sc − 32)·(q − 4), q in 0..7
+  uint8_t hmask[32];     // bit 4·half + k of byte l: bit 2 of q of value 128·half + 32k + l
+  uint8_t qs[64];        // q's low two bits, laid out as BlockQ2_K's qs
+  uint8_t scales[12];    // 6-bit sc per sub-block, packed (q3_k_scales)
+  uint16_t d;            // f16
 };
 struct BlockQ4_K {       // 256 values in 8 sub-blocks of 32: d·sc·q − dmin·m
   uint16_t d, dmin;      // f16
@@ -61,7 +76,9 @@ struct BlockIQ4_XS {     // 256 values in 8 sub-blocks of 32: d · (ls − 32) �
   uint8_t qs[128];       // 16 bytes per sub-block, nibbles as Q4_0's
 };
 #pragma pack(pop)
-static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
+              sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockIQ4_NL) == 18 && sizeof(BlockIQ4_XS) == 136);
 
@@ -85,6 +102,20 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
     sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
     m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
   }
+}
+
+// The six-bit scales (0..63, before the − 32) of a Q3_K block's 16 sub-blocks (ggml's
+// dequantize_row_q3_K): sub-block j's low four bits are nibble j / 8 of byte j % 8, its top two
+// bits are bits 2·(j / 4) of byte 8 + j % 4.
+inline void q3_k_scales(const uint8_t* s, uint8_t (&sc)[16]) {
+  for (int j = 0; j < 16; ++j) sc[j] = uint8_t(((s[j % 8] >> 4 * (j / 8)) & 0xF) | ((s[8 + j % 4] >> 2 * (j / 4)) & 3) << 4);
+}
+
+// The 2-bit code of value e (0..255) of a Q2_K or Q3_K block's qs.
+inline int q2_code(const uint8_t* qs, int e) { return (qs[32 * (e / 128) + e % 32] >> 2 * (e % 128 / 32)) & 3; }
+// The code (0..7) of value e of a Q3_K block: value q − 4.
+inline int q3_code(const BlockQ3_K* b, int e) {
+  return q2_code(b->qs, e) | ((b->hmask[e % 32] >> (e / 32)) & 1) << 2;
 }
 
 // The unsigned 5-bit code (0..31) of value j (0..31) of a Q5_0 or Q5_1 block.

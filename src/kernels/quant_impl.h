@@ -91,17 +91,21 @@ QTARGET inline void store_rows4(__m256 a, __m256 b, float* out) {
 template <GgmlType T>
 using Block32 = std::conditional_t<
     T == GgmlType::Q8_0, BlockQ8_0,
-    std::conditional_t<T == GgmlType::Q4_0, BlockQ4_0,
-                       std::conditional_t<T == GgmlType::Q5_0, BlockQ5_0,
-                                          std::conditional_t<T == GgmlType::Q5_1, BlockQ5_1, BlockIQ4_NL>>>>;
+    std::conditional_t<
+        T == GgmlType::Q4_0, BlockQ4_0,
+        std::conditional_t<T == GgmlType::Q4_1, BlockQ4_1,
+                           std::conditional_t<T == GgmlType::Q5_0, BlockQ5_0,
+                                              std::conditional_t<T == GgmlType::Q5_1, BlockQ5_1, BlockIQ4_NL>>>>>;
 // The 32-value formats whose weights are signed bytes (Q8_0's codes, IQ4_NL's codebook values):
 // their sign moves onto x. The others have unsigned codes.
 template <GgmlType T>
 inline constexpr bool kSignedWeights = T == GgmlType::Q8_0 || T == GgmlType::IQ4_NL;
-// What Q4_0's and Q5_0's unsigned codes are offset by (their value is d·(code − offset)); Q5_1 has
-// none (its value is d·code + m).
+// What Q4_0's and Q5_0's unsigned codes are offset by (their value is d·(code − offset)); Q4_1
+// and Q5_1 have none (their value is d·code + m).
 template <GgmlType T>
 inline constexpr int kCodeOffset = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : 0;
+template <GgmlType T>
+inline constexpr bool kHasMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
 
 // The 32 nibbles of 16 bytes in order: the low nibbles are values 0-15, the high ones 16-31 (one
 // 128-bit load into both halves, the high half shifted by 4).
@@ -116,7 +120,7 @@ QTARGET inline __m256i iq4_values(__m256i codes) {
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), codes);
 }
 
-// The 32 unsigned codes of a Q4_0, Q5_0 or Q5_1 block in order (nibbles32); Q5_0 and Q5_1 add 16
+// The 32 unsigned codes of a Q4_0, Q4_1, Q5_0 or Q5_1 block in order (nibbles32); Q5_0 and Q5_1 add 16
 // where bit j of qh is set (byte j/8 of qh spread over bytes 8·(j/8).., tested against its bit,
 // the hits turned into 0x10).
 template <class Block>
@@ -143,8 +147,8 @@ QTARGET inline __m256i weights32(const Block32<T>* b) {
 
 // The 32-value formats, RM activation rows against one weight row (prefill, batches). Q8_0 and
 // IQ4_NL move the sign of each weight block onto x, so |w| is the unsigned operand for every row;
-// the codes of Q4_0, Q5_0 and Q5_1 are unsigned already: the offset of Q4_0 and Q5_0 leaves with the rows'
-// code sums (s4), which also meet Q5_1's m. The rows' block sums gather into one vector (rows4),
+// the codes of Q4_0, Q4_1, Q5_0 and Q5_1 are unsigned already: the offset of Q4_0 and Q5_0 leaves with the
+// rows' code sums (s4), which also meet the m of Q4_1 and Q5_1. The rows' block sums gather into one vector (rows4),
 // scaled by d_w times the rows' d_x (d4) in one FMA.
 template <GgmlType T, int RM>
 QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t nb, float* out) {
@@ -167,7 +171,7 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
       const __m256i s4 = _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.s4 + 4 * i)));
       sum = rows4<RM>(p);
       if constexpr (kCodeOffset<T> != 0) sum = _mm256_sub_epi32(sum, _mm256_slli_epi32(s4, kCodeOffset<T> == 8 ? 3 : 4));
-      if constexpr (T == GgmlType::Q5_1) acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s4), _mm256_mul_ps(bcast_f16(b[i].m), d4), acc[s]);
+      if constexpr (kHasMin<T>) acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s4), _mm256_mul_ps(bcast_f16(b[i].m), d4), acc[s]);
     }
     acc[s] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(bcast_f16(b[i].d), d4), acc[s]);
   };
@@ -186,9 +190,9 @@ QTARGET inline __m256 stream_f16(const Block* const* b, size_t i, uint16_t Block
   return _mm256_cvtph_ps(_mm_setr_epi16(h0, h1, h2, h3, h0, h1, h2, h3));
 }
 
-// Q4_0, Q5_0 and Q5_1 at M = 1, one activation row against S weight rows: the unsigned codes meet
-// x directly, less the products of the offset with x (once per x block for the S rows; Q5_1's m
-// meets the sum of x instead); the S rows' block sums gather into one vector (rows4) and meet
+// Q4_0, Q4_1, Q5_0 and Q5_1 at M = 1, one activation row against S weight rows: the unsigned codes
+// meet x directly, less the products of the offset with x (once per x block for the S rows; the m
+// of Q4_1 and Q5_1 meets the sum of x instead); the S rows' block sums gather into one vector (rows4) and meet
 // their d_w·d_x in one conversion and FMA.
 template <GgmlType T, int S>
 QTARGET inline void dot_nibble_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
@@ -297,10 +301,16 @@ QTARGET inline __m256i fold_halves(V v) {
   return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, v, 0), _mm512_maskz_extracti64x4_epi64(0xF, v, 1));
 }
 
-// Bit k (0..7) of each byte of v at bit 4, the other bits clear: 16-bit shifts by at most four
-// places, so no bit crosses into the next byte.
-QTARGET inline __m256i bit_to_4(__m256i v, int k) {
-  return _mm256_and_si256(k <= 4 ? _mm256_slli_epi16(v, 4 - k) : _mm256_srli_epi16(v, k - 4), _mm256_set1_epi8(0x10));
+// Bit k (0..7) of each byte of v at bit `to`, the other bits clear: 16-bit shifts, but the bit
+// kept in each byte comes from the same byte.
+QTARGET inline __m256i move_bit(__m256i v, int k, int to) {
+  return _mm256_and_si256(k <= to ? _mm256_slli_epi16(v, to - k) : _mm256_srli_epi16(v, k - to), _mm256_set1_epi8(char(1 << to)));
+}
+// Two 256-bit vectors as the halves of one 512-bit vector (the masked forms: GCC 12's unmasked
+// broadcasts and inserts warn of an undefined operand).
+template <class V = __m512i>
+QTARGET inline V halves(__m256i lo, __m256i hi) {
+  return _mm512_mask_broadcast_i64x4(_mm512_maskz_broadcast_i64x4(0xFF, lo), 0xF0, hi);
 }
 
 // Q4_K or Q5_K (Block) against Q8_K activations (one scale per 256): a 32-value sub-block's
@@ -344,9 +354,7 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
           const __m512i qq = _mm512_maskz_broadcast_i64x4(0xFF, q);
           __m512i codes = _mm512_and_si512(_mm512_mask_srli_epi16(qq, 0xFFFF0000u, qq, 4), _mm512_set1_epi8(0x0F));
           if constexpr (five)
-            codes = _mm512_or_si512(
-                codes, _mm512_mask_broadcast_i64x4(_mm512_maskz_broadcast_i64x4(0xFF, bit_to_4(qh, 2 * c)), 0xF0,
-                                                   bit_to_4(qh, 2 * c + 1)));
+            codes = _mm512_or_si512(codes, halves(move_bit(qh, 2 * c, 4), move_bit(qh, 2 * c + 1, 4)));
           const __m512i scale = _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickZ[c]));
           VLM_UNROLL
           for (int m = 0; m < RM; ++m) add_scaled_pairs(sumz[m], codes, a.x[m].q + 256 * i + 64 * size_t(c), scale);
@@ -360,8 +368,8 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
           const __m256i q = load32(b->qs + 32 * c);
           __m256i codes[2] = {_mm256_and_si256(q, m4), _mm256_and_si256(_mm256_srli_epi16(q, 4), m4)};
           if constexpr (five) {
-            codes[0] = _mm256_or_si256(codes[0], bit_to_4(qh, 2 * c));
-            codes[1] = _mm256_or_si256(codes[1], bit_to_4(qh, 2 * c + 1));
+            codes[0] = _mm256_or_si256(codes[0], move_bit(qh, 2 * c, 4));
+            codes[1] = _mm256_or_si256(codes[1], move_bit(qh, 2 * c + 1, 4));
           }
           VLM_UNROLL
           for (int h = 0; h < 2; ++h) {
@@ -476,6 +484,107 @@ QTARGET inline void dot_q6_k(const std::byte* const* rows, const Acts<RM, Q8KRow
   store_sums(acc, out);
 }
 
+// A Q3_K block's 16 six-bit sub-block scales less 32, as int16 in sub-block order (q3_k_scales
+// in four 32-bit lanes: the low nibbles of bytes 0-3 and 4-7, then their high nibbles, each with
+// its two top bits from bytes 8-11 shifted by 0, 2, 4, 6). Bytes 8-11 load on their own: a
+// 16-byte load would run past the block, and past the tensor at its last block.
+QTARGET inline __m256i q3_k_scales16(const uint8_t* s) {
+  uint32_t top;
+  std::memcpy(&top, s + 8, 4);
+  const __m128i w = _mm_shuffle_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)), _MM_SHUFFLE(1, 0, 1, 0));
+  const __m128i low = _mm_and_si128(_mm_srlv_epi32(w, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(int(top)), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+  return _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(low, _mm_slli_epi32(high, 4))), _mm256_set1_epi16(32));
+}
+
+// Q2_K and Q3_K against Q8_K activations, as Q6_K: a 32-value chunk k of half h (bits 2k of the
+// half's 32 code bytes; Q3_K's third bit is bit 4h + k of hmask) meets x as int16 pair sums
+// (vpmaddubsw), and vpmaddwd multiplies them by the scales of the chunk's two 16-value sub-blocks
+// while it sums them in int32. Q2_K's mins meet the activation sums per 16 (bsums) in one more
+// vpmaddwd; Q3_K's code offset, 4·Σ (sc − 32)·x, likewise. Exact integers (at most
+// 16·7·127·32 + 4·16·2032·32 per lane).
+template <class Block, int RM, int S>
+QTARGET inline void dot_q23_k(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
+  constexpr bool three = std::is_same_v<Block, BlockQ3_K>;
+  __m256 acc[RM][S];
+  zero_sums(acc);
+  const __m256i m2 = _mm256_set1_epi8(3);
+  for (size_t i = 0; i < nb; ++i) {
+    VLM_UNROLL
+    for (int j = 0; j < S; ++j) {
+      const auto* b = reinterpret_cast<const Block*>(rows[j]) + i;
+      prefetch_ahead<S>(b, sizeof(Block));
+      __m256i all, mins = _mm256_setzero_si256(), hm = _mm256_setzero_si256();  // sub-block e/16 in lane e/16
+      if constexpr (three) {
+        all = q3_k_scales16(b->scales);
+        hm = load32(b->hmask);
+      } else {
+        const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b->scales));
+        all = _mm256_cvtepu8_epi16(_mm_and_si128(s8, _mm_set1_epi8(0x0F)));
+        mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0x0F)));
+      }
+      // A half's eight scales in each 128-bit lane (as dot_q6_k's)
+      const __m256i sc[2] = {_mm256_permute4x64_epi64(all, 0x44), _mm256_permute4x64_epi64(all, 0xEE)};
+      __m256i sum[RM];
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        sum[m] = _mm256_setzero_si256();
+        if constexpr (three)
+          sum[m] = _mm256_sub_epi32(sum[m], _mm256_slli_epi32(_mm256_madd_epi16(load32(a.x[m].bsums + 16 * i), all), 2));
+      }
+      VLM_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const __m256i q = load32(b->qs + 32 * half);
+        if constexpr (kZmm) {
+          // Chunks 2c and 2c + 1 side by side in 512-bit registers (their activations contiguous in x).
+          const __m512i qq = _mm512_maskz_broadcast_i64x4(0xFF, q);
+          const __m512i scz = _mm512_maskz_broadcast_i64x4(0xFF, sc[half]);
+          __m512i sumz[RM];
+          VLM_UNROLL
+          for (int m = 0; m < RM; ++m) sumz[m] = _mm512_setzero_si512();
+          VLM_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            __m512i codes = _mm512_and_si512(_mm512_mask_srli_epi16(_mm512_srli_epi16(qq, 4 * c), 0xFFFF0000u, qq, 4 * c + 2),
+                                             _mm512_set1_epi8(3));
+            if constexpr (three)
+              codes = _mm512_or_si512(codes, halves(move_bit(hm, 4 * half + 2 * c, 2), move_bit(hm, 4 * half + 2 * c + 1, 2)));
+            const __m512i scale = _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickPairZ[c]));
+            VLM_UNROLL
+            for (int m = 0; m < RM; ++m)
+              add_scaled_pairs(sumz[m], codes, a.x[m].q + 256 * i + 128 * size_t(half) + 64 * size_t(c), scale);
+          }
+          VLM_UNROLL
+          for (int m = 0; m < RM; ++m) sum[m] = _mm256_add_epi32(sum[m], fold_halves(sumz[m]));
+        } else {
+          VLM_UNROLL
+          for (int k = 0; k < 4; ++k) {
+            __m256i codes = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m2);
+            if constexpr (three) codes = _mm256_or_si256(codes, move_bit(hm, 4 * half + k, 2));
+            const __m256i scale = shuffle(sc[half], kPickPair[k]);
+            VLM_UNROLL
+            for (int m = 0; m < RM; ++m) {
+              const __m256i x = load32(a.x[m].q + 256 * i + 128 * size_t(half) + 32 * size_t(k));
+              sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), scale));
+              keep_chain(sum[m]);
+            }
+          }
+        }
+      }
+      const __m256 d = _mm256_set1_ps(f16(b->d));
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        const __m256 dx = bcast(a.x[m].d + i);
+        acc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_mul_ps(d, dx), acc[m][j]);
+        if constexpr (!three) {
+          const __m256i msum = _mm256_madd_epi16(load32(a.x[m].bsums + 16 * i), mins);
+          acc[m][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(_mm256_set1_ps(f16(b->dmin)), dx), acc[m][j]);
+        }
+      }
+    }
+  }
+  store_sums(acc, out);
+}
+
 // IQ4_XS against Q8_K activations: a sub-block's codebook values w (signed bytes) meet x as int16
 // pair sums of |w| and x with w's sign (vpmaddubsw), and vpmaddwd multiplies them by the
 // sub-block's signed scale ls − 32 while it sums them in int32; the block stays one exact integer
@@ -517,7 +626,9 @@ QTARGET inline void dot_iq4_xs(const std::byte* const* rows, const Acts<RM, Q8KR
 // The 256-value formats' kernel (Q8_K activations), RM activation rows against S weight rows.
 template <GgmlType T, int RM, int S>
 QTARGET inline void dot_k256(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
-  if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, RM, S>(rows, a, nb, out);
+  if constexpr (T == GgmlType::Q2_K) dot_q23_k<BlockQ2_K, RM, S>(rows, a, nb, out);
+  else if constexpr (T == GgmlType::Q3_K) dot_q23_k<BlockQ3_K, RM, S>(rows, a, nb, out);
+  else if constexpr (T == GgmlType::Q4_K) dot_k4<BlockQ4_K, RM, S>(rows, a, nb, out);
   else if constexpr (T == GgmlType::Q5_K) dot_k4<BlockQ5_K, RM, S>(rows, a, nb, out);
   else if constexpr (T == GgmlType::IQ4_XS) dot_iq4_xs<RM, S>(rows, a, nb, out);
   else dot_q6_k<RM, S>(rows, a, nb, out);
@@ -691,8 +802,9 @@ QTARGET void quantize_xk(const float* x, std::byte* out, size_t K) {
 }
 
 constexpr QuantKernels make_quant_kernels() {
-  return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q5_0>},
-          {&quant_dot<GgmlType::Q5_1>}, {&quant_dot<GgmlType::Q4_K>}, {&quant_dot<GgmlType::Q5_K>},
+  return {{&quant_dot<GgmlType::Q8_0>}, {&quant_dot<GgmlType::Q4_0>}, {&quant_dot<GgmlType::Q4_1>},
+          {&quant_dot<GgmlType::Q5_0>}, {&quant_dot<GgmlType::Q5_1>}, {&quant_dot<GgmlType::Q2_K>},
+          {&quant_dot<GgmlType::Q3_K>}, {&quant_dot<GgmlType::Q4_K>}, {&quant_dot<GgmlType::Q5_K>},
           {&quant_dot<GgmlType::Q6_K>}, {&quant_dot<GgmlType::IQ4_NL>}, {&quant_dot<GgmlType::IQ4_XS>},
           &quantize_x, &quantize_xk};
 }

@@ -162,7 +162,8 @@ class Gguf(unittest.TestCase):
         for d, p in cls.lc.items():
             make_lc(p, d)
         cls.files = {}
-        for t in ("f32", "q8_0", "q4_0", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"):
+        for t in ("f32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl",
+                  "iq4_xs"):
             cls.files[t] = os.path.join(cls.tmp, f"lc-{t}.gguf")
             convert(cls.lc["f32"], cls.files[t], t)
         cls.files["bf16"] = os.path.join(cls.tmp, "lc-bf16.gguf")
@@ -207,8 +208,8 @@ class Gguf(unittest.TestCase):
         src = {convert_hf_to_gguf.text_name(convert_hf_to_gguf.strip_prefix(k)): v
                for k, v in st_tensors(os.path.join(self.lc["f32"], "model.safetensors")).items()}
         # Worst relative RMS error seen per format (these are loose sanity bounds, not the format's).
-        limit = {"q8_0": 0.01, "q4_0": 0.2, "q5_0": 0.1, "q5_1": 0.1, "q4_k": 0.2, "q5_k": 0.1, "q6_k": 0.05,
-                 "iq4_nl": 0.2, "iq4_xs": 0.2}
+        limit = {"q8_0": 0.01, "q4_0": 0.2, "q4_1": 0.1, "q5_0": 0.1, "q5_1": 0.1, "q2_k": 0.4, "q3_k": 0.2,
+                 "q4_k": 0.2, "q5_k": 0.1, "q6_k": 0.05, "iq4_nl": 0.2, "iq4_xs": 0.2}
         for t, lim in limit.items():
             _, ts = gguf_writer.read(self.files[t])
             n_quant = 0
@@ -415,8 +416,9 @@ class Gguf(unittest.TestCase):
         report = {}
         lc288 = os.path.join(self.tmp, "lc-f32-288")
         make_lc(lc288, "f32", hidden=288)
-        cases = [(self.lc["f32"], t) for t in ("q8_0", "q4_0", "q4_k_m", "q5_k_m", "iq4_xs")] + \
-                [(lc288, t) for t in ("q4_k_m", "q5_k_m", "iq4_xs")]
+        cases = [(self.lc["f32"], t) for t in ("q8_0", "q4_0", "q4_1", "q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m",
+                                               "q5_k_m", "iq4_xs")] + \
+                [(lc288, t) for t in ("q3_k_m", "q4_k_m", "q5_k_m", "iq4_xs")]
         for src, t in cases:
             wide = src == lc288
             path = os.path.join(self.tmp, f"vq-{t}{'-288' if wide else ''}.gguf")
@@ -427,23 +429,29 @@ class Gguf(unittest.TestCase):
             kinds = {v[0] for k, v in ts.items() if len(v[1]) == 2}
             # llama.cpp's mixes: Q4_K_M (Q5_K_M) = Q4_K (Q5_K) with Q6_K for the head and attn_v/ffn_down of
             # layers 2 and 5 of 6; IQ4_XS with a Q6_K head (6 layers: no ffn_down in the first eighth; 2 query
-            # heads per KV head: attn_v stays IQ4_XS)
-            want = {"q8_0": {"q8_0"}, "q4_0": {"q4_0", "q6_k"}, "q4_k_m": {"q4_k", "q6_k"},
+            # heads per KV head: attn_v stays IQ4_XS); Q2_K: attn_v, attn_output and ffn_down Q3_K; Q3_K_M:
+            # attn_v of layers 0-1 Q5_K, the other attn_v, attn_output and ffn_down Q4_K; Q3_K_L: those Q5_K
+            want = {"q8_0": {"q8_0"}, "q4_0": {"q4_0", "q6_k"}, "q4_1": {"q4_1", "q6_k"}, "q2_k": {"q2_k", "q3_k", "q6_k"},
+                    "q3_k_s": {"q3_k", "q6_k"}, "q3_k_m": {"q3_k", "q4_k", "q5_k", "q6_k"},
+                    "q3_k_l": {"q3_k", "q5_k", "q6_k"}, "q4_k_m": {"q4_k", "q6_k"},
                     "q5_k_m": {"q5_k", "q6_k"}, "iq4_xs": {"iq4_xs", "q6_k"}}[t]
-            if wide:  # rows of 288, not whole 256-blocks, fall back as llama.cpp's: Q4_K -> Q5_0, Q5_K -> Q5_1,
-                # Q6_K -> Q8_0, IQ4_XS -> IQ4_NL
-                fb = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "iq4_xs": "iq4_nl"}
+            if wide:  # rows of 288, not whole 256-blocks, fall back as llama.cpp's: Q3_K -> Q4_0, Q4_K -> Q5_0,
+                # Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL
+                fb = {"q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "iq4_xs": "iq4_nl"}
                 for name, (gtype, shape, _) in ts.items():
                     if len(shape) == 2:
                         self.assertEqual(gtype in fb.values(), shape[1] == 288, f"{t} {name} {gtype} {shape}")
                 # (the head is 288 wide: Q8_0; Q6_K stays in ffn_down of layers 2 and 5, 512 wide)
-                want = {"q4_k_m": {"q4_k", "q6_k", "q5_0", "q8_0"}, "q5_k_m": {"q5_k", "q6_k", "q5_1", "q8_0"},
-                        "iq4_xs": {"iq4_xs", "iq4_nl", "q8_0"}}[t]
+                # (Q3_K_M: attn_output and ffn_down keep Q4_K, 256 and 512 wide)
+                want = {"q3_k_m": {"q4_0", "q5_0", "q5_1", "q4_k", "q8_0"}, "q4_k_m": {"q4_k", "q6_k", "q5_0", "q8_0"},
+                        "q5_k_m": {"q5_k", "q6_k", "q5_1", "q8_0"}, "iq4_xs": {"iq4_xs", "iq4_nl", "q8_0"}}[t]
             self.assertEqual(kinds, want, t)
-            if t.endswith("_k_m") and not wide:
+            if t in ("q4_k_m", "q5_k_m") and not wide:
                 six = sorted(k for k, v in ts.items() if v[0] == "q6_k")
                 self.assertEqual(six, ["blk.2.attn_v.weight", "blk.2.ffn_down.weight", "blk.5.attn_v.weight",
                                        "blk.5.ffn_down.weight", "token_embd.weight"])
+            if t == "q3_k_m" and not wide:
+                self.assertEqual(sorted(k for k, v in ts.items() if v[0] == "q5_k"), ["blk.0.attn_v.weight", "blk.1.attn_v.weight"])
             t = f"{t}{'-288' if wide else ''}"
             lc = llama(path, {"logits": [prompt], "generate": [{"ids": prompt, "n": n}]})
             theirs = np.array(lc["logits"][0], dtype=np.float64)

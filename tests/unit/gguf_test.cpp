@@ -217,7 +217,7 @@ TEST(Gguf, RefusesBadValueTypes) {
 
 TEST(Gguf, RefusesBadTensors) {
   const std::string d = f32_data(6);
-  expect_refused(make_gguf("", 0, {{"w", 3, {32}, std::string(20, '\0')}}), {"tensor 'w'", "Q4_1", "not supported"});
+  expect_refused(make_gguf("", 0, {{"w", 16, {256}, std::string(66, '\0')}}), {"tensor 'w'", "IQ2_XXS", "not supported"});
   expect_refused(make_gguf("", 0, {{"w", 99, {4}, d}}), {"tensor 'w'", "unknown ggml type 99"});
   expect_refused(make_gguf("", 0, {{"w", 0, {}, d}}), {"tensor 'w'", "n_dims 0"});
   expect_refused(make_gguf("", 0, {{"w", 0, {1, 1, 1, 1, 1}, d}}), {"tensor 'w'", "n_dims 5"});
@@ -256,8 +256,13 @@ TEST(Gguf, TypeNames) {
   EXPECT_EQ(ggml_type_from_name("BF16"), GgmlType::BF16);
   EXPECT_EQ(ggml_type_from_name("q5_k"), GgmlType::Q5_K);
   EXPECT_EQ(ggml_type_from_name("q5_1"), GgmlType::Q5_1);
-  EXPECT_EQ(ggml_type_from_name("q4_1"), std::nullopt);  // known to ggml, not read
-  EXPECT_EQ(ggml_type_id_name(3), "Q4_1");
+  EXPECT_EQ(ggml_type_from_name("q4_1"), GgmlType::Q4_1);
+  EXPECT_EQ(ggml_type_from_name("Q3_K"), GgmlType::Q3_K);
+  EXPECT_EQ(ggml_type_from_name("iq2_xxs"), std::nullopt);  // known to ggml, not read
+  EXPECT_EQ(ggml_type_id_name(16), "IQ2_XXS");
+  EXPECT_EQ(ggml_traits(GgmlType::Q2_K).block_bytes, 84u);
+  EXPECT_EQ(ggml_traits(GgmlType::Q3_K).block_bytes, 110u);
+  EXPECT_EQ(ggml_traits(GgmlType::Q4_1).block_bytes, 20u);
   EXPECT_EQ(ggml_traits(GgmlType::Q6_K).block_bytes, 210u);
   EXPECT_EQ(ggml_traits(GgmlType::Q5_K).block_bytes, 176u);
   EXPECT_EQ(ggml_traits(GgmlType::Q4_K).block_bytes, 144u);

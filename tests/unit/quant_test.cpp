@@ -37,7 +37,9 @@ std::vector<std::byte> random_rows(GgmlType t, size_t rows, size_t cols, std::mt
     if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::IQ4_NL ||
         t == GgmlType::IQ4_XS)
       put_scale(&w[o], rng);
-    if (t == GgmlType::Q5_1) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
+    if (t == GgmlType::Q4_1 || t == GgmlType::Q5_1) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
+    if (t == GgmlType::Q2_K) put_scale(&w[o + 80], rng), put_scale(&w[o + 82], rng);
+    if (t == GgmlType::Q3_K) put_scale(&w[o + 108], rng);
     if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) put_scale(&w[o], rng), put_scale(&w[o + 2], rng);
     if (t == GgmlType::Q6_K) put_scale(&w[o + 208], rng);
   }
@@ -59,6 +61,31 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
     case GgmlType::Q4_0: {
       const int code = i < 16 ? (u[2 + i] & 15) : (u[2 + i - 16] >> 4);
       return float(code - 8) * f16_at(blk);
+    }
+    case GgmlType::Q4_1: {  // d, m, then the nibbles as Q4_0's
+      const int code = i < 16 ? (u[4 + i] & 15) : (u[4 + i - 16] >> 4);
+      const float p = float(code) * f16_at(blk);
+      return p + f16_at(blk + 2);
+    }
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K: {
+      // 16 sub-blocks of 16 values. The two low code bits of value i: 32 bytes per half of 128,
+      // value 32k + l of the half (l < 32) in bits 2k, 2k+1 of byte l.
+      const int half = i / 128, k = i % 128 / 32, l = i % 32, sub = i / 16;
+      if (t == GgmlType::Q2_K) {  // 16 bytes scales (sc low nibble, m high), 64 bytes codes, d, dmin
+        const int code = (u[16 + 32 * half + l] >> (2 * k)) % 4;
+        const float dl = f16_at(blk + 80) * float(u[sub] % 16), ml = f16_at(blk + 82) * float(u[sub] / 16);
+        const float p = dl * float(code);
+        return p - ml;
+      }
+      // 32 bytes hmask (bit i/32 of byte l: the code's third bit), 64 bytes codes, 12 bytes scales, d.
+      // Sub-block j's 6-bit scale: bytes 0-7 hold the low nibbles (0-7 then 8-15 in the high
+      // nibbles), bytes 8-11 the top two bits (byte 8 + j%4, bit pair j/4).
+      const int code = ((u[32 + 32 * half + l] >> (2 * k)) % 4) + 4 * ((u[l] >> (i / 32)) % 2);
+      const uint8_t* s = u + 96;
+      const int sc = ((sub < 8 ? s[sub] % 16 : s[sub - 8] / 16)) + 16 * ((s[8 + sub % 4] >> (2 * (sub / 4))) % 4);
+      const float dl = f16_at(blk + 108) * float(sc - 32);
+      return dl * float(code - 4);
     }
     case GgmlType::Q5_0:
     case GgmlType::Q5_1: {
@@ -121,8 +148,9 @@ float expected_value(GgmlType t, const std::byte* blk, int i) {
   }
 }
 
-constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,   GgmlType::Q5_1,  GgmlType::Q4_K,
-                                    GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+constexpr GgmlType kBlockTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0,   GgmlType::Q4_1,  GgmlType::Q5_0,
+                                    GgmlType::Q5_1, GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::Q4_K,
+                                    GgmlType::Q5_K, GgmlType::Q6_K,   GgmlType::IQ4_NL, GgmlType::IQ4_XS};
 
 TEST(Quant, DequantizeIsBitExact) {
   std::mt19937 rng(1);
@@ -223,7 +251,8 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
             matmul(x.data(), M, Weight{wb.data(), dtype_of(t), N, K}, y.data(), Exec(pool, isa));
             // The K-quants' 512-bit loop (AVX512) adds the same exact integers as the 256-bit one
             // in another order and finishes them with the same f32 operations: the same bits.
-            const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+            const bool k_quant = t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K ||
+                                 t == GgmlType::Q5_K || t == GgmlType::Q6_K;
             if (isa == Isa::Avx2) y_avx2 = y;
             if (isa == Isa::Avx512 && k_quant && !y_avx2.empty())
               for (size_t i = 0; i < y.size(); ++i)
@@ -322,8 +351,9 @@ TEST(Quant, StridedRowsAndBiasOnEveryIsa) {
 }
 
 // quantize_row then dequantize_row: every value within its format's step (Q8_0 amax/127 of the
-// block, Q4_0 amax/8, Q5_0 amax/16, Q5_1 (max − min)/31, Q4_K (max − min)/15 (Q5_K /31) of the sub-block plus the 6-bit scale/min rounding,
-// Q6_K amax/31 of the sub-block plus the scale rounding), and Q8_0 exactly ggml's rule.
+// block, Q4_0 amax/8, Q5_0 amax/16, Q4_1 (max − min)/15, Q5_1 /31, Q4_K (max − min)/15 (Q5_K
+// /31, Q2_K /3) of the sub-block plus the scale/min rounding, Q6_K amax/31 (Q3_K amax/4) of the
+// sub-block plus the scale rounding), and Q8_0 exactly ggml's rule.
 TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -334,14 +364,17 @@ TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
     std::vector<std::byte> q(quant_row_bytes(t, n));
     quantize_row(t, x.data(), q.data(), n);
     dequantize_row(t, q.data(), y.data(), n);
-    const size_t group = t == GgmlType::Q6_K ? 16 : 32;
+    const size_t group = t == GgmlType::Q6_K || t == GgmlType::Q2_K || t == GgmlType::Q3_K ? 16 : 32;
     for (size_t g = 0; g < n; g += group) {
       float amax = 0, lo = 0, hi = x[g];
       for (size_t i = g; i < g + group; ++i) amax = std::max(amax, std::fabs(x[i])), lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
       float step = t == GgmlType::Q8_0   ? amax / 127
                    : t == GgmlType::Q4_0 ? amax / 8
                    : t == GgmlType::Q5_0 ? amax / 16
+                   : t == GgmlType::Q4_1 ? (hi - lo) / 15
                    : t == GgmlType::Q5_1 ? (hi - lo) / 31
+                   : t == GgmlType::Q2_K ? (hi - lo) / 3
+                   : t == GgmlType::Q3_K ? amax / 4
                    : t == GgmlType::Q4_K ? (hi - lo) / 15
                    : t == GgmlType::Q5_K ? (hi - lo) / 31
                                          : amax / 31;
@@ -349,16 +382,24 @@ TEST(Quant, QuantizeRowRoundTripsWithinTheStep) {
       float sb = 0;
       for (size_t i = g / 256 * 256; i < g / 256 * 256 + 256; ++i) sb = std::max(sb, std::fabs(x[i]));
       if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) step += 2 * sb / 63;
+      // Q2_K's 4-bit scales (d = max/15 of the sub-blocks' ranges/3 ≤ 2·sb/45) and mins (dmin ≤ sb/15)
+      // are half a unit off at most: 3·d/2 + dmin/2 at the top code
+      if (t == GgmlType::Q2_K) step += 2 * (sb / 15 + sb / 30);
+      // Q3_K's signed 6-bit scales of d = max/31 (≤ sb/124), half a unit off, times codes up to 4
+      if (t == GgmlType::Q3_K) step += 2 * sb / 62;
       // IQ4: the codebook's widest gap is 24 and it ends at 113 against −127 (14), in units of the
       // (sub-)block's amax/127; IQ4_XS's sub-block scale is a 6-bit multiple of d = max/31, half
       // a unit off at most, which moves values up to 127 units by 63.5·d (and widens the 14)
       if (t == GgmlType::IQ4_NL || t == GgmlType::IQ4_XS) step = 2 * 14 * amax / 127;
       if (t == GgmlType::IQ4_XS) step += 2 * 78 * sb / (127 * 31);
       if (t == GgmlType::Q6_K) step += 32 * sb / 31 / 127;
-      // half a step (Q4_0, Q5_0: a whole one, their codes reach −8·d (−16·d) but only +7·d (+15·d);
-      // Q5_1: a whole one, its codes are truncated from +0.5 after the f16 rounding of m) + the f16
+      // half a step (Q4_0, Q5_0, Q3_K: a whole one, their codes reach −8·d (−16·d, −4·d) but only
+      // +7·d (+15·d, +3·d); Q4_1, Q5_1: a whole one, its codes are truncated from +0.5 after the f16 rounding of m) + the f16
       // rounding of the block scale (relative 2^-11, at most amax away)
-      const float half = t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 ? 1.f : 0.5f;
+      const float half = t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_1 ||
+                                 t == GgmlType::Q3_K
+                             ? 1.f
+                             : 0.5f;
       for (size_t i = g; i < g + group; ++i)
         ASSERT_LE(std::fabs(y[i] - x[i]), step * half * 1.01f + amax / 1024 + 1e-6f) << ggml_type_name(t) << " value " << i;
     }
