@@ -370,6 +370,35 @@ void dequantize_k4_avx512(const std::byte* src, float* y, size_t n) {
   }
 }
 
+// Q2_K and Q3_K blocks for dequantize_blocks_avx512, one 16-value sub-block j at a time: its two low
+// code bits are bits 2k of 16 bytes of the half's 32 (k = j % 8 / 2), Q3_K's third bit is bit
+// j / 2 of hmask's same 16 bytes. Q2_K: d·sc·q − dmin·m; Q3_K: d·(sc − 32)·(q − 4).
+template <class Block>
+void dequantize_q23_avx512(const std::byte* src, float* y, size_t n) {
+  using namespace quant_blocks;
+  constexpr bool three = std::is_same_v<Block, BlockQ3_K>;
+  const __m128i m2 = _mm_set1_epi8(3), one = _mm_set1_epi8(1);
+  for (const auto* b = reinterpret_cast<const Block*>(src); n; n -= 256, ++b) {
+    const float d = _cvtsh_ss(b->d);
+    uint8_t sc[16];
+    if constexpr (three) q3_k_scales(b->scales, sc);
+    for (int j = 0; j < 16; ++j, y += 16) {
+      const int half = j / 8, k = j % 8 / 2, l0 = 16 * (j % 2);
+      __m128i q = _mm_and_si128(_mm_srli_epi16(load16(b->qs + 32 * half + l0), 2 * k), m2);
+      if constexpr (three) {
+        q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(load16(b->hmask + l0), j / 2), one), 2));
+        const __m512 dl = _mm512_set1_ps(d * float(sc[j] - 32));
+        // float(code − 4): the difference of small integers is exact in f32 too
+        _mm512_storeu_ps(y, mul_exact(dl, _mm512_sub_ps(u8x16_to_ps(q), _mm512_set1_ps(4.f))));
+      } else {
+        const __m512 dl = _mm512_set1_ps(d * float(b->scales[j] & 0xF));
+        const __m512 ml = _mm512_set1_ps(_cvtsh_ss(b->dmin) * float(b->scales[j] >> 4));
+        _mm512_storeu_ps(y, _mm512_sub_ps(mul_exact(dl, u8x16_to_ps(q)), ml));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // dequantize_row's values with the same f32 operations (exact int → f32 conversions, the
@@ -397,10 +426,10 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
     case GgmlType::Q4_1:  // rare (rows of Gemma 3 1B that are not whole 256-blocks) or rarely used
     case GgmlType::Q5_0:  // on such a CPU: the scalar loop
     case GgmlType::Q5_1:
-    case GgmlType::Q2_K:
-    case GgmlType::Q3_K:
     case GgmlType::IQ4_NL:
     case GgmlType::IQ4_XS: return dequantize_row(t, src, y, n);
+    case GgmlType::Q2_K: return dequantize_q23_avx512<BlockQ2_K>(src, y, n);
+    case GgmlType::Q3_K: return dequantize_q23_avx512<BlockQ3_K>(src, y, n);
     case GgmlType::Q4_K: return dequantize_k4_avx512<BlockQ4_K>(src, y, n);
     case GgmlType::Q5_K: return dequantize_k4_avx512<BlockQ5_K>(src, y, n);
     case GgmlType::Q6_K:
