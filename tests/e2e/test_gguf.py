@@ -373,8 +373,8 @@ class Gguf(unittest.TestCase):
         refused(self, ["run", "--model", missing, *ids], "missing tensor 'blk.3.ffn_up.weight'")
         shape = patch_tensor_info(f32, os.path.join(self.tmp, "shape.gguf"), "blk.2.attn_q.weight", ne1=255)
         refused(self, ["run", "--model", shape, *ids], "blk.2.attn_q.weight", "has shape [255, 256]")
-        q4 = patch_tensor_info(q8, os.path.join(self.tmp, "q4_1.gguf"), "blk.1.ffn_down.weight", type_id=3)
-        refused(self, ["run", "--model", q4, *ids], "blk.1.ffn_down.weight", "Q4_1", "not supported")
+        iq2 = patch_tensor_info(q8, os.path.join(self.tmp, "iq2_xxs.gguf"), "blk.1.ffn_down.weight", type_id=16)
+        refused(self, ["run", "--model", iq2, *ids], "blk.1.ffn_down.weight", "IQ2_XXS", "not supported")
         two = os.path.join(self.tmp, "two")
         os.makedirs(two)
         for t in ("f32", "q8_0"):
