@@ -87,7 +87,7 @@ vocab(model, True)
 n_vocab = len(head) + 256 + len(normal)
 H, I, d = 32, 64, 16
 shapes = [("token_embd.weight", (n_vocab, H), "q8_0"), ("output_norm.weight", (H,), "f32"),
-          ("blk.0.attn_norm.weight", (H,), "f32"), ("blk.0.attn_q.weight", (2 * d, H), "f16"),
+          ("blk.0.attn_norm.weight", (H,), "f32"), ("blk.0.attn_q.weight", (2 * d, H), "q4_1"),
           ("blk.0.attn_k.weight", (d, H), "bf16"), ("blk.0.attn_v.weight", (d, H), "q4_0"),
           ("blk.0.attn_output.weight", (H, 2 * d), "q5_0"), ("blk.0.attn_q_norm.weight", (d,), "f32"),
           ("blk.0.attn_k_norm.weight", (d,), "f32"), ("blk.0.post_attention_norm.weight", (H,), "f32"),
