@@ -370,6 +370,38 @@ void dequantize_k4_avx512(const std::byte* src, float* y, size_t n) {
   }
 }
 
+// Q4_1, Q5_0 and Q5_1 blocks for dequantize_blocks_avx512 (Gemma 3 1B's Q4_K_M and Q5_K_M files
+// hold Q5_0 / Q5_1 in most matrices): the nibbles as Q4_0's, plus 16 where bit j of qh is set;
+// Q5_0: (q − 16)·d, the others q·d + m.
+template <class Block>
+void dequantize_q45_avx512(const std::byte* src, float* y, size_t n) {
+  constexpr bool fifth = requires(Block b) { b.qh; }, offset = std::is_same_v<Block, quant_blocks::BlockQ5_0>;
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  for (const auto* b = reinterpret_cast<const Block*>(src); n; n -= 32, ++b, y += 32) {
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+    const __m128i q = load16(b->qs);
+    uint32_t qh = 0;
+    if constexpr (fifth) std::memcpy(&qh, b->qh, 4);
+    for (int h = 0; h < 2; ++h) {
+      __m512i v = _mm512_cvtepu8_epi32(_mm_and_si128(h ? _mm_srli_epi16(q, 4) : q, m4));
+      if constexpr (fifth) v = _mm512_mask_add_epi32(v, __mmask16(qh >> 16 * h), v, _mm512_set1_epi32(16));
+      const __m512 f = _mm512_cvtepi32_ps(v);
+      // float(code − 16): the difference of small integers is exact in f32 too
+      if constexpr (offset) _mm512_storeu_ps(y + 16 * h, mul_exact(_mm512_sub_ps(f, _mm512_set1_ps(16.f)), d));
+      else _mm512_storeu_ps(y + 16 * h, _mm512_add_ps(mul_exact(f, d), _mm512_set1_ps(_cvtsh_ss(b->m))));
+    }
+  }
+}
+
+// 32 IQ4 values (16 bytes of nibbles, as Q4_0's) for dequantize_blocks_avx512: dl·kv[code].
+inline void iq4_values16x2(const uint8_t* qs, __m512 dl, float* y) {
+  const __m128i table = load16(quant_blocks::kIq4Values), q = load16(qs), m4 = _mm_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h) {
+    const __m128i codes = _mm_and_si128(h ? _mm_srli_epi16(q, 4) : q, m4);
+    _mm512_storeu_ps(y + 16 * h, mul_exact(dl, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_shuffle_epi8(table, codes)))));
+  }
+}
+
 // Q2_K and Q3_K blocks for dequantize_blocks_avx512, one 16-value sub-block j at a time: its two low
 // code bits are bits 2k of 16 bytes of the half's 32 (k = j % 8 / 2), Q3_K's third bit is bit
 // j / 2 of hmask's same 16 bytes. Q2_K: d·sc·q − dmin·m; Q3_K: d·(sc − 32)·(q − 4).
@@ -423,11 +455,19 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
         _mm512_storeu_ps(y + 16, mul_exact(_mm512_sub_ps(u8x16_to_ps(_mm_and_si128(_mm_srli_epi16(q, 4), m4)), eight), d));
       }
       return;
-    case GgmlType::Q4_1:  // rare (rows of Gemma 3 1B that are not whole 256-blocks) or rarely used
-    case GgmlType::Q5_0:  // on such a CPU: the scalar loop
-    case GgmlType::Q5_1:
+    case GgmlType::Q4_1: return dequantize_q45_avx512<BlockQ4_1>(src, y, n);
+    case GgmlType::Q5_0: return dequantize_q45_avx512<BlockQ5_0>(src, y, n);
+    case GgmlType::Q5_1: return dequantize_q45_avx512<BlockQ5_1>(src, y, n);
     case GgmlType::IQ4_NL:
-    case GgmlType::IQ4_XS: return dequantize_row(t, src, y, n);
+      for (const auto* b = reinterpret_cast<const BlockIQ4_NL*>(src); n; n -= 32, ++b, y += 32)
+        iq4_values16x2(b->qs, _mm512_set1_ps(_cvtsh_ss(b->d)), y);
+      return;
+    case GgmlType::IQ4_XS:
+      for (const auto* b = reinterpret_cast<const BlockIQ4_XS*>(src); n; n -= 256, ++b) {
+        const float d = _cvtsh_ss(b->d);
+        for (int j = 0; j < 8; ++j, y += 32) iq4_values16x2(b->qs + 16 * j, _mm512_set1_ps(d * float(iq4_xs_scale(b, j))), y);
+      }
+      return;
     case GgmlType::Q2_K: return dequantize_q23_avx512<BlockQ2_K>(src, y, n);
     case GgmlType::Q3_K: return dequantize_q23_avx512<BlockQ3_K>(src, y, n);
     case GgmlType::Q4_K: return dequantize_k4_avx512<BlockQ4_K>(src, y, n);

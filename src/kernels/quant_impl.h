@@ -289,12 +289,16 @@ constexpr ShuffleBytes64 kPickZ[4] = {
     {kPick[0], kPick[1]}, {kPick[2], kPick[3]}, {kPick[4], kPick[5]}, {kPick[6], kPick[7]}};
 constexpr ShuffleBytes64 kPickPairZ[2] = {{kPickPair[0], kPickPair[1]}, {kPickPair[2], kPickPair[3]}};
 // The kZmm loops' steps, templates so that only the AVX512 file instantiates them: sum += the
-// pair sums of codes × the 64 activations at x, times scale (int16 pairs, then int32, as in the
+// pair sums of codes × 64 activations x, times scale (int16 pairs, then int32, as in the
 // 256-bit loops), kept one chain (keep_chain); and a 512-bit sum's halves added.
 template <class V>
-QTARGET inline void add_scaled_pairs(V& sum, V codes, const int8_t* x, V scale) {
-  sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, _mm512_loadu_si512(x)), scale));
+QTARGET inline void add_scaled_pairs(V& sum, V codes, V x, V scale) {
+  sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), scale));
   asm("" : "+v"(sum));
+}
+template <class V>
+QTARGET inline void add_scaled_pairs(V& sum, V codes, const int8_t* x, V scale) {
+  add_scaled_pairs(sum, codes, V(_mm512_loadu_si512(x)), scale);
 }
 template <class V>
 QTARGET inline __m256i fold_halves(V v) {
@@ -585,10 +589,30 @@ QTARGET inline void dot_q23_k(const std::byte* const* rows, const Acts<RM, Q8KRo
   store_sums(acc, out);
 }
 
+// IQ4_XS's eight signed sub-block scales ls − 32 as int16: the low four bits are nibble j % 2 of
+// scales_l[j / 2] (byte j / 2 spread to lane j, the odd lanes shifted by 4), the top two bits 2j
+// of scales_h (a multiply by 2^(14 − 2j) puts them at the top of lane j).
+QTARGET inline __m128i iq4_xs_scales(const BlockIQ4_XS* b) {
+  uint32_t l;
+  std::memcpy(&l, b->scales_l, 4);
+  const __m128i spread =
+      _mm_shuffle_epi8(_mm_cvtsi32_si128(int(l)), _mm_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1));
+  const __m128i low = _mm_and_si128(_mm_blend_epi16(spread, _mm_srli_epi16(spread, 4), 0xAA), _mm_set1_epi16(0x0F));
+  const __m128i top = _mm_srli_epi16(
+      _mm_mullo_epi16(_mm_set1_epi16(short(b->scales_h)), _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1)),
+      14);
+  return _mm_sub_epi16(_mm_or_si128(low, _mm_slli_epi16(top, 4)), _mm_set1_epi16(32));
+}
+
+// The IQ4 codebook's magnitudes: a code's value is negative exactly where its bit 3 is clear.
+inline constexpr int8_t kIq4Magnitudes[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 // IQ4_XS against Q8_K activations: a sub-block's codebook values w (signed bytes) meet x as int16
 // pair sums of |w| and x with w's sign (vpmaddubsw), and vpmaddwd multiplies them by the
 // sub-block's signed scale ls − 32 while it sums them in int32; the block stays one exact integer
-// sum (at most 8·2·2·127·127·32 per lane), finished by one conversion and one FMA by d·d_x.
+// sum (at most 8·2·2·127·127·32 per lane), finished by one conversion and one FMA by d·d_x. On
+// AVX512 (no 512-bit vpsignb) sub-blocks 2c and 2c + 1 share a register: |w| by a shuffle of the
+// magnitudes, and x negated under the mask of codes below 8.
 template <int RM, int S>
 QTARGET inline void dot_iq4_xs(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
   __m256 acc[RM][S];
@@ -598,21 +622,45 @@ QTARGET inline void dot_iq4_xs(const std::byte* const* rows, const Acts<RM, Q8KR
     for (int j = 0; j < S; ++j) {
       const auto* b = reinterpret_cast<const BlockIQ4_XS*>(rows[j]) + i;
       prefetch_ahead<S>(b, sizeof(BlockIQ4_XS));
-      const __m256i sc = _mm256_broadcastsi128_si256(
-          _mm_setr_epi16(short(iq4_xs_scale(b, 0)), short(iq4_xs_scale(b, 1)), short(iq4_xs_scale(b, 2)), short(iq4_xs_scale(b, 3)),
-                         short(iq4_xs_scale(b, 4)), short(iq4_xs_scale(b, 5)), short(iq4_xs_scale(b, 6)), short(iq4_xs_scale(b, 7))));
+      const __m128i sc8 = iq4_xs_scales(b);
+      const __m256i sc = _mm256_broadcastsi128_si256(sc8);
       __m256i sum[RM];
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) sum[m] = _mm256_setzero_si256();
-      VLM_UNROLL
-      for (int k = 0; k < 8; ++k) {
-        const __m256i w = iq4_values(nibbles32(b->qs + 16 * k)), aw = _mm256_sign_epi8(w, w);
-        const __m256i scale = shuffle(sc, kPick[k]);
+      if constexpr (kZmm) {
+        const __m512i scz = _mm512_maskz_broadcast_i32x4(0xFFFF, sc8);
+        const __m512i mag = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Magnitudes)));
+        __m512i sumz[RM];
         VLM_UNROLL
-        for (int m = 0; m < RM; ++m) {
-          const __m256i xs = _mm256_sign_epi8(load32(a.x[m].q + 256 * i + 32 * size_t(k)), w);
-          sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), scale));
-          keep_chain(sum[m]);
+        for (int m = 0; m < RM; ++m) sumz[m] = _mm512_setzero_si512();
+        VLM_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          // 128-bit lanes: sub-block 2c's bytes (low nibbles, then high), then sub-block 2c + 1's
+          const __m512i qq = _mm512_maskz_broadcast_i64x4(0xFF, load32(b->qs + 32 * c));
+          const __m512i q4 = _mm512_maskz_shuffle_i64x2(0xFF, qq, qq, _MM_SHUFFLE(1, 1, 0, 0));
+          const __m512i codes = _mm512_and_si512(_mm512_mask_srli_epi16(q4, 0xFF00FF00u, q4, 4), _mm512_set1_epi8(0x0F));
+          const __m512i w = _mm512_shuffle_epi8(mag, codes);
+          const __mmask64 neg = _mm512_testn_epi8_mask(codes, _mm512_set1_epi8(8));
+          const __m512i scale = _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickZ[c]));
+          VLM_UNROLL
+          for (int m = 0; m < RM; ++m) {
+            const __m512i x = _mm512_loadu_si512(a.x[m].q + 256 * i + 64 * size_t(c));
+            add_scaled_pairs(sumz[m], w, _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x), scale);
+          }
+        }
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) sum[m] = fold_halves(sumz[m]);
+      } else {
+        VLM_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          const __m256i w = iq4_values(nibbles32(b->qs + 16 * k)), aw = _mm256_sign_epi8(w, w);
+          const __m256i scale = shuffle(sc, kPick[k]);
+          VLM_UNROLL
+          for (int m = 0; m < RM; ++m) {
+            const __m256i xs = _mm256_sign_epi8(load32(a.x[m].q + 256 * i + 32 * size_t(k)), w);
+            sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), scale));
+            keep_chain(sum[m]);
+          }
         }
       }
       const __m256 d = _mm256_set1_ps(f16(b->d));

@@ -249,12 +249,11 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
             std::vector<float> y(M * N);
             // Through the weight-format table, as the models call it.
             matmul(x.data(), M, Weight{wb.data(), dtype_of(t), N, K}, y.data(), Exec(pool, isa));
-            // The K-quants' 512-bit loop (AVX512) adds the same exact integers as the 256-bit one
-            // in another order and finishes them with the same f32 operations: the same bits.
-            const bool k_quant = t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K ||
-                                 t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+            // The 256-value formats' 512-bit loops (AVX512) add the same exact integers as the
+            // 256-bit ones in another order and finish them with the same f32 operations: the same bits.
+            const bool k256 = ggml_traits(t).block_elems == 256;
             if (isa == Isa::Avx2) y_avx2 = y;
-            if (isa == Isa::Avx512 && k_quant && !y_avx2.empty())
+            if (isa == Isa::Avx512 && k256 && !y_avx2.empty())
               for (size_t i = 0; i < y.size(); ++i)
                 ASSERT_EQ(y[i], y_avx2[i]) << ggml_type_name(t) << " M" << M << " N" << N << " K" << K << " at " << i;
             for (size_t m = 0; m < M; ++m)
