@@ -292,19 +292,34 @@ void q2_k_block(const float* x, std::byte* out) {
   for (int e = 0; e < 256; ++e) put_q2(b->qs, e, a.code(e / 16, x[e]));
 }
 
-// Q3_K: each sub-block of 16 maps its value of largest magnitude, sign kept, to −4; those
-// scales are signed 6-bit multiples (sc − 32) of the super-block's f16 d = max/31.
+// The K-quants with signed sub-block scales (Q3_K, IQ4_XS): each of `n` sub-blocks of `len`
+// values maps its value of largest magnitude, sign kept, to −top; those scales are stored as
+// signed 6-bit multiples l_j (−32..31) of the super-block's f16 d = max/31.
+struct SignedScales {
+  uint16_t d;  // f16
+  int l[16];
+};
+SignedScales fit_signed(const float* x, int n, int len, float top) {
+  SignedScales a{};
+  float s[16], smax = 0;
+  for (int j = 0; j < n; ++j) s[j] = signed_max(x + len * j, len) / -top, smax = std::max(smax, std::fabs(s[j]));
+  a.d = f32_to_f16(smax / 31.0f);
+  const float d = f16_to_f32(a.d);
+  for (int j = 0; j < n; ++j) a.l[j] = d > 0 ? int(std::clamp(std::nearbyint(s[j] / d), -32.0f, 31.0f)) : 0;
+  return a;
+}
+
+// Q3_K: sub-blocks of 16 mapped to −4 (fit_signed).
 void q3_k_block(const float* x, std::byte* out) {
   auto* b = reinterpret_cast<BlockQ3_K*>(out);
-  float s[16], smax = 0;
-  for (int j = 0; j < 16; ++j) s[j] = signed_max(x + 16 * j, 16) / -4.0f, smax = std::max(smax, std::fabs(s[j]));
-  b->d = f32_to_f16(smax / 31.0f);
+  const SignedScales a = fit_signed(x, 16, 16, 4.0f);
+  b->d = a.d;
   const float d = f16_to_f32(b->d);
   std::memset(b->scales, 0, sizeof b->scales);
   std::memset(b->hmask, 0, sizeof b->hmask);
   std::memset(b->qs, 0, sizeof b->qs);
   for (int j = 0; j < 16; ++j) {
-    const int l = d > 0 ? int(std::clamp(std::nearbyint(s[j] / d), -32.0f, 31.0f)) : 0, sc = l + 32;
+    const int l = a.l[j], sc = l + 32;
     // q3_k_scales' layout: low nibble j / 8 of byte j % 8, top bits 2·(j / 4) of byte 8 + j % 4
     b->scales[j % 8] = uint8_t(b->scales[j % 8] | (sc & 15) << 4 * (j / 8));
     b->scales[8 + j % 4] = uint8_t(b->scales[8 + j % 4] | (sc >> 4) << 2 * (j / 4));
@@ -333,7 +348,7 @@ void iq4_codes(const float* x, float e, uint8_t* qs) {
 
 // IQ4_NL: the value of largest magnitude maps to the codebook's −127 (not ggml's search over
 // nearby scales: valid blocks, a little more error); IQ4_XS: each sub-block's scale so, rounded
-// to a signed 6-bit multiple of the super-block's f16 d.
+// to a signed 6-bit multiple of the super-block's f16 d (fit_signed).
 void iq4_nl_block(const float* x, std::byte* out) {
   auto* b = reinterpret_cast<BlockIQ4_NL*>(out);
   b->d = f32_to_f16(signed_max(x, 32) / -127.0f);
@@ -342,14 +357,13 @@ void iq4_nl_block(const float* x, std::byte* out) {
 
 void iq4_xs_block(const float* x, std::byte* out) {
   auto* b = reinterpret_cast<BlockIQ4_XS*>(out);
-  float s[8], smax = 0;
-  for (int j = 0; j < 8; ++j) s[j] = signed_max(x + 32 * j, 32) / -127.0f, smax = std::max(smax, std::fabs(s[j]));
-  b->d = f32_to_f16(smax / 31.0f);
+  const SignedScales a = fit_signed(x, 8, 32, 127.0f);
+  b->d = a.d;
   const float d = f16_to_f32(b->d);
   b->scales_h = 0;
   std::memset(b->scales_l, 0, sizeof b->scales_l);
   for (int j = 0; j < 8; ++j) {
-    const int l = d > 0 ? int(std::clamp(std::nearbyint(s[j] / d), -32.0f, 31.0f)) : 0, ls = l + 32;
+    const int l = a.l[j], ls = l + 32;
     b->scales_l[j / 2] = uint8_t(b->scales_l[j / 2] | (ls & 15) << 4 * (j % 2));
     b->scales_h = uint16_t(b->scales_h | (ls >> 4) << 2 * j);
     iq4_codes(x + 32 * j, d * float(l), b->qs + 16 * j);
