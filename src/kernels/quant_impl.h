@@ -501,6 +501,15 @@ QTARGET inline __m256i q3_k_scales16(const uint8_t* s) {
   return _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_or_si128(low, _mm_slli_epi32(high, 4))), _mm256_set1_epi16(32));
 }
 
+// Of a 512-bit register holding a block's hmask twice: kHbitZ[k2] tests bit 2·k2 in the low 256 bits
+// and bit 2·k2 + 1 in the high ones (chunks 2c, 2c + 1 of half h: k2 = 2h + c).
+constexpr ShuffleBytes64 hbit_bytes(int p) {
+  ShuffleBytes64 s{};
+  for (int i = 0; i < 32; ++i) s.lo.b[i] = uint8_t(1 << p), s.hi.b[i] = uint8_t(1 << (p + 1));
+  return s;
+}
+constexpr ShuffleBytes64 kHbitZ[4] = {hbit_bytes(0), hbit_bytes(2), hbit_bytes(4), hbit_bytes(6)};
+
 // Q2_K and Q3_K against Q8_K activations, as Q6_K: a 32-value chunk k of half h (bits 2k of the
 // half's 32 code bytes; Q3_K's third bit is bit 4h + k of hmask) meets x as int16 pair sums
 // (vpmaddubsw), and vpmaddwd multiplies them by the scales of the chunk's two 16-value sub-blocks
@@ -536,30 +545,36 @@ QTARGET inline void dot_q23_k(const std::byte* const* rows, const Acts<RM, Q8KRo
         if constexpr (three)
           sum[m] = _mm256_sub_epi32(sum[m], _mm256_slli_epi32(_mm256_madd_epi16(load32(a.x[m].bsums + 16 * i), all), 2));
       }
-      VLM_UNROLL
-      for (int half = 0; half < 2; ++half) {
-        const __m256i q = load32(b->qs + 32 * half);
-        if constexpr (kZmm) {
-          // Chunks 2c and 2c + 1 side by side in 512-bit registers (their activations contiguous in x).
-          const __m512i qq = _mm512_maskz_broadcast_i64x4(0xFF, q);
+      if constexpr (kZmm) {
+        // Chunks 2c and 2c + 1 of a half side by side in 512-bit registers (their activations
+        // contiguous in x); Q3_K's third bits set where hmask has the chunk's bit (kHbitZ).
+        const __m512i hz = _mm512_maskz_broadcast_i64x4(0xFF, hm);
+        __m512i sumz[RM];
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) sumz[m] = _mm512_setzero_si512();
+        VLM_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          const __m512i qq = _mm512_maskz_broadcast_i64x4(0xFF, load32(b->qs + 32 * half));
           const __m512i scz = _mm512_maskz_broadcast_i64x4(0xFF, sc[half]);
-          __m512i sumz[RM];
-          VLM_UNROLL
-          for (int m = 0; m < RM; ++m) sumz[m] = _mm512_setzero_si512();
           VLM_UNROLL
           for (int c = 0; c < 2; ++c) {
             __m512i codes = _mm512_and_si512(_mm512_mask_srli_epi16(_mm512_srli_epi16(qq, 4 * c), 0xFFFF0000u, qq, 4 * c + 2),
                                              _mm512_set1_epi8(3));
             if constexpr (three)
-              codes = _mm512_or_si512(codes, halves(move_bit(hm, 4 * half + 2 * c, 2), move_bit(hm, 4 * half + 2 * c + 1, 2)));
+              codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(hz, _mm512_load_si512(&kHbitZ[2 * half + c])), codes,
+                                           _mm512_set1_epi8(4));
             const __m512i scale = _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickPairZ[c]));
             VLM_UNROLL
             for (int m = 0; m < RM; ++m)
               add_scaled_pairs(sumz[m], codes, a.x[m].q + 256 * i + 128 * size_t(half) + 64 * size_t(c), scale);
           }
-          VLM_UNROLL
-          for (int m = 0; m < RM; ++m) sum[m] = _mm256_add_epi32(sum[m], fold_halves(sumz[m]));
-        } else {
+        }
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) sum[m] = _mm256_add_epi32(sum[m], fold_halves(sumz[m]));
+      } else {
+        VLM_UNROLL
+        for (int half = 0; half < 2; ++half) {
+          const __m256i q = load32(b->qs + 32 * half);
           VLM_UNROLL
           for (int k = 0; k < 4; ++k) {
             __m256i codes = _mm256_and_si256(_mm256_srli_epi16(q, 2 * k), m2);
