@@ -338,10 +338,12 @@ void q3_k_block(const float* x, std::byte* out) {
 void iq4_codes(const float* x, float e, uint8_t* qs) {
   int q[32];
   for (int j = 0; j < 32; ++j) {
+    // The nearest entry (the lower one at a tie): the codebook ascends, so it is the first entry
+    // not below t or the one before it.
     const float t = e != 0 ? x[j] / e : 0.0f;
-    q[j] = 0;
-    for (int c = 1; c < 16; ++c)
-      if (std::fabs(t - float(kIq4Values[c])) < std::fabs(t - float(kIq4Values[q[j]]))) q[j] = c;
+    const int i = int(std::lower_bound(kIq4Values, kIq4Values + 16, t, [](int8_t v, float u) { return float(v) < u; }) -
+                      kIq4Values);
+    q[j] = i == 16 ? 15 : i == 0 ? 0 : std::fabs(t - float(kIq4Values[i - 1])) <= std::fabs(t - float(kIq4Values[i])) ? i - 1 : i;
   }
   for (int j = 0; j < 16; ++j) qs[j] = uint8_t(q[j] | q[j + 16] << 4);
 }
