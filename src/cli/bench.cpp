@@ -34,6 +34,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "kernels/roofline.h"
@@ -103,6 +104,7 @@ int cmd_bench(int argc, char** argv) {
   mo.mmproj = mmproj;
   mo.threads = threads;
   mo.precision = precision_of(precision);
+  mo.isa = isa_from_env();
   const auto t_load = Clock::now();
   const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
   const double load_s = seconds_since(t_load);
@@ -114,7 +116,8 @@ int cmd_bench(int argc, char** argv) {
     fail("--pp {} / --tg {}: beyond the context of {} positions", pp, tg, m.context());
   const kernels::Precision prec = m.precision();
   // The kernels prefill and the image run on (kernels/exec.h, Exec::dot_gemm) set the peak.
-  const bool bf16_dot = prec == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && m.exec().dot_gemm;
+  const bool bf16_dot = prec == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && m.exec().dot_gemm &&
+                        m.exec().isa == kernels::Isa::Avx512;
 
   // What one decode step reads and one prefill row multiplies.
   const Checkpoint& ck = m.checkpoint();

@@ -45,6 +45,12 @@ void ImageArgs::add(CLI::App& app) {
   app.add_flag("--pan-and-scan", pan_and_scan, "Pan & Scan crops follow each image (docs/gemma3/preprocessing.md#pan-and-scan)");
 }
 
+std::optional<kernels::Isa> isa_from_env() {
+  const char* isa = std::getenv("VLM_ISA");
+  if (!isa || !*isa) return std::nullopt;
+  return kernels::parse_isa(isa, "VLM_ISA");
+}
+
 engine::ModelOptions ImageArgs::model_options() const {
   engine::ModelOptions o;
   if (!mask_mode.empty()) o.mask_mode = parse_mask_mode(mask_mode);
@@ -54,9 +60,9 @@ engine::ModelOptions ImageArgs::model_options() const {
   if (pan_and_scan) o.pan_and_scan = true;
   o.vision = !files.empty();
   o.mmproj = mmproj;
-  // Kernel ISA path (tests and benchmarks compare paths) and the TEST-ONLY fault switches
-  // (multimodal/host.h): read here, at the CLI's edge; the library reads no environment.
-  if (const char* isa = std::getenv("VLM_ISA"); isa && *isa) o.isa = kernels::parse_isa(isa, "VLM_ISA");
+  // Kernel ISA path and the TEST-ONLY fault switches (multimodal/host.h): read here, at the
+  // CLI's edge; the library reads no environment.
+  o.isa = isa_from_env();
   const char* fault = std::getenv("VLM_FAULT");
   try {
     o.fault = parse_fault(fault ? fault : "");

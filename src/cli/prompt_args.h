@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct PromptArgs {
 };
 
 // The image side of a request, shared by `vlm run` and `vlm dump`.
+// The kernel path VLM_ISA (scalar, avx2 or avx512) forces; nullopt when it is unset: tests and
+// benchmarks compare paths.
+std::optional<kernels::Isa> isa_from_env();
+
 struct ImageArgs {
   std::vector<std::string> files;  // --image, in prompt order
   std::string mask_mode;           // --mask-mode; empty = the checkpoint's default
