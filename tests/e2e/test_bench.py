@@ -20,11 +20,11 @@ FIELDS = ["pp_tok_s", "tg_tok_s", "image_s", "batch_tok_s", "rss_bytes", "roofli
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
 class TestBench(unittest.TestCase):
-    def bench(self, *extra, model=None):
+    def bench(self, *extra, model=None, env=None):
         model = model or [os.path.join(FIXTURES, "tiny-bf16")]
         r = subprocess.run([BIN, "bench", "--model", *model, "--threads", "2",
                             "--pp", "40", "--tg", "8", "--batch", "3", "--image", "--json", *extra],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
         self.assertEqual(r.returncode, 0, r.stderr)
         return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
@@ -66,6 +66,16 @@ class TestBench(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("no vision tower", r.stderr)
+
+    def test_vlm_isa_picks_the_kernel_path(self):
+        # As for run and dump: a forced path (scalar: every CPU has it) runs in place of the best one;
+        # a bad name is a one-line error.
+        j, _ = self.bench(env={"VLM_ISA": "scalar"})
+        self.assertEqual(j["isa"], "scalar")
+        r = subprocess.run([BIN, "bench", "--model", os.path.join(FIXTURES, "tiny-bf16"), "--pp", "8", "--tg", "2"],
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "VLM_ISA": "sse9"})
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("VLM_ISA=sse9", r.stderr)
 
 
 if __name__ == "__main__":
