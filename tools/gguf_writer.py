@@ -18,7 +18,8 @@ ALIGNMENT = 32
 # ggml.h enum ggml_type: id, values per block, bytes per block.
 GGML_TYPES = {
     "f32": (0, 1, 4), "f16": (1, 1, 2), "q4_0": (2, 32, 18), "q4_1": (3, 32, 20), "q5_0": (6, 32, 22),
-    "q5_1": (7, 32, 24), "q8_0": (8, 32, 34), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110), "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210),
+    "q5_1": (7, 32, 24), "q8_0": (8, 32, 34), "q2_k": (10, 256, 84), "q3_k": (11, 256, 110),
+    "q4_k": (12, 256, 144), "q5_k": (13, 256, 176), "q6_k": (14, 256, 210),
     "iq4_nl": (20, 32, 18), "iq4_xs": (23, 256, 136), "bf16": (30, 1, 2),
 }
 GGML_NAMES = {v[0]: k for k, v in GGML_TYPES.items()}
@@ -143,7 +144,7 @@ def quantize_q5_0(x):
 
 def _min_max_codes(x, top):
     """ggml's quantize_row_q4_1_ref / _q5_1_ref rule for rows of 32: [min, max] in `top` steps, codes
-    (x - min)/d + 0.5 truncated, at most top. Returns the blocks, d, min and the codes."""
+    (x - min)/d + 0.5 truncated, at most top. Returns the output rows (d and min written) and the codes."""
     b = np.asarray(x, np.float32).reshape(-1, 32)
     lo, hi = b.min(axis=1), b.max(axis=1)
     d = (hi - lo) / np.float32(top)
@@ -179,18 +180,10 @@ def _pack_2bit(q):
 def quantize_q2_k(x):
     """Super-blocks of 16 sub-blocks of 16: value = d*sc*q - dmin*m, 4-bit sc and m, 2-bit q (a plain
     min/max fit as quantize_q4_k's). Bytes: scales (sc | m << 4), codes, d, dmin."""
-    b = np.asarray(x, np.float32).reshape(-1, 16, 16)
-    lo = np.minimum(b.min(axis=2), 0)
-    scale, mins = (b.max(axis=2) - lo) / np.float32(3), -lo
-    d16, dmin16 = _f16(scale.max(axis=1) / np.float32(15)), _f16(mins.max(axis=1) / np.float32(15))
-    df, dminf = d16.astype(np.float32), dmin16.astype(np.float32)
-    sc = np.where(df[:, None] > 0, np.rint(scale / np.where(df > 0, df, 1)[:, None]), 0).clip(0, 15).astype(np.uint8)
-    m = np.where(dminf[:, None] > 0, np.rint(mins / np.where(dminf > 0, dminf, 1)[:, None]), 0).clip(0, 15).astype(np.uint8)
-    eff_d, eff_m = df[:, None] * sc, dminf[:, None] * m
-    q = np.where(eff_d[:, :, None] > 0, np.rint((b + eff_m[:, :, None]) / np.where(eff_d > 0, eff_d, 1)[:, :, None]), 0)
-    out = np.zeros((b.shape[0], 84), np.uint8)
+    d16, dmin16, sc, m, q = _affine_fit(np.asarray(x, np.float32).reshape(-1, 16, 16), 3, 15)
+    out = np.zeros((q.shape[0], 84), np.uint8)
     out[:, 0:16] = sc | (m << 4)
-    out[:, 16:80] = _pack_2bit(q.clip(0, 3).astype(np.uint8))
+    out[:, 16:80] = _pack_2bit(q)
     out[:, 80:82] = d16.view(np.uint8).reshape(-1, 2)
     out[:, 82:84] = dmin16.view(np.uint8).reshape(-1, 2)
     return out.tobytes()
@@ -257,6 +250,21 @@ def quantize_iq4_xs(x):
     return out.tobytes()
 
 
+def _affine_fit(b, top, steps):
+    """The K-quants with a min, for super-blocks b [n, sub-blocks, values]: each sub-block's scale
+    (max - min)/top and offset -min (min <= 0) as codes 0..steps of the f16 d and dmin (the largest of
+    each / steps); codes rint((x + dmin*m)/(d*sc)) in 0..top. Returns d16, dmin16, sc, m, q (uint8)."""
+    lo = np.minimum(b.min(axis=2), 0)
+    scale, mins = (b.max(axis=2) - lo) / np.float32(top), -lo
+    d16, dmin16 = _f16(scale.max(axis=1) / np.float32(steps)), _f16(mins.max(axis=1) / np.float32(steps))
+    df, dminf = d16.astype(np.float32), dmin16.astype(np.float32)
+    sc = np.where(df[:, None] > 0, np.rint(scale / np.where(df > 0, df, 1)[:, None]), 0).clip(0, steps).astype(np.uint8)
+    m = np.where(dminf[:, None] > 0, np.rint(mins / np.where(dminf > 0, dminf, 1)[:, None]), 0).clip(0, steps).astype(np.uint8)
+    eff_d, eff_m = df[:, None] * sc, dminf[:, None] * m
+    q = np.where(eff_d[:, :, None] > 0, np.rint((b + eff_m[:, :, None]) / np.where(eff_d > 0, eff_d, 1)[:, :, None]), 0)
+    return d16, dmin16, sc, m, q.clip(0, top).astype(np.uint8)
+
+
 def quantize_q4_k(x, bits=4):
     """Super-blocks of 8 sub-blocks of 32: value = d*sc*q - dmin*m with 6-bit sc, m and 4-bit q
     (Q5_K, bits=5: 5-bit q, its fifth bits in 32 bytes qh before the nibbles).
@@ -264,22 +272,8 @@ def quantize_q4_k(x, bits=4):
     A plain min/max fit per sub-block (not ggml's iterative search): valid blocks whose values
     approximate x; the format, not the fit, is what readers must get right.
     """
-    top = (1 << bits) - 1
     b = np.asarray(x, np.float32).reshape(-1, 8, 32)
-    lo = np.minimum(b.min(axis=2), 0)          # [n, 8]; the offset is -m*dmin <= 0
-    hi = b.max(axis=2)
-    scale = (hi - lo) / np.float32(top)
-    mins = -lo
-    d = scale.max(axis=1) / np.float32(63)
-    dmin = mins.max(axis=1) / np.float32(63)
-    d16, dmin16 = _f16(d), _f16(dmin)
-    df, dminf = d16.astype(np.float32), dmin16.astype(np.float32)
-    sc = np.where(df[:, None] > 0, np.rint(scale / np.where(df > 0, df, 1)[:, None]), 0).clip(0, 63).astype(np.uint8)
-    m = np.where(dminf[:, None] > 0, np.rint(mins / np.where(dminf > 0, dminf, 1)[:, None]), 0).clip(0, 63).astype(np.uint8)
-    eff_d = df[:, None] * sc
-    eff_m = dminf[:, None] * m
-    q = np.where(eff_d[:, :, None] > 0, np.rint((b + eff_m[:, :, None]) / np.where(eff_d > 0, eff_d, 1)[:, :, None]), 0)
-    q = q.clip(0, top).astype(np.uint8)
+    d16, dmin16, sc, m, q = _affine_fit(b, (1 << bits) - 1, 63)
     scales = np.zeros((b.shape[0], 12), np.uint8)
     scales[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
     scales[:, 4:8] = (m[:, 0:4] & 63) | ((m[:, 4:8] >> 4) << 6)

@@ -41,6 +41,18 @@ void dequantize_k4(const std::byte* src, size_t nb, float* y) {
     }
   }
 }
+// Q4_1 and Q5_1 (ggml's dequantize_row_q4_1 / _q5_1): value j is q·d + m.
+template <class Block>
+void dequantize_min32(const std::byte* src, size_t nb, float* y) {
+  for (size_t i = 0; i < nb; ++i, y += 32) {
+    const auto* b = reinterpret_cast<const Block*>(src) + i;
+    const float d = f16_to_f32(b->d), m = f16_to_f32(b->m);
+    for (int j = 0; j < 32; ++j) {
+      const float p = float(q45_code(b, j)) * d;
+      y[j] = p + m;
+    }
+  }
+}
 }  // namespace
 
 // Each loop follows ggml-quants.c dequantize_row_* operation for operation; products that
@@ -75,33 +87,15 @@ void dequantize_row(GgmlType t, const std::byte* src, float* y, size_t n) {
         }
       }
       return;
-    case GgmlType::Q4_1:
-      for (size_t i = 0; i < nb; ++i, y += 32) {
-        const auto* b = reinterpret_cast<const BlockQ4_1*>(src) + i;
-        const float d = f16_to_f32(b->d), m = f16_to_f32(b->m);
-        for (int j = 0; j < 32; ++j) {
-          const float p = float(nibble32(b->qs, j)) * d;
-          y[j] = p + m;
-        }
-      }
-      return;
+    case GgmlType::Q4_1: return dequantize_min32<BlockQ4_1>(src, nb, y);
     case GgmlType::Q5_0:
       for (size_t i = 0; i < nb; ++i, y += 32) {
         const auto* b = reinterpret_cast<const BlockQ5_0*>(src) + i;
         const float d = f16_to_f32(b->d);
-        for (int j = 0; j < 32; ++j) y[j] = float(q5_code(b, j) - 16) * d;
+        for (int j = 0; j < 32; ++j) y[j] = float(q45_code(b, j) - 16) * d;
       }
       return;
-    case GgmlType::Q5_1:
-      for (size_t i = 0; i < nb; ++i, y += 32) {
-        const auto* b = reinterpret_cast<const BlockQ5_1*>(src) + i;
-        const float d = f16_to_f32(b->d), m = f16_to_f32(b->m);
-        for (int j = 0; j < 32; ++j) {
-          const float p = float(q5_code(b, j)) * d;
-          y[j] = p + m;
-        }
-      }
-      return;
+    case GgmlType::Q5_1: return dequantize_min32<BlockQ5_1>(src, nb, y);
     case GgmlType::IQ4_NL:
       for (size_t i = 0; i < nb; ++i, y += 32) {
         const auto* b = reinterpret_cast<const BlockIQ4_NL*>(src) + i;
@@ -188,7 +182,7 @@ float signed_max(const float* x, int n) {
 // span [min, max] in 15 or 31 steps (codes truncated from (x − min)/d + 0.5). The nibbles go as
 // Q4_0's, the fifth bits to qh.
 template <class Block>
-void q5_block(const float* x, std::byte* out) {
+void q45_block(const float* x, std::byte* out) {
   constexpr bool offset = !std::is_same_v<Block, BlockQ5_0>, fifth = requires(Block b) { b.qh; };
   constexpr int top = fifth ? 31 : 15;
   auto* b = reinterpret_cast<Block*>(out);
@@ -424,9 +418,9 @@ void quantize_row(GgmlType t, const float* x, std::byte* dst, size_t n) {
         }
         break;
       }
-      case GgmlType::Q4_1: q5_block<BlockQ4_1>(x, dst); break;
-      case GgmlType::Q5_0: q5_block<BlockQ5_0>(x, dst); break;
-      case GgmlType::Q5_1: q5_block<BlockQ5_1>(x, dst); break;
+      case GgmlType::Q4_1: q45_block<BlockQ4_1>(x, dst); break;
+      case GgmlType::Q5_0: q45_block<BlockQ5_0>(x, dst); break;
+      case GgmlType::Q5_1: q45_block<BlockQ5_1>(x, dst); break;
       case GgmlType::Q2_K: q2_k_block(x, dst); break;
       case GgmlType::Q3_K: q3_k_block(x, dst); break;
       case GgmlType::Q4_K: k4_block<BlockQ4_K>(x, dst); break;
@@ -511,15 +505,11 @@ float dot_row(const std::byte* row, const Row& a, size_t K) {
       int s = 0, sx = 0;  // Σ code·x and Σ x
       if constexpr (T == GgmlType::Q5_0) {
         const auto* b = reinterpret_cast<const BlockQ5_0*>(row) + i;
-        for (int j = 0; j < 32; ++j) s += (q5_code(b, j) - 16) * q[j];
+        for (int j = 0; j < 32; ++j) s += (q45_code(b, j) - 16) * q[j];
         acc += float(s) * (f16_to_f32(b->d) * a.d[i]);
       } else {
         const auto* b = reinterpret_cast<const std::conditional_t<T == GgmlType::Q4_1, BlockQ4_1, BlockQ5_1>*>(row) + i;
-        for (int j = 0; j < 32; ++j) {
-          if constexpr (T == GgmlType::Q4_1) s += nibble32(b->qs, j) * q[j];
-          else s += q5_code(b, j) * q[j];
-          sx += q[j];
-        }
+        for (int j = 0; j < 32; ++j) s += q45_code(b, j) * q[j], sx += q[j];
         acc += float(s) * (f16_to_f32(b->d) * a.d[i]) + float(sx) * (f16_to_f32(b->m) * a.d[i]);
       }
     }

@@ -118,12 +118,16 @@ inline int q3_code(const BlockQ3_K* b, int e) {
   return q2_code(b->qs, e) | ((b->hmask[e % 32] >> (e / 32)) & 1) << 2;
 }
 
-// The unsigned 5-bit code (0..31) of value j (0..31) of a Q5_0 or Q5_1 block.
+// The unsigned code of value j (0..31) of a Q4_1 (0..15), Q5_0 or Q5_1 (0..31) block.
 template <class Block>
-inline int q5_code(const Block* b, int j) {
-  uint32_t qh;
-  std::memcpy(&qh, b->qh, 4);
-  return nibble32(b->qs, j) | int((qh >> j) & 1) << 4;
+inline int q45_code(const Block* b, int j) {
+  if constexpr (!requires { b->qh; }) {
+    return nibble32(b->qs, j);
+  } else {
+    uint32_t qh;
+    std::memcpy(&qh, b->qh, 4);
+    return nibble32(b->qs, j) | int((qh >> j) & 1) << 4;
+  }
 }
 
 // The unsigned code of value l (0..31) of sub-block j (0..7) of a Q4_K (0..15) or Q5_K (0..31) block.

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <type_traits>
 
@@ -620,7 +621,11 @@ QTARGET inline __m128i iq4_xs_scales(const BlockIQ4_XS* b) {
 }
 
 // The IQ4 codebook's magnitudes: a code's value is negative exactly where its bit 3 is clear.
-inline constexpr int8_t kIq4Magnitudes[16] = {127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113};
+inline constexpr std::array<int8_t, 16> kIq4Magnitudes = [] {
+  std::array<int8_t, 16> m{};
+  for (int c = 0; c < 16; ++c) m[size_t(c)] = int8_t(kIq4Values[c] < 0 ? -kIq4Values[c] : kIq4Values[c]);
+  return m;
+}();
 
 // IQ4_XS against Q8_K activations: a sub-block's codebook values w (signed bytes) meet x as int16
 // pair sums of |w| and x with w's sign (vpmaddubsw), and vpmaddwd multiplies them by the
@@ -644,7 +649,7 @@ QTARGET inline void dot_iq4_xs(const std::byte* const* rows, const Acts<RM, Q8KR
       for (int m = 0; m < RM; ++m) sum[m] = _mm256_setzero_si256();
       if constexpr (kZmm) {
         const __m512i scz = _mm512_maskz_broadcast_i32x4(0xFFFF, sc8);
-        const __m512i mag = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Magnitudes)));
+        const __m512i mag = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Magnitudes.data())));
         __m512i sumz[RM];
         VLM_UNROLL
         for (int m = 0; m < RM; ++m) sumz[m] = _mm512_setzero_si512();
