@@ -122,8 +122,8 @@ QTARGET inline __m256i iq4_values(__m256i codes) {
 }
 
 // The 32 unsigned codes of a Q4_0, Q4_1, Q5_0 or Q5_1 block in order (nibbles32); Q5_0 and Q5_1 add 16
-// where bit j of qh is set (byte j/8 of qh spread over bytes 8·(j/8).., tested against its bit,
-// the hits turned into 0x10).
+// where bit j of qh is set (AVX512: qh is the byte mask of a masked add; AVX2: byte j/8 of qh spread
+// over bytes 8·(j/8).., tested against its bit, the hits turned into 0x10).
 template <class Block>
 QTARGET inline __m256i nibble_codes(const Block* b) {
   const __m256i low = nibbles32(b->qs);
@@ -132,6 +132,7 @@ QTARGET inline __m256i nibble_codes(const Block* b) {
   } else {
     uint32_t qh;
     std::memcpy(&qh, b->qh, 4);
+    if constexpr (kZmm) return _mm256_mask_add_epi8(low, _cvtu32_mask32(qh), low, _mm256_set1_epi8(16));  // qh as a byte mask
     const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
                                               _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
     const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
@@ -191,16 +192,86 @@ QTARGET inline __m256 stream_f16(const Block* const* b, size_t i, uint16_t Block
   return _mm256_cvtph_ps(_mm_setr_epi16(h0, h1, h2, h3, h0, h1, h2, h3));
 }
 
+// kZmm: rows4 on 512-bit vectors, each 128-bit lane gathered as rows4 gathers a 256-bit one's
+// (the masked forms here and below: GCC 12's unmasked 512-bit forms warn of an undefined operand).
+template <class V>
+QTARGET inline V rows4_lanes(const V (&p)[4]) {
+  const auto lo32 = [](V a, V b) QTARGET { return _mm512_maskz_unpacklo_epi32(0xFFFF, a, b); };
+  const auto hi32 = [](V a, V b) QTARGET { return _mm512_maskz_unpackhi_epi32(0xFFFF, a, b); };
+  const V s01 = _mm512_add_epi32(lo32(p[0], p[1]), hi32(p[0], p[1])), s23 = _mm512_add_epi32(lo32(p[2], p[3]), hi32(p[2], p[3]));
+  return _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(0xFF, s01, s23), _mm512_maskz_unpackhi_epi64(0xFF, s01, s23));
+}
+
+// The codes of blocks b[0] and b[1] (consecutive) side by side, each as nibble_codes orders them:
+// the nibbles from 128-bit lanes q0, q0, q1, q1, the second and fourth shifted by 4; Q5_0 and
+// Q5_1 add 16 under the mask of their two qh words (bit j is value j's fifth bit, and value j
+// is byte j of a block's codes).
+template <class Block, class V>
+QTARGET inline V nibble_codes2(const Block* b) {
+  const auto q = [](const Block* c) QTARGET { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(c->qs)); };
+  const V both = _mm512_mask_broadcast_i32x4(_mm512_maskz_broadcast_i32x4(0xFFFF, q(b)), 0xFF00, q(b + 1));
+  const V codes = _mm512_and_si512(_mm512_maskz_srlv_epi64(0xFF, both, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
+  if constexpr (!requires { b->qh; }) {
+    return codes;
+  } else {
+    uint32_t h0, h1;
+    std::memcpy(&h0, b[0].qh, 4), std::memcpy(&h1, b[1].qh, 4);
+    return _mm512_mask_add_epi8(codes, _cvtu64_mask64(uint64_t(h1) << 32 | h0), codes, _mm512_set1_epi8(16));
+  }
+}
+
+// The f16 values at member `field` of the four streams' blocks i (lanes 0-3) and i + 1 (lanes
+// 4-7), times d_x of blocks i and i + 1, in 128-bit lanes 0, 1 (block i) and 2, 3 (block i + 1):
+// the scales of a rows4_lanes sum.
+template <class Block, class V = __m512>
+QTARGET inline V stream_scales2(const Block* const* b, size_t i, uint16_t Block::*field, const float* dx) {
+  const auto h = [&](int j, size_t k) QTARGET { return short(b[j][k].*field); };
+  const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_setr_epi16(h(0, i), h(1, i), h(2, i), h(3, i), h(0, i + 1), h(1, i + 1),
+                                                                 h(2, i + 1), h(3, i + 1))),
+                                 _mm256_setr_m128(_mm_broadcast_ss(dx + i), _mm_broadcast_ss(dx + i + 1)));
+  const V z = _mm512_maskz_broadcast_f32x4(0xFFFF, _mm256_castps256_ps128(d));
+  return _mm512_mask_broadcast_f32x4(z, 0xFF00, _mm256_extractf128_ps(d, 1));
+}
+
 // Q4_0, Q4_1, Q5_0 and Q5_1 at M = 1, one activation row against S weight rows: the unsigned codes
 // meet x directly, less the products of the offset with x (once per x block for the S rows; the m
 // of Q4_1 and Q5_1 meets the sum of x instead); the S rows' block sums gather into one vector (rows4) and meet
-// their d_w·d_x in one conversion and FMA.
-template <GgmlType T, int S>
+// their d_w·d_x in one conversion and FMA. kZmm, S = 4: two blocks at a time in 512-bit vectors
+// (nibble_codes2, rows4_lanes), the same integer sums, products and order of the f32 sums as two
+// steps of the 256-bit loop (acc[0] in the low 256 bits, acc[1] in the high), so the result is
+// the 256-bit loop's bit for bit. The 256-bit loop held Q4_0 decode to 41-50 % of the read
+// bandwidth on Zen 5 (docs/gguf.md, "Products on the blocks").
+template <GgmlType T, int S, class V = __m512i>
 QTARGET inline void dot_nibble_streams(const std::byte* const* rows, const Q8Row& x, size_t nb, float* out) {
   static_assert(S == 1 || S == 4);
   using Block = Block32<T>;
   __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
   const auto* const* b = reinterpret_cast<const Block* const*>(rows);
+  size_t i = 0;
+  if constexpr (kZmm && S == 4) {
+    const V zero = _mm512_setzero_si512();
+    auto acc2 = _mm512_maskz_cvtepi32_ps(0xFFFF, zero);
+    const auto cvt = [](V v) QTARGET { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); };
+    for (; i + 2 <= nb; i += 2) {
+      VLM_UNROLL
+      for (int j = 0; j < S; ++j) prefetch_ahead<S>(b[j] + i, 2 * sizeof(Block));
+      const V xq = _mm512_loadu_si512(x.q + 32 * i);
+      V p[4];
+      if constexpr (kCodeOffset<T> != 0) {
+        const V off = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(kCodeOffset<T>), xq));
+        VLM_UNROLL
+        for (int j = 0; j < S; ++j) p[j] = _mm512_dpbusd_epi32(off, nibble_codes2<Block, V>(b[j] + i), xq);
+      } else {
+        VLM_UNROLL
+        for (int j = 0; j < S; ++j) p[j] = _mm512_dpbusd_epi32(zero, nibble_codes2<Block, V>(b[j] + i), xq);
+        const V sx = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xq), sxs[4] = {sx, sx, sx, sx};
+        acc2 = _mm512_fmadd_ps(cvt(rows4_lanes(sxs)), stream_scales2(b, i, &Block::m, x.d), acc2);
+      }
+      acc2 = _mm512_fmadd_ps(cvt(rows4_lanes(p)), stream_scales2(b, i, &Block::d, x.d), acc2);
+    }
+    acc[0] = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc2), 0));
+    acc[1] = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc2), 1));
+  }
   auto block = [&](size_t i, int h) QTARGET {
     const __m256i xq = load32(x.q + 32 * i);
     const __m256 dx = bcast(x.d + i);
@@ -218,7 +289,6 @@ QTARGET inline void dot_nibble_streams(const std::byte* const* rows, const Q8Row
     }
     acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4<S>(p)), _mm256_mul_ps(stream_f16<S>(b, i, &Block::d), dx), acc[h]);
   };
-  size_t i = 0;
   for (; i + 2 <= nb; i += 2) {
     VLM_UNROLL
     for (int j = 0; j < S; ++j) prefetch_ahead<S>(b[j] + i, 2 * sizeof(Block));

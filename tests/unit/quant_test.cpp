@@ -224,12 +224,13 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
           std::vector<float> wf(N * K), x(M * K), xq(M * K), bound(M * N, 0.f);
           for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wf[n * K], K);
           for (auto& v : x) v = normal(rng);
-          // Row 0 all ±1: every activation code ±127, so with the random weight bytes' extreme
-          // codes and scales the kernels' int16 pair sums reach their limits.
-          for (size_t k = 0; k < K; ++k) x[k] = rng() & 1 ? 1.f : -1.f;
           // x as the format's kernels take it (Q8Act per 32; the K-quants Q8KAct per 256): the
           // rounded values and each value's block scale.
           const Format& act = format_of(format_of(dtype_of(t)).act);
+          // Row 0 all ±1, 2 or 3, one magnitude per activation block: every activation code ±127,
+          // so with the random weight bytes' extreme codes and scales the kernels' int16 pair sums
+          // reach their limits, and consecutive blocks' scales differ (M = 1 has only this row).
+          for (size_t k = 0; k < K; ++k) x[k] = (rng() & 1 ? 1.f : -1.f) * float(1 + k / act.block % 3);
           const size_t row_bytes = act.row_bytes(K);
           std::vector<std::byte> xb(M * row_bytes);
           std::vector<float> dx(M * K);
@@ -249,11 +250,11 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
             std::vector<float> y(M * N);
             // Through the weight-format table, as the models call it.
             matmul(x.data(), M, Weight{wb.data(), dtype_of(t), N, K}, y.data(), Exec(pool, isa));
-            // The 256-value formats' 512-bit loops (AVX512) add the same exact integers as the
-            // 256-bit ones in another order and finish them with the same f32 operations: the same bits.
-            const bool k256 = ggml_traits(t).block_elems == 256;
+            // The 512-bit loops (AVX512: the 256-value formats', and the nibble formats' at M = 1)
+            // add the same exact integers as the 256-bit ones in another order and finish them with
+            // the same f32 operations in the same order: the same bits, for every format.
             if (isa == Isa::Avx2) y_avx2 = y;
-            if (isa == Isa::Avx512 && k256 && !y_avx2.empty())
+            if (isa == Isa::Avx512 && !y_avx2.empty())
               for (size_t i = 0; i < y.size(); ++i)
                 ASSERT_EQ(y[i], y_avx2[i]) << ggml_type_name(t) << " M" << M << " N" << N << " K" << K << " at " << i;
             for (size_t m = 0; m < M; ++m)
