@@ -132,11 +132,14 @@ QTARGET inline __m256i nibble_codes(const Block* b) {
   } else {
     uint32_t qh;
     std::memcpy(&qh, b->qh, 4);
-    if constexpr (kZmm) return _mm256_mask_add_epi8(low, _cvtu32_mask32(qh), low, _mm256_set1_epi8(16));  // qh as a byte mask
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
-                                              _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
-    return _mm256_or_si256(low, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10)));
+    if constexpr (kZmm) {
+      return _mm256_mask_add_epi8(low, _cvtu32_mask32(qh), low, _mm256_set1_epi8(16));
+    } else {
+      const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(int(qh)),
+                                                _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+      const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+      return _mm256_or_si256(low, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10)));
+    }
   }
 }
 
@@ -162,6 +165,18 @@ QTARGET inline V rows4_lanes(const V (&p)[4]) {
   const auto hi32 = [](V a, V b) QTARGET { return _mm512_maskz_unpackhi_epi32(0xFFFF, a, b); };
   const V s01 = _mm512_add_epi32(lo32(p[0], p[1]), hi32(p[0], p[1])), s23 = _mm512_add_epi32(lo32(p[2], p[3]), hi32(p[2], p[3]));
   return _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(0xFF, s01, s23), _mm512_maskz_unpackhi_epi64(0xFF, s01, s23));
+}
+
+// kZmm: int32 lanes as f32; and a 512-bit sum of two-block steps as the 256-bit loop's two
+// accumulators (acc[0] the low 256 bits, acc[1] the high), which its last odd block continues.
+template <class V>
+QTARGET inline auto to_ps(V v) {
+  return _mm512_maskz_cvtepi32_ps(0xFFFF, v);
+}
+template <class F>
+QTARGET inline void split_halves(F acc2, __m256 (&acc)[2]) {
+  acc[0] = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc2), 0));
+  acc[1] = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc2), 1));
 }
 
 // The codes of blocks b[0] and b[1] (consecutive) side by side, each as nibble_codes orders them:
@@ -207,7 +222,6 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
   size_t i = 0;
   if constexpr (kZmm) {
     const V zero = _mm512_setzero_si512();
-    const auto cvt = [](V v) QTARGET { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); };
     // The 128-bit vectors at p (block i) and p + 4 (block i + 1) in lanes 0-1 and 2-3, or (low)
     // in lanes 0 and 2 only.
     const auto pair4 = [](const auto* p, bool low) QTARGET {
@@ -219,7 +233,7 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
       const __m256i h = _mm256_setr_m128i(_mm_set1_epi16(short(b[i].*field)), _mm_set1_epi16(short(b[i + 1].*field)));
       return _mm512_mul_ps(_mm512_maskz_cvtph_ps(0xFFFF, h), d4);
     };
-    auto acc2 = cvt(zero);
+    auto acc2 = to_ps(zero);
     for (; i + 2 <= nb; i += 2) {
       prefetch_ahead<1>(b + i, 2 * sizeof(Block32<T>));
       const __m512 d4 = _mm512_castsi512_ps(pair4(a.d4 + 4 * i, false));
@@ -242,12 +256,11 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
       if constexpr (!kSignedWeights<T>) {
         const V s4 = pair4(a.s4 + 4 * i, true);
         if constexpr (kCodeOffset<T> != 0) sum = _mm512_sub_epi32(sum, _mm512_maskz_slli_epi32(0xFFFF, s4, kCodeOffset<T> == 8 ? 3 : 4));
-        if constexpr (kHasMin<T>) acc2 = _mm512_fmadd_ps(cvt(s4), scales(&Block32<T>::m, d4), acc2);
+        if constexpr (kHasMin<T>) acc2 = _mm512_fmadd_ps(to_ps(s4), scales(&Block32<T>::m, d4), acc2);
       }
-      acc2 = _mm512_fmadd_ps(cvt(sum), scales(&Block32<T>::d, d4), acc2);
+      acc2 = _mm512_fmadd_ps(to_ps(sum), scales(&Block32<T>::d, d4), acc2);
     }
-    acc[0] = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc2), 0));
-    acc[1] = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc2), 1));
+    split_halves(acc2, acc);
   }
   auto block = [&](size_t i, int s) QTARGET {
     __m256i p[4], sum;
@@ -314,8 +327,7 @@ QTARGET inline void dot_nibble_streams(const std::byte* const* rows, const Q8Row
   size_t i = 0;
   if constexpr (kZmm && S == 4) {
     const V zero = _mm512_setzero_si512();
-    auto acc2 = _mm512_maskz_cvtepi32_ps(0xFFFF, zero);
-    const auto cvt = [](V v) QTARGET { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); };
+    auto acc2 = to_ps(zero);
     for (; i + 2 <= nb; i += 2) {
       VLM_UNROLL
       for (int j = 0; j < S; ++j) prefetch_ahead<S>(b[j] + i, 2 * sizeof(Block));
@@ -329,12 +341,11 @@ QTARGET inline void dot_nibble_streams(const std::byte* const* rows, const Q8Row
         VLM_UNROLL
         for (int j = 0; j < S; ++j) p[j] = _mm512_dpbusd_epi32(zero, nibble_codes2<Block, V>(b[j] + i), xq);
         const V sx = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), xq), sxs[4] = {sx, sx, sx, sx};
-        acc2 = _mm512_fmadd_ps(cvt(rows4_lanes(sxs)), stream_scales2(b, i, &Block::m, x.d), acc2);
+        acc2 = _mm512_fmadd_ps(to_ps(rows4_lanes(sxs)), stream_scales2(b, i, &Block::m, x.d), acc2);
       }
-      acc2 = _mm512_fmadd_ps(cvt(rows4_lanes(p)), stream_scales2(b, i, &Block::d, x.d), acc2);
+      acc2 = _mm512_fmadd_ps(to_ps(rows4_lanes(p)), stream_scales2(b, i, &Block::d, x.d), acc2);
     }
-    acc[0] = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc2), 0));
-    acc[1] = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(acc2), 1));
+    split_halves(acc2, acc);
   }
   auto block = [&](size_t i, int h) QTARGET {
     const __m256i xq = load32(x.q + 32 * i);
