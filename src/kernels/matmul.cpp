@@ -244,8 +244,10 @@ void convert_x(GemmArgs& a, const Format& act) {
   for (size_t m = 0; m < a.M; ++m) act.from_f32(a.x + m * a.ldx, out + m * a.ldxq, a.K);
   a.xq = out;
   if (act.type != DType::Q8Act || a.M == 1) return;
-  // The code sums (GemmArgs::xs4) meet Q4_0's and Q5_0's offsets and the m of Q4_1 and Q5_1.
-  const bool sums = a.dtype == DType::Q4_0 || a.dtype == DType::Q4_1 || a.dtype == DType::Q5_0 || a.dtype == DType::Q5_1;
+  // The code sums (GemmArgs::xs4) meet Q4_0's and Q5_0's offsets, the m of Q4_1 and Q5_1, and the
+  // 128 that Q8_0's lane tiles add to its weights.
+  const bool sums = a.dtype == DType::Q4_0 || a.dtype == DType::Q4_1 || a.dtype == DType::Q5_0 || a.dtype == DType::Q5_1 ||
+                    a.dtype == DType::Q8_0;
   thread_local std::vector<float> d4;
   thread_local std::vector<int32_t> s4;
   const size_t nb = a.K / 32;

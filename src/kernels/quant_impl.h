@@ -11,6 +11,7 @@
 #include <array>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "core/dtype.h"
 #include "kernels/matmul_isa.h"
@@ -286,6 +287,269 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
   for (; i + 2 <= nb; i += 2) prefetch_ahead<1>(b + i, 2 * sizeof(Block32<T>)), block(i, 0), block(i + 1, 1);
   if (i < nb) block(i, 0);
   store_rows4<RM>(acc[0], acc[1], out);
+}
+
+// Batches (M = 2-32) of Q4_0 and Q4_1 with one vector lane per weight row (8 rows on AVX2, 16 on
+// AVX512): each block of the tile's rows is transposed in registers once, so that 32-bit lane p
+// of codes[j] holds four codes of lane p's row, and x's four matching codes are broadcast to
+// every lane (vpdpbusd's broadcast operand; AVX2 vpmaddubsw). Each lane then ends with its row's
+// block sum, no sums gathered across lanes (dot_block32 gathers them per activation row: batched
+// decode of a 4B Q4_0 was compute-bound at 11 GB/s on Zen 5), and one transposition serves every
+// activation row. Each output is one chain over the blocks, the same on either ISA, so
+// AVX512 == AVX2 bit for bit: acc = fma(f32(Σ code·x_q − 8·Σx_q), d_w·d_x, acc) for Q4_0; for
+// Q4_1 acc = fma(f32(Σ code·x_q), d_w·d_x, acc), then acc = fma(f32(Σx_q), m_w·d_x, acc).
+template <class I>
+inline constexpr int kLaneRows = int(sizeof(I) / 4);
+// The vectors of the tile: 512-bit on AVX512, 256-bit on AVX2.
+template <bool Zmm>
+struct LaneVectors {
+  using I = __m512i;
+  using F = __m512;
+};
+template <>
+struct LaneVectors<false> {
+  using I = __m256i;
+  using F = __m256;
+};
+// The four 128-bit loads of transposed vector g hold rows L·g + l (l its 128-bit lane, L of them
+// per vector), and the 4×4 transposes within each 128-bit lane put dword j of row L·g + l at dword g
+// of lane l of codes[j]: lane 4·l + g. pos_of(r) is row r's lane; the row of lane p is L·(p mod 4) + p/4.
+template <class I>
+constexpr int pos_of(int r) {
+  constexpr int L = kLaneRows<I> / 4;
+  return 4 * (r % L) + r / L;
+}
+
+// The codes of one block of each of the tile's rows (row r's 16 code bytes at q + r·ld), transposed:
+// codes[j] holds bytes 4j..4j+3 of each row in its lane (pos_of). The rows are addressed from
+// one pointer per four (GCC kept sixteen row pointers on the stack).
+template <class I>
+QTARGET inline void lane_codes(const uint8_t* q, size_t ld, I (&c)[4]) {
+  const auto at = [](const uint8_t* p) QTARGET { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
+  const size_t ld3 = 3 * ld;
+  if constexpr (sizeof(I) == 64) {
+    VLM_UNROLL
+    for (int g = 0; g < 4; ++g, q += 4 * ld) {
+      c[g] = _mm512_maskz_broadcast_i32x4(0x000F, at(q));
+      c[g] = _mm512_mask_broadcast_i32x4(c[g], 0x00F0, at(q + ld));
+      c[g] = _mm512_mask_broadcast_i32x4(c[g], 0x0F00, at(q + 2 * ld));
+      c[g] = _mm512_mask_broadcast_i32x4(c[g], 0xF000, at(q + ld3));
+    }
+    const I t0 = _mm512_maskz_unpacklo_epi32(0xFFFF, c[0], c[1]), t1 = _mm512_maskz_unpackhi_epi32(0xFFFF, c[0], c[1]);
+    const I t2 = _mm512_maskz_unpacklo_epi32(0xFFFF, c[2], c[3]), t3 = _mm512_maskz_unpackhi_epi32(0xFFFF, c[2], c[3]);
+    c[0] = _mm512_maskz_unpacklo_epi64(0xFF, t0, t2), c[1] = _mm512_maskz_unpackhi_epi64(0xFF, t0, t2);
+    c[2] = _mm512_maskz_unpacklo_epi64(0xFF, t1, t3), c[3] = _mm512_maskz_unpackhi_epi64(0xFF, t1, t3);
+  } else {
+    VLM_UNROLL
+    for (int g = 0; g < 4; ++g, q += 2 * ld) c[g] = _mm256_setr_m128i(at(q), at(q + ld));
+    const I t0 = _mm256_unpacklo_epi32(c[0], c[1]), t1 = _mm256_unpackhi_epi32(c[0], c[1]);
+    const I t2 = _mm256_unpacklo_epi32(c[2], c[3]), t3 = _mm256_unpackhi_epi32(c[2], c[3]);
+    c[0] = _mm256_unpacklo_epi64(t0, t2), c[1] = _mm256_unpackhi_epi64(t0, t2);
+    c[2] = _mm256_unpacklo_epi64(t1, t3), c[3] = _mm256_unpackhi_epi64(t1, t3);
+  }
+}
+
+// Vector-width forms of the few operations the lane tile needs.
+template <class I>
+struct LaneOps {
+  using F = typename LaneVectors<sizeof(I) == 64>::F;
+  QTARGET static I set1(int v) {
+    if constexpr (sizeof(I) == 64) return _mm512_set1_epi32(v);
+    else return _mm256_set1_epi32(v);
+  }
+  QTARGET static F set1f(float v) {
+    if constexpr (sizeof(I) == 64) return _mm512_set1_ps(v);
+    else return _mm256_set1_ps(v);
+  }
+  QTARGET static F zero() { return set1f(0.f); }
+  QTARGET static I nibbles(I c, int shift) {  // bits shift..shift+3 of each byte
+    if constexpr (sizeof(I) == 64) return _mm512_and_si512(_mm512_maskz_srli_epi16(0xFFFFFFFF, c, unsigned(shift)), _mm512_set1_epi8(0x0F));
+    else return _mm256_and_si256(_mm256_srli_epi16(c, shift), _mm256_set1_epi8(0x0F));
+  }
+  // The dwords at base + off[p] (the f16 scales at the start of each lane's block).
+  QTARGET static I gather(const std::byte* base, I off) {
+    if constexpr (sizeof(I) == 64) return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xFFFF, off, base, 1);
+    else return _mm256_i32gather_epi32(reinterpret_cast<const int*>(base), off, 1);
+  }
+  // The f16 values in the low (shift 0) or high (16) halves of the dwords, as f32.
+  QTARGET static F f16_half(I v, int shift) {
+    if constexpr (sizeof(I) == 64) {
+      return _mm512_maskz_cvtph_ps(0xFFFF, _mm512_maskz_cvtepi32_epi16(0xFFFF, _mm512_maskz_srli_epi32(0xFFFF, v, unsigned(shift))));
+    } else {
+      const __m256i w = _mm256_shuffle_epi8(_mm256_srli_epi32(v, shift), _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                                                       0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+      return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(w, 0x08)));
+    }
+  }
+  // init + Σ over the 32 values of one block: lo[j] and hi[j] hold each lane's codes of values
+  // 4j..4j+3 and 16+4j..16+4j+3, x the block's 32 activation codes (broadcast four at a time).
+  QTARGET static I block_sum(const I (&lo)[4], const I (&hi)[4], const int8_t* x, int init) {
+    const auto bx = [&](int k) QTARGET {
+      int v;
+      std::memcpy(&v, x + 4 * k, 4);
+      return set1(v);
+    };
+    if constexpr (sizeof(I) == 64) {
+      // vpdpbusd with x's four codes as its broadcast operand: one load-op (GCC loads the
+      // broadcast into a register of its own first).
+      const auto dp = [&](I& acc, I w, int k) QTARGET {
+        asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x + 4 * k)));
+      };
+      I s = set1(init), t = _mm512_setzero_si512();
+      VLM_UNROLL
+      for (int j = 0; j < 4; ++j) dp(s, lo[j], j), dp(t, hi[j], 4 + j);
+      return _mm512_add_epi32(s, t);
+    } else {  // int16 pair sums: eight of at most 2·15·127 stay below 2^15
+      I s16 = _mm256_setzero_si256();
+      VLM_UNROLL
+      for (int j = 0; j < 4; ++j)
+        s16 = _mm256_add_epi16(s16, _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], bx(j)), _mm256_maddubs_epi16(hi[j], bx(4 + j))));
+      return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), set1(init));
+    }
+  }
+  // Σ w·x over one block of signed weights w (Q8_0; lo and hi as block_sum takes them, from
+  // signed_weights), sx = Σ x: vpdpbusd of w + 128 from a start of −128·sx; AVX2 vpmaddubsw of
+  // |w| and x with w's sign (|w| + 128 overflows its int16 pair sums), each pair widened at once.
+  QTARGET static I signed_weights(I w) {
+    if constexpr (sizeof(I) == 64) return _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80)));
+    else return w;
+  }
+  QTARGET static I signed_block_sum(const I (&lo)[4], const I (&hi)[4], const int8_t* x, int32_t sx) {
+    if constexpr (sizeof(I) == 64) {
+      return block_sum(lo, hi, x, -128 * sx);
+    } else {
+      I s = _mm256_setzero_si256();
+      const auto add = [&](I w, int k) QTARGET {
+        int v;
+        std::memcpy(&v, x + 4 * k, 4);
+        const I p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(set1(v), w));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+      };
+      VLM_UNROLL
+      for (int j = 0; j < 4; ++j) add(lo[j], j), add(hi[j], 4 + j);
+      return s;
+    }
+  }
+  QTARGET static F to_f32(I v) {
+    if constexpr (sizeof(I) == 64) return _mm512_maskz_cvtepi32_ps(0xFFFF, v);
+    else return _mm256_cvtepi32_ps(v);
+  }
+  QTARGET static F fma(F a, F b, F c) {
+    if constexpr (sizeof(I) == 64) return _mm512_fmadd_ps(a, b, c);
+    else return _mm256_fmadd_ps(a, b, c);
+  }
+  QTARGET static F mul(F a, F b) {
+    if constexpr (sizeof(I) == 64) return _mm512_mul_ps(a, b);
+    else return _mm256_mul_ps(a, b);
+  }
+  // y[r] (+ bias[r]) = v's lane pos_of(r), for rows r < n.
+  QTARGET static void store(F v, const float* bias, float* y, int n) {
+    alignas(64) float t[kLaneRows<I>];
+    if constexpr (sizeof(I) == 64) _mm512_store_ps(t, v);
+    else _mm256_store_ps(t, v);
+    for (int r = 0; r < n; ++r) y[r] = bias ? t[pos_of<I>(r)] + bias[r] : t[pos_of<I>(r)];
+  }
+};
+
+// Activation rows [m0, m0 + RM) against the kLaneRows weight rows at w, ldw bytes apart: y[m, r]
+// for rows r < rows (y: row m0's outputs for them, rows ldy apart).
+template <GgmlType T, int RM, class I>
+QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias, float* y, int rows) {
+  using Block = Block32<T>;
+  using Ops = LaneOps<I>;
+  using F = typename Ops::F;
+  constexpr int R = kLaneRows<I>;
+  const size_t nb = a.K / 32;
+  alignas(64) int32_t off[R];
+  VLM_UNROLL
+  for (int p = 0; p < R; ++p) off[p] = int32_t(size_t((R / 4) * (p % 4) + p / 4) * ldw);  // lane p's row (pos_of)
+  I offv;
+  std::memcpy(&offv, off, sizeof offv);
+  Q8Row x[RM];
+  const int32_t* s[RM];
+  F acc[RM];
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) {
+    const size_t mm = m0 + size_t(m);
+    x[m] = q8_row(a.xq + mm * a.ldxq, a.K);
+    s[m] = a.xs4 + mm / 4 * nb * 4 + mm % 4;
+    acc[m] = Ops::zero();
+  }
+  // The next tile's rows are asked for evenly over this tile's blocks: the tile reads R streams,
+  // and ahead of each row lies the next row, which this tile reads already.
+  const char* next = reinterpret_cast<const char*>(w + R * ldw);
+  const char* next_to = next;
+  const size_t next_step = R * ldw / nb;
+  const auto* b = reinterpret_cast<const Block*>(w);
+  for (size_t i = 0; i < nb; ++i) {
+    for (next_to += next_step; next < next_to; next += 64) _mm_prefetch(next, _MM_HINT_T0);
+    I lo[4], hi[4];
+    if constexpr (kSignedWeights<T>) {
+      const auto* q = reinterpret_cast<const uint8_t*>(b[i].qs);
+      lane_codes<I>(q, ldw, lo), lane_codes<I>(q + 16, ldw, hi);
+      VLM_UNROLL
+      for (int j = 0; j < 4; ++j) lo[j] = Ops::signed_weights(lo[j]), hi[j] = Ops::signed_weights(hi[j]);
+    } else {
+      I c[4];
+      lane_codes<I>(b[i].qs, ldw, c);
+      VLM_UNROLL
+      for (int j = 0; j < 4; ++j) lo[j] = Ops::nibbles(c[j], 0), hi[j] = Ops::nibbles(c[j], 4);
+    }
+    const I h = Ops::gather(reinterpret_cast<const std::byte*>(b + i), offv);
+    const F dw = Ops::f16_half(h, 0);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      const int32_t sx = s[m][4 * i];
+      const F dwx = Ops::mul(dw, Ops::set1f(x[m].d[i]));
+      const int8_t* xq = x[m].q + 32 * i;
+      const I sum = kSignedWeights<T> ? Ops::signed_block_sum(lo, hi, xq, sx) : Ops::block_sum(lo, hi, xq, kCodeOffset<T> == 8 ? -8 * sx : 0);
+      acc[m] = Ops::fma(Ops::to_f32(sum), dwx, acc[m]);
+      if constexpr (kHasMin<T>) acc[m] = Ops::fma(Ops::set1f(float(sx)), Ops::mul(Ops::f16_half(h, 16), Ops::set1f(x[m].d[i])), acc[m]);
+    }
+  }
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) Ops::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
+}
+
+// Q4_0 and Q4_1 for M >= 2: tiles of kLaneRows weight rows, each against every activation row in
+// groups of up to kLaneM (the AVX2 tile has 16 vector registers). A range's last tile ends at n1,
+// overlapping the one before it (whose rows it computes again, to the same bits); a range of
+// fewer rows is copied into a tile of its own, its last row repeated.
+template <GgmlType T>
+QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
+  using I = typename LaneVectors<kZmm>::I;
+  constexpr size_t R = kZmm ? 16 : 8, kLaneM = kZmm ? 8 : 4;  // R: kLaneRows<I>
+  thread_local std::vector<std::byte> pad;
+  for (size_t n = n0; n < n1; n += R) {
+    const std::byte* w = a.w + n * a.ldw_bytes;
+    size_t ldw = a.ldw_bytes, t = n;
+    const int rows = int(std::min(R, n1 - n));
+    if (size_t(rows) < R && n1 - n0 >= R) {
+      t = n1 - R, w = a.w + t * a.ldw_bytes;
+    } else if (size_t(rows) < R) {
+      ldw = a.K / 32 * sizeof(Block32<T>);
+      pad.resize(R * ldw);
+      for (size_t r = 0; r < R; ++r) std::memcpy(pad.data() + r * ldw, w + std::min(r, size_t(rows) - 1) * a.ldw_bytes, ldw);
+      w = pad.data();
+    }
+    const int out = t == n ? rows : int(R);
+    const float* bias = a.bias ? a.bias + t : nullptr;
+    const auto tile = [&](auto rm, size_t m) QTARGET {
+      lane_tile<T, decltype(rm)::value, I>(a, w, ldw, m, bias, a.y + m * a.ldy + t, out);
+    };
+    size_t m = 0;
+    for (; m + kLaneM <= a.M; m += kLaneM) tile(std::integral_constant<int, int(kLaneM)>{}, m);
+    switch (a.M - m) {
+      case 7: if constexpr (kLaneM > 7) tile(std::integral_constant<int, 7>{}, m); break;
+      case 6: if constexpr (kLaneM > 6) tile(std::integral_constant<int, 6>{}, m); break;
+      case 5: if constexpr (kLaneM > 5) tile(std::integral_constant<int, 5>{}, m); break;
+      case 4: if constexpr (kLaneM > 4) tile(std::integral_constant<int, 4>{}, m); break;
+      case 3: tile(std::integral_constant<int, 3>{}, m); break;
+      case 2: tile(std::integral_constant<int, 2>{}, m); break;
+      case 1: tile(std::integral_constant<int, 1>{}, m); break;
+      default: break;
+    }
+  }
 }
 
 // The f16 values at member `field` of the S streams' block i in lanes 0-3 (lanes of absent
@@ -933,6 +1197,7 @@ QTARGET inline void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
 template <GgmlType T>
 QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
   if (a.M == 1) return dot_row1<T>(a, n0, n1);
+  if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q8_0) return dot_lanes<T>(a, n0, n1);
   const size_t slice = std::max<size_t>(1, (size_t(96) << 10) / std::max<size_t>(1, a.ldw_bytes));
   for (size_t s = n0; s < n1; s += slice) {
     const size_t e = std::min(n1, s + slice);

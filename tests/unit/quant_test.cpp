@@ -219,7 +219,7 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
     const size_t be = size_t(ggml_traits(t).block_elems);
     for (size_t K : {be, 3 * be, (be == 32 ? 13 : 3) * be})
       for (size_t N : {1, 7, 33, 300})
-        for (size_t M : {1, 2, 3, 5, 8}) {  // 4-row groups and every remainder
+        for (size_t M : {1, 2, 3, 5, 8, 13}) {  // the 4- and 8-row groups and their remainders
           const std::vector<std::byte> wb = random_rows(t, N, K, rng);
           std::vector<float> wf(N * K), x(M * K), xq(M * K), bound(M * N, 0.f);
           for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wf[n * K], K);
@@ -252,7 +252,9 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
             matmul(x.data(), M, Weight{wb.data(), dtype_of(t), N, K}, y.data(), Exec(pool, isa));
             // The 512-bit loops (AVX512: the 256-value formats', and the nibble formats' at M = 1)
             // add the same exact integers as the 256-bit ones in another order and finish them with
-            // the same f32 operations in the same order: the same bits, for every format.
+            // the same f32 operations in the same order: the same bits, for every format. So do
+            // the lane tiles of Q4_0 and Q4_1 batches (16 weight rows per tile against 8; N = 7
+            // and 33 take their copied and overlapping last tiles).
             if (isa == Isa::Avx2) y_avx2 = y;
             if (isa == Isa::Avx512 && !y_avx2.empty())
               for (size_t i = 0; i < y.size(); ++i)
