@@ -116,6 +116,12 @@ QTARGET inline __m256i nibbles32(const uint8_t* qs) {
   return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
+// Bit k (0..7) of each byte of v at bit `to`, the other bits clear: 16-bit shifts, but the bit
+// kept in each byte comes from the same byte.
+QTARGET inline __m256i move_bit(__m256i v, int k, int to) {
+  return _mm256_and_si256(k <= to ? _mm256_slli_epi16(v, to - k) : _mm256_srli_epi16(v, k - to), _mm256_set1_epi8(char(1 << to)));
+}
+
 // The IQ4 codebook's values of 32 codes (one byte shuffle).
 QTARGET inline __m256i iq4_values(__m256i codes) {
   const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values));
@@ -289,15 +295,16 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
   store_rows4<RM>(acc[0], acc[1], out);
 }
 
-// Batches (M = 2-32) of Q4_0 and Q4_1 with one vector lane per weight row (8 rows on AVX2, 16 on
-// AVX512): each block of the tile's rows is transposed in registers once, so that 32-bit lane p
-// of codes[j] holds four codes of lane p's row, and x's four matching codes are broadcast to
-// every lane (vpdpbusd's broadcast operand; AVX2 vpmaddubsw). Each lane then ends with its row's
-// block sum, no sums gathered across lanes (dot_block32 gathers them per activation row: batched
-// decode of a 4B Q4_0 was compute-bound at 11 GB/s on Zen 5), and one transposition serves every
-// activation row. Each output is one chain over the blocks, the same on either ISA, so
-// AVX512 == AVX2 bit for bit: acc = fma(f32(Σ code·x_q − 8·Σx_q), d_w·d_x, acc) for Q4_0; for
-// Q4_1 acc = fma(f32(Σ code·x_q), d_w·d_x, acc), then acc = fma(f32(Σx_q), m_w·d_x, acc).
+// Batches (kLaneFrom) of Q4_0, Q4_1, Q8_0, Q4_K and Q5_K with one vector lane per weight row (8
+// rows on AVX2, 16 on AVX512): each block of the tile's rows is transposed in registers once, so
+// that 32-bit lane p of codes[j] holds four codes of lane p's row, and x's four matching codes are
+// broadcast to every lane (vpdpbusd's broadcast operand; AVX2 vpmaddubsw). Each lane then ends
+// with its row's block sum, no sums gathered across lanes (dot_block32 gathers them per
+// activation row: batched decode of a 4B Q4_0 was compute-bound at 11 GB/s on Zen 5), and one
+// transposition serves every activation row. Each output is one chain over the blocks, the same
+// on either ISA, so AVX512 == AVX2 bit for bit: acc = fma(f32(Σ code·x_q − 8·Σx_q), d_w·d_x, acc)
+// for Q4_0; for Q4_1 acc = fma(f32(Σ code·x_q), d_w·d_x, acc), then acc = fma(f32(Σx_q),
+// m_w·d_x, acc); the K-quants in lane_tile_k.
 template <class I>
 inline constexpr int kLaneRows = int(sizeof(I) / 4);
 // The vectors of the tile: 512-bit on AVX512, 256-bit on AVX2.
@@ -349,7 +356,22 @@ QTARGET inline void lane_codes(const uint8_t* q, size_t ld, I (&c)[4]) {
   }
 }
 
-// Vector-width forms of the few operations the lane tile needs.
+// vpshufb operands of the K-quant lane tiles (either width loads its first bytes): of each
+// dword, byte b alone (kLaneByte[b]) or in both int16 halves (kLanePair[b]), zero-extended.
+struct alignas(64) LaneShuffle {
+  uint8_t b[64];
+};
+constexpr LaneShuffle lane_shuffle(int b, bool pair) {
+  LaneShuffle s{};
+  for (int i = 0; i < 64; ++i) s.b[i] = i % 4 == 0 || (pair && i % 4 == 2) ? uint8_t(i % 16 / 4 * 4 + b) : 0x80;
+  return s;
+}
+constexpr LaneShuffle kLaneByte[4] = {lane_shuffle(0, false), lane_shuffle(1, false), lane_shuffle(2, false),
+                                     lane_shuffle(3, false)};
+constexpr LaneShuffle kLanePair[4] = {lane_shuffle(0, true), lane_shuffle(1, true), lane_shuffle(2, true),
+                                     lane_shuffle(3, true)};
+
+// Vector-width forms of the few operations the lane tiles need.
 template <class I>
 struct LaneOps {
   using F = typename LaneVectors<sizeof(I) == 64>::F;
@@ -384,11 +406,6 @@ struct LaneOps {
   // init + Σ over the 32 values of one block: lo[j] and hi[j] hold each lane's codes of values
   // 4j..4j+3 and 16+4j..16+4j+3, x the block's 32 activation codes (broadcast four at a time).
   QTARGET static I block_sum(const I (&lo)[4], const I (&hi)[4], const int8_t* x, int init) {
-    const auto bx = [&](int k) QTARGET {
-      int v;
-      std::memcpy(&v, x + 4 * k, 4);
-      return set1(v);
-    };
     if constexpr (sizeof(I) == 64) {
       // vpdpbusd with x's four codes as its broadcast operand: one load-op (GCC loads the
       // broadcast into a register of its own first).
@@ -400,11 +417,79 @@ struct LaneOps {
       for (int j = 0; j < 4; ++j) dp(s, lo[j], j), dp(t, hi[j], 4 + j);
       return _mm512_add_epi32(s, t);
     } else {  // int16 pair sums: eight of at most 2·15·127 stay below 2^15
-      I s16 = _mm256_setzero_si256();
-      VLM_UNROLL
-      for (int j = 0; j < 4; ++j)
-        s16 = _mm256_add_epi16(s16, _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], bx(j)), _mm256_maddubs_epi16(hi[j], bx(4 + j))));
-      return _mm256_add_epi32(_mm256_madd_epi16(s16, _mm256_set1_epi16(1)), set1(init));
+      return _mm256_add_epi32(_mm256_madd_epi16(pair_sums(lo, hi, x, 0, 4), _mm256_set1_epi16(1)), set1(init));
+    }
+  }
+  // AVX2: the int16 pair sums (vpmaddubsw) of lo[j] and hi[j] against x's codes, j in [j0, j1).
+  QTARGET static I pair_sums(const I (&lo)[4], const I (&hi)[4], const int8_t* x, int j0, int j1) {
+    const auto bx = [&](int k) QTARGET {
+      int v;
+      std::memcpy(&v, x + 4 * k, 4);
+      return set1(v);
+    };
+    I s16 = _mm256_setzero_si256();
+    VLM_UNROLL
+    for (int j = j0; j < j1; ++j)
+      s16 = _mm256_add_epi16(s16, _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], bx(j)), _mm256_maddubs_epi16(hi[j], bx(4 + j))));
+    return s16;
+  }
+  // The K-quant tiles' sub-block sums, Σ code·x over a block as block_sum takes it, times the
+  // sub-block scale in int32 (exact: at most 32·31·127·63). AVX512: block_sum and vpmulld, scale
+  // one int32 per lane (byte b of its dword, kLaneByte); AVX2: the int16 pair sums times the
+  // scale in vpmaddwd, scale in both int16 halves (kLanePair), widened once (Q4_K: 16 products of
+  // at most 15·127) or, for five-bit codes (Q5_K, 31·127), after each half.
+  QTARGET static I scale(I bytes, int b) {
+    if constexpr (sizeof(I) == 64) return pick(bytes, kLaneByte[b]);
+    else return pick(bytes, kLanePair[b]);
+  }
+  template <bool Five>
+  QTARGET static I scaled_sum(const I (&lo)[4], const I (&hi)[4], const int8_t* x, I scale) {
+    if constexpr (sizeof(I) == 64) {
+      return _mm512_mullo_epi32(block_sum(lo, hi, x, 0), scale);
+    } else if constexpr (Five) {
+      return _mm256_add_epi32(_mm256_madd_epi16(pair_sums(lo, hi, x, 0, 2), scale),
+                              _mm256_madd_epi16(pair_sums(lo, hi, x, 2, 4), scale));
+    } else {
+      return _mm256_madd_epi16(pair_sums(lo, hi, x, 0, 4), scale);
+    }
+  }
+  // acc + the two int16 products of pairs (kLanePair) with the int16 pair at bs in each lane
+  // (vpdpwssd; AVX2 vpmaddwd).
+  QTARGET static I pair_dot(I acc, I pairs, const int16_t* bs) {
+    int v;
+    std::memcpy(&v, bs, 4);
+    if constexpr (sizeof(I) == 64) return _mm512_dpwssd_epi32(acc, pairs, set1(v));
+    else return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, set1(v)));
+  }
+  QTARGET static I pick(I v, const LaneShuffle& s) {
+    if constexpr (sizeof(I) == 64) return _mm512_shuffle_epi8(v, _mm512_load_si512(s.b));
+    else return _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(s.b)));
+  }
+  QTARGET static I add(I a, I b) {
+    if constexpr (sizeof(I) == 64) return _mm512_add_epi32(a, b);
+    else return _mm256_add_epi32(a, b);
+  }
+  QTARGET static I band(I a, I b) {
+    if constexpr (sizeof(I) == 64) return _mm512_and_si512(a, b);
+    else return _mm256_and_si256(a, b);
+  }
+  QTARGET static I bor(I a, I b) {
+    if constexpr (sizeof(I) == 64) return _mm512_or_si512(a, b);
+    else return _mm256_or_si256(a, b);
+  }
+  // A 32-bit shift; a byte mask afterwards keeps what stayed within each byte.
+  QTARGET static I srli(I v, int n) {
+    if constexpr (sizeof(I) == 64) return _mm512_maskz_srli_epi32(0xFFFF, v, unsigned(n));
+    else return _mm256_srli_epi32(v, n);
+  }
+  // Bit k of each byte at bit `to`, the byte's other bits clear (the free move_bit).
+  QTARGET static I move_bit(I v, int k, int to) {
+    if constexpr (sizeof(I) == 64) {
+      const I m = _mm512_set1_epi8(char(1 << to));
+      return k <= to ? _mm512_maskz_and_epi32(0xFFFF, _mm512_maskz_slli_epi16(0xFFFFFFFF, v, unsigned(to - k)), m)
+                     : _mm512_maskz_and_epi32(0xFFFF, _mm512_maskz_srli_epi16(0xFFFFFFFF, v, unsigned(k - to)), m);
+    } else {
+      return detail::move_bit(v, k, to);
     }
   }
   // Σ w·x over one block of signed weights w (Q8_0; lo and hi as block_sum takes them, from
@@ -442,12 +527,29 @@ struct LaneOps {
     if constexpr (sizeof(I) == 64) return _mm512_mul_ps(a, b);
     else return _mm256_mul_ps(a, b);
   }
+  QTARGET static F fnmadd(F a, F b, F c) {
+    if constexpr (sizeof(I) == 64) return _mm512_fnmadd_ps(a, b, c);
+    else return _mm256_fnmadd_ps(a, b, c);
+  }
   // y[r] (+ bias[r]) = v's lane pos_of(r), for rows r < n.
   QTARGET static void store(F v, const float* bias, float* y, int n) {
     alignas(64) float t[kLaneRows<I>];
     if constexpr (sizeof(I) == 64) _mm512_store_ps(t, v);
     else _mm256_store_ps(t, v);
     for (int r = 0; r < n; ++r) y[r] = bias ? t[pos_of<I>(r)] + bias[r] : t[pos_of<I>(r)];
+  }
+};
+
+// A lane tile asks for the next tile's rows (the bytes after its own) evenly over its nb blocks,
+// one step per block: the tile reads R streams, and ahead of each row lies the next row, which
+// this tile reads already.
+struct NextTile {
+  const char *at, *to;
+  size_t step;
+  NextTile(const std::byte* tile, size_t bytes, size_t nb)
+      : at(reinterpret_cast<const char*>(tile + bytes)), to(at), step(bytes / nb) {}
+  QTARGET void ask() {
+    for (to += step; at < to; at += 64) _mm_prefetch(at, _MM_HINT_T0);
   }
 };
 
@@ -475,14 +577,10 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
     s[m] = a.xs4 + mm / 4 * nb * 4 + mm % 4;
     acc[m] = Ops::zero();
   }
-  // The next tile's rows are asked for evenly over this tile's blocks: the tile reads R streams,
-  // and ahead of each row lies the next row, which this tile reads already.
-  const char* next = reinterpret_cast<const char*>(w + R * ldw);
-  const char* next_to = next;
-  const size_t next_step = R * ldw / nb;
+  NextTile next(w, R * ldw, nb);
   const auto* b = reinterpret_cast<const Block*>(w);
   for (size_t i = 0; i < nb; ++i) {
-    for (next_to += next_step; next < next_to; next += 64) _mm_prefetch(next, _MM_HINT_T0);
+    next.ask();
     I lo[4], hi[4];
     if constexpr (kSignedWeights<T>) {
       const auto* q = reinterpret_cast<const uint8_t*>(b[i].qs);
@@ -511,12 +609,105 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
   for (int m = 0; m < RM; ++m) Ops::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
 }
 
-// Q4_0 and Q4_1 for M >= 2, Q8_0 for M >= 5: tiles of kLaneRows weight rows, each against every
-// activation row in groups of up to kLaneM. (Q8_0's two transpositions per block made its tiles
-// slower than dot_block32's one pass of four rows at M = 2-4: 0.87 against 0.66 ms for a
-// 10240 × 2560 matrix at M = 2 on Zen 5.) A range's last tile ends at n1,
-// overlapping the one before it (whose rows it computes again, to the same bits); a range of
-// fewer rows is copied into a tile of its own, its last row repeated.
+// Q4_K and Q5_K (Block) on lane tiles, as lane_tile takes the 32-value formats: per block, the
+// rows' 16-byte heads transpose as codes do, so lane p holds its row's d and dmin (dword 0) and
+// the three words of packed scales and mins (dwords 1-3), unpacked in the lanes as
+// scales_mins_k4 unpacks them; each pair of 32-value sub-blocks transposes from the 32 bytes of
+// their nibbles (Q5_K: and of qh). The block's integer sums are dot_k4's: sub-block sums times
+// their scales (scaled_sum), the mins against the activation sums per 16 (bsums; pair_dot with
+// each min in both int16 halves), finished as dot_k4 finishes them, in one chain per output:
+// acc = fma(f32(Σ sc·Σ q·x), d·d_x, acc), acc = fnmadd(f32(Σ m·bsum), dmin·d_x, acc).
+template <class Block, int RM, class I>
+QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias, float* y,
+                                int rows) {
+  constexpr bool five = std::is_same_v<Block, BlockQ5_K>;
+  using Ops = LaneOps<I>;
+  using F = typename Ops::F;
+  const size_t nb = a.K / 256;
+  Q8KRow x[RM];
+  F acc[RM];
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) x[m] = q8k_row(a.xq + (m0 + size_t(m)) * a.ldxq, a.K), acc[m] = Ops::zero();
+  NextTile next(w, kLaneRows<I> * ldw, nb);
+  const auto* b = reinterpret_cast<const Block*>(w);
+  for (size_t i = 0; i < nb; ++i) {
+    next.ask();
+    I h[4];
+    lane_codes<I>(reinterpret_cast<const uint8_t*>(b + i), ldw, h);
+    // Bytes j of sc[0] and sc[1]: the scales of sub-blocks j and 4 + j (mins likewise): the low
+    // six bits of words 0 (1), or the nibbles of word 2 with the top two bits of word 0 (1).
+    const I six = Ops::set1(0x3F3F3F3F), four = Ops::set1(0x0F0F0F0F), top = Ops::set1(0x30303030);
+    const I sc[2] = {Ops::band(h[1], six), Ops::bor(Ops::band(h[3], four), Ops::band(Ops::srli(h[1], 2), top))};
+    const I mn[2] = {Ops::band(h[2], six), Ops::bor(Ops::band(Ops::srli(h[3], 4), four), Ops::band(Ops::srli(h[2], 2), top))};
+    I sum[RM];
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) sum[m] = Ops::set1(0);
+    // Not unrolled: unrolled, GCC spilled the codes of the four pairs (309 vector stack accesses
+    // against 50) and ran no faster.
+#pragma GCC unroll 1
+    for (int c = 0; c < 4; ++c) {
+      // Sub-blocks 2c (low nibbles) and 2c + 1 (high): lo[s] their values 0-15, hi[s] 16-31.
+      I lo[2][4], hi[2][4];
+      {
+        I q[4], r[4];
+        lane_codes<I>(b[i].qs + 32 * c, ldw, q), lane_codes<I>(b[i].qs + 32 * c + 16, ldw, r);
+        VLM_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          lo[0][j] = Ops::nibbles(q[j], 0), lo[1][j] = Ops::nibbles(q[j], 4);
+          hi[0][j] = Ops::nibbles(r[j], 0), hi[1][j] = Ops::nibbles(r[j], 4);
+        }
+      }
+      if constexpr (five) {  // bit k of each qh byte: the fifth bit of sub-block k's value
+        I q[4], r[4];
+        lane_codes<I>(b[i].qh, ldw, q), lane_codes<I>(b[i].qh + 16, ldw, r);
+        VLM_UNROLL
+        for (int s = 0; s < 2; ++s) {
+          VLM_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            lo[s][j] = Ops::bor(lo[s][j], Ops::move_bit(q[j], 2 * c + s, 4));
+            hi[s][j] = Ops::bor(hi[s][j], Ops::move_bit(r[j], 2 * c + s, 4));
+          }
+        }
+      }
+      const I s0 = Ops::scale(sc[c / 2], 2 * (c % 2)), s1 = Ops::scale(sc[c / 2], 2 * (c % 2) + 1);
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        const int8_t* xq = x[m].q + 256 * i + 64 * size_t(c);
+        sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<five>(lo[0], hi[0], xq, s0),
+                                           Ops::template scaled_sum<five>(lo[1], hi[1], xq + 32, s1)));
+      }
+    }
+    I mins[8];
+    VLM_UNROLL
+    for (int j = 0; j < 8; ++j) mins[j] = Ops::pick(mn[j / 4], kLanePair[j % 4]);
+    const F dw = Ops::f16_half(h[0], 0), dmin = Ops::f16_half(h[0], 16);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      I ms = Ops::set1(0);
+      VLM_UNROLL
+      for (int j = 0; j < 8; ++j) ms = Ops::pair_dot(ms, mins[j], x[m].bsums + 16 * i + 2 * j);
+      const F dx = Ops::set1f(x[m].d[i]);
+      acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, dx), acc[m]);
+      acc[m] = Ops::fnmadd(Ops::to_f32(ms), Ops::mul(dmin, dx), acc[m]);
+    }
+  }
+  VLM_UNROLL
+  for (int m = 0; m < RM; ++m) Ops::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
+}
+
+// The batches that take lane tiles: Q4_0 and Q4_1 from M = 2, Q4_K and Q5_K from 4, Q8_0 from 5
+// (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen read streams per
+// thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms for a 10240 × 2560
+// Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of up to four rows
+// (Q8_0 at M = 2: 0.87 against 0.66 ms).
+template <GgmlType T>
+inline constexpr size_t kLaneFrom = T == GgmlType::Q4_0 || T == GgmlType::Q4_1   ? 2
+                                    : T == GgmlType::Q4_K || T == GgmlType::Q5_K ? 4
+                                    : T == GgmlType::Q8_0                        ? 5
+                                                                                 : 0;
+// Tiles of kLaneRows weight rows, each against every activation row in groups of up to kLaneM.
+// A range's last tile ends at n1, overlapping the one before it (whose rows it computes again,
+// to the same bits); a range of fewer rows is copied into a tile of its own, its last row repeated.
 template <GgmlType T>
 QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
   using I = typename LaneVectors<kZmm>::I;
@@ -529,7 +720,7 @@ QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
     if (size_t(rows) < R && n1 - n0 >= R) {
       t = n1 - R, w = a.w + t * a.ldw_bytes;
     } else if (size_t(rows) < R) {
-      ldw = a.K / 32 * sizeof(Block32<T>);
+      ldw = quant_row_bytes(T, a.K);
       pad.resize(R * ldw);
       for (size_t r = 0; r < R; ++r) std::memcpy(pad.data() + r * ldw, w + std::min(r, size_t(rows) - 1) * a.ldw_bytes, ldw);
       w = pad.data();
@@ -537,7 +728,10 @@ QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
     const int out = t == n ? rows : int(R);
     const float* bias = a.bias ? a.bias + t : nullptr;
     const auto tile = [&](auto rm, size_t m) QTARGET {
-      lane_tile<T, decltype(rm)::value, I>(a, w, ldw, m, bias, a.y + m * a.ldy + t, out);
+      constexpr int RM = decltype(rm)::value;
+      if constexpr (T == GgmlType::Q4_K) lane_tile_k<BlockQ4_K, RM, I>(a, w, ldw, m, bias, a.y + m * a.ldy + t, out);
+      else if constexpr (T == GgmlType::Q5_K) lane_tile_k<BlockQ5_K, RM, I>(a, w, ldw, m, bias, a.y + m * a.ldy + t, out);
+      else lane_tile<T, RM, I>(a, w, ldw, m, bias, a.y + m * a.ldy + t, out);
     };
     size_t m = 0;
     for (; m + kLaneM <= a.M; m += kLaneM) tile(std::integral_constant<int, int(kLaneM)>{}, m);
@@ -715,12 +909,6 @@ QTARGET inline void add_scaled_pairs(V& sum, V codes, const int8_t* x, V scale) 
 template <class V>
 QTARGET inline __m256i fold_halves(V v) {
   return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, v, 0), _mm512_maskz_extracti64x4_epi64(0xF, v, 1));
-}
-
-// Bit k (0..7) of each byte of v at bit `to`, the other bits clear: 16-bit shifts, but the bit
-// kept in each byte comes from the same byte.
-QTARGET inline __m256i move_bit(__m256i v, int k, int to) {
-  return _mm256_and_si256(k <= to ? _mm256_slli_epi16(v, to - k) : _mm256_srli_epi16(v, k - to), _mm256_set1_epi8(char(1 << to)));
 }
 
 // Q4_K or Q5_K (Block) against Q8_K activations (one scale per 256): a 32-value sub-block's
@@ -1199,9 +1387,8 @@ QTARGET inline void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
 template <GgmlType T>
 QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
   if (a.M == 1) return dot_row1<T>(a, n0, n1);
-  if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1) return dot_lanes<T>(a, n0, n1);
-  if constexpr (T == GgmlType::Q8_0)
-    if (a.M > 4) return dot_lanes<T>(a, n0, n1);
+  if constexpr (kLaneFrom<T> != 0)
+    if (a.M >= kLaneFrom<T>) return dot_lanes<T>(a, n0, n1);
   const size_t slice = std::max<size_t>(1, (size_t(96) << 10) / std::max<size_t>(1, a.ldw_bytes));
   for (size_t s = n0; s < n1; s += slice) {
     const size_t e = std::min(n1, s + slice);
