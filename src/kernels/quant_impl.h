@@ -331,7 +331,7 @@ constexpr int pos_of(int r) {
 // codes[j] holds bytes 4j..4j+3 of each row in its lane (pos_of). The rows are addressed from
 // one pointer per four (GCC kept sixteen row pointers on the stack).
 template <class I>
-QTARGET inline void lane_codes(const uint8_t* q, size_t ld, I (&c)[4]) {
+QTARGET inline void lane_codes(const uint8_t* q, size_t ld, I* c) {
   const auto at = [](const uint8_t* p) QTARGET { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); };
   const size_t ld3 = 3 * ld;
   if constexpr (sizeof(I) == 64) {
@@ -356,21 +356,22 @@ QTARGET inline void lane_codes(const uint8_t* q, size_t ld, I (&c)[4]) {
   }
 }
 
-// vpshufb operands of the K-quant lane tiles (either width loads its first bytes): of each
-// dword, byte b alone (kLaneByte[b]) or in both int16 halves (kLanePair[b]), zero-extended.
+// vpshufb operands of the K-quant lane tiles (either width loads its first bytes): each dword's
+// bytes from bytes f0-f3 of the same dword (−1: zero).
 struct alignas(64) LaneShuffle {
   uint8_t b[64];
 };
-constexpr LaneShuffle lane_shuffle(int b, bool pair) {
+constexpr LaneShuffle lane_shuffle(int f0, int f1, int f2, int f3) {
   LaneShuffle s{};
-  for (int i = 0; i < 64; ++i) s.b[i] = i % 4 == 0 || (pair && i % 4 == 2) ? uint8_t(i % 16 / 4 * 4 + b) : 0x80;
+  const int from[4] = {f0, f1, f2, f3};
+  for (int i = 0; i < 64; ++i) s.b[i] = from[i % 4] < 0 ? 0x80 : uint8_t(i % 16 / 4 * 4 + from[i % 4]);
   return s;
 }
-constexpr LaneShuffle kLaneByte[4] = {lane_shuffle(0, false), lane_shuffle(1, false), lane_shuffle(2, false),
-                                     lane_shuffle(3, false)};
-constexpr LaneShuffle kLanePair[4] = {lane_shuffle(0, true), lane_shuffle(1, true), lane_shuffle(2, true),
-                                     lane_shuffle(3, true)};
-
+// Byte b zero-extended (kLaneByte) or in both int16 halves (kLanePair).
+constexpr LaneShuffle kLaneByte[4] = {lane_shuffle(0, -1, -1, -1), lane_shuffle(1, -1, -1, -1), lane_shuffle(2, -1, -1, -1),
+                                      lane_shuffle(3, -1, -1, -1)};
+constexpr LaneShuffle kLanePair[4] = {lane_shuffle(0, -1, 0, -1), lane_shuffle(1, -1, 1, -1), lane_shuffle(2, -1, 2, -1),
+                                      lane_shuffle(3, -1, 3, -1)};
 // Vector-width forms of the few operations the lane tiles need.
 template <class I>
 struct LaneOps {
@@ -403,58 +404,63 @@ struct LaneOps {
       return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(w, 0x08)));
     }
   }
-  // init + Σ over the 32 values of one block: lo[j] and hi[j] hold each lane's codes of values
-  // 4j..4j+3 and 16+4j..16+4j+3, x the block's 32 activation codes (broadcast four at a time).
-  QTARGET static I block_sum(const I (&lo)[4], const I (&hi)[4], const int8_t* x, int init) {
+  // x's codes 4k..4k+3 in every lane.
+  QTARGET static I bx(const int8_t* x, int k) {
+    int v;
+    std::memcpy(&v, x + 4 * k, 4);
+    return set1(v);
+  }
+  // init + Σ over j < N of each lane's codes c[j] (four values, as lane_codes transposes them)
+  // against x's codes 4j..4j+3. AVX512: vpdpbusd with x's four codes as its broadcast operand
+  // (one load-op; GCC loads the broadcast into a register of its own first), in two chains.
+  // AVX2: the int16 pair sums of Per codes at a time (pair_sums: Per·2·max code·127 < 2^15),
+  // each widened in vpmaddwd.
+  template <int N, int Per = N>
+  QTARGET static I code_sum(const I* c, const int8_t* x, int init) {
     if constexpr (sizeof(I) == 64) {
-      // vpdpbusd with x's four codes as its broadcast operand: one load-op (GCC loads the
-      // broadcast into a register of its own first).
       const auto dp = [&](I& acc, I w, int k) QTARGET {
         asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x + 4 * k)));
       };
       I s = set1(init), t = _mm512_setzero_si512();
       VLM_UNROLL
-      for (int j = 0; j < 4; ++j) dp(s, lo[j], j), dp(t, hi[j], 4 + j);
+      for (int j = 0; j < N; ++j) dp(j % 2 ? t : s, c[j], j);
       return _mm512_add_epi32(s, t);
-    } else {  // int16 pair sums: eight of at most 2·15·127 stay below 2^15
-      return _mm256_add_epi32(_mm256_madd_epi16(pair_sums(lo, hi, x, 0, 4), _mm256_set1_epi16(1)), set1(init));
+    } else {
+      I s = set1(init);
+      VLM_UNROLL
+      for (int g = 0; g < N / Per; ++g) s = add(s, _mm256_madd_epi16(pair_sums<Per>(c + Per * g, x + 4 * Per * g), _mm256_set1_epi16(1)));
+      return s;
     }
   }
-  // AVX2: the int16 pair sums (vpmaddubsw) of lo[j] and hi[j] against x's codes, j in [j0, j1).
-  QTARGET static I pair_sums(const I (&lo)[4], const I (&hi)[4], const int8_t* x, int j0, int j1) {
-    const auto bx = [&](int k) QTARGET {
-      int v;
-      std::memcpy(&v, x + 4 * k, 4);
-      return set1(v);
-    };
+  // AVX2: the int16 pair sums (vpmaddubsw) of c[j] against x's codes 4j..4j+3, j < N.
+  template <int N>
+  QTARGET static I pair_sums(const I* c, const int8_t* x) {
     I s16 = _mm256_setzero_si256();
     VLM_UNROLL
-    for (int j = j0; j < j1; ++j)
-      s16 = _mm256_add_epi16(s16, _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], bx(j)), _mm256_maddubs_epi16(hi[j], bx(4 + j))));
+    for (int j = 0; j < N; ++j) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(c[j], bx(x, j)));
     return s16;
   }
-  // The K-quant tiles' sub-block sums, Σ code·x over a block as block_sum takes it, times the
-  // sub-block scale in int32 (exact: at most 32·31·127·63). AVX512: block_sum and vpmulld, scale
-  // one int32 per lane (byte b of its dword, kLaneByte); AVX2: the int16 pair sums times the
-  // scale in vpmaddwd, scale in both int16 halves (kLanePair), widened once (Q4_K: 16 products of
-  // at most 15·127) or, for five-bit codes (Q5_K, 31·127), after each half.
-  QTARGET static I scale(I bytes, int b) {
+  // The K-quant tiles' sub-block sums: code_sum times the sub-block's scale in int32. AVX512:
+  // vpmulld, the scale one int32 per lane; AVX2: each Per codes' int16 pair sums times the scale
+  // in vpmaddwd, the scale in both int16 halves of the lane. uscale gives either form of byte b
+  // of each lane (the six-bit scales of Q4_K and Q5_K).
+  template <int N, int Per>
+  QTARGET static I scaled_sum(const I* c, const int8_t* x, I scale) {
+    if constexpr (sizeof(I) == 64) {
+      return _mm512_mullo_epi32(code_sum<N>(c, x, 0), scale);
+    } else {
+      I s = _mm256_madd_epi16(pair_sums<Per>(c, x), scale);
+      VLM_UNROLL
+      for (int g = 1; g < N / Per; ++g) s = add(s, _mm256_madd_epi16(pair_sums<Per>(c + Per * g, x + 4 * Per * g), scale));
+      return s;
+    }
+  }
+  QTARGET static I uscale(I bytes, int b) {
     if constexpr (sizeof(I) == 64) return pick(bytes, kLaneByte[b]);
     else return pick(bytes, kLanePair[b]);
   }
-  template <bool Five>
-  QTARGET static I scaled_sum(const I (&lo)[4], const I (&hi)[4], const int8_t* x, I scale) {
-    if constexpr (sizeof(I) == 64) {
-      return _mm512_mullo_epi32(block_sum(lo, hi, x, 0), scale);
-    } else if constexpr (Five) {
-      return _mm256_add_epi32(_mm256_madd_epi16(pair_sums(lo, hi, x, 0, 2), scale),
-                              _mm256_madd_epi16(pair_sums(lo, hi, x, 2, 4), scale));
-    } else {
-      return _mm256_madd_epi16(pair_sums(lo, hi, x, 0, 4), scale);
-    }
-  }
-  // acc + the two int16 products of pairs (kLanePair) with the int16 pair at bs in each lane
-  // (vpdpwssd; AVX2 vpmaddwd).
+  // acc + the two int16 products of pairs (kLanePair) with the int16 pair at bs in each
+  // lane (vpdpwssd; AVX2 vpmaddwd).
   QTARGET static I pair_dot(I acc, I pairs, const int16_t* bs) {
     int v;
     std::memcpy(&v, bs, 4);
@@ -477,41 +483,35 @@ struct LaneOps {
     if constexpr (sizeof(I) == 64) return _mm512_or_si512(a, b);
     else return _mm256_or_si256(a, b);
   }
-  // A 32-bit shift; a byte mask afterwards keeps what stayed within each byte.
+  // 32-bit shifts; a byte mask afterwards keeps what stayed within each byte.
   QTARGET static I srli(I v, int n) {
     if constexpr (sizeof(I) == 64) return _mm512_maskz_srli_epi32(0xFFFF, v, unsigned(n));
     else return _mm256_srli_epi32(v, n);
   }
+  QTARGET static I slli(I v, int n) {
+    if constexpr (sizeof(I) == 64) return _mm512_maskz_slli_epi32(0xFFFF, v, unsigned(n));
+    else return _mm256_slli_epi32(v, n);
+  }
   // Bit k of each byte at bit `to`, the byte's other bits clear (the free move_bit).
   QTARGET static I move_bit(I v, int k, int to) {
-    if constexpr (sizeof(I) == 64) {
-      const I m = _mm512_set1_epi8(char(1 << to));
-      return k <= to ? _mm512_maskz_and_epi32(0xFFFF, _mm512_maskz_slli_epi16(0xFFFFFFFF, v, unsigned(to - k)), m)
-                     : _mm512_maskz_and_epi32(0xFFFF, _mm512_maskz_srli_epi16(0xFFFFFFFF, v, unsigned(k - to)), m);
-    } else {
-      return detail::move_bit(v, k, to);
-    }
+    if constexpr (sizeof(I) == 64) return band(k <= to ? slli(v, to - k) : srli(v, k - to), set1(0x01010101 << to));
+    else return detail::move_bit(v, k, to);
   }
-  // Σ w·x over one block of signed weights w (Q8_0; lo and hi as block_sum takes them, from
+  // Σ w·x over one block of signed weights w (Q8_0; c as code_sum takes it, from
   // signed_weights), sx = Σ x: vpdpbusd of w + 128 from a start of −128·sx; AVX2 vpmaddubsw of
   // |w| and x with w's sign (|w| + 128 overflows its int16 pair sums), each pair widened at once.
   QTARGET static I signed_weights(I w) {
     if constexpr (sizeof(I) == 64) return _mm512_xor_si512(w, _mm512_set1_epi8(char(0x80)));
     else return w;
   }
-  QTARGET static I signed_block_sum(const I (&lo)[4], const I (&hi)[4], const int8_t* x, int32_t sx) {
+  QTARGET static I signed_sum(const I (&c)[8], const int8_t* x, int32_t sx) {
     if constexpr (sizeof(I) == 64) {
-      return block_sum(lo, hi, x, -128 * sx);
+      return code_sum<8>(c, x, -128 * sx);
     } else {
       I s = _mm256_setzero_si256();
-      const auto add = [&](I w, int k) QTARGET {
-        int v;
-        std::memcpy(&v, x + 4 * k, 4);
-        const I p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(set1(v), w));
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-      };
       VLM_UNROLL
-      for (int j = 0; j < 4; ++j) add(lo[j], j), add(hi[j], 4 + j);
+      for (int j = 0; j < 8; ++j)
+        s = add(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(c[j], c[j]), _mm256_sign_epi8(bx(x, j), c[j])), _mm256_set1_epi16(1)));
       return s;
     }
   }
@@ -540,6 +540,18 @@ struct LaneOps {
   }
 };
 
+// Each lane's byte offset in the tile (its row's, pos_of, plus at), for a gather.
+template <class I>
+QTARGET inline I lane_offsets(size_t ldw, size_t at) {
+  constexpr int R = kLaneRows<I>;
+  alignas(64) int32_t off[R];
+  VLM_UNROLL
+  for (int p = 0; p < R; ++p) off[p] = int32_t(size_t((R / 4) * (p % 4) + p / 4) * ldw + at);
+  I v;
+  std::memcpy(&v, off, sizeof v);
+  return v;
+}
+
 // A lane tile asks for the next tile's rows (the bytes after its own) evenly over its nb blocks,
 // one step per block: the tile reads R streams, and ahead of each row lies the next row, which
 // this tile reads already.
@@ -562,11 +574,7 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
   using F = typename Ops::F;
   constexpr int R = kLaneRows<I>;
   const size_t nb = a.K / 32;
-  alignas(64) int32_t off[R];
-  VLM_UNROLL
-  for (int p = 0; p < R; ++p) off[p] = int32_t(size_t((R / 4) * (p % 4) + p / 4) * ldw);  // lane p's row (pos_of)
-  I offv;
-  std::memcpy(&offv, off, sizeof offv);
+  const I offv = lane_offsets<I>(ldw, 0);
   Q8Row x[RM];
   const int32_t* s[RM];
   F acc[RM];
@@ -581,17 +589,16 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
   const auto* b = reinterpret_cast<const Block*>(w);
   for (size_t i = 0; i < nb; ++i) {
     next.ask();
-    I lo[4], hi[4];
+    I c[8];  // values 0-15 in c[0..3], 16-31 in c[4..7]
     if constexpr (kSignedWeights<T>) {
       const auto* q = reinterpret_cast<const uint8_t*>(b[i].qs);
-      lane_codes<I>(q, ldw, lo), lane_codes<I>(q + 16, ldw, hi);
+      lane_codes<I>(q, ldw, c), lane_codes<I>(q + 16, ldw, c + 4);
       VLM_UNROLL
-      for (int j = 0; j < 4; ++j) lo[j] = Ops::signed_weights(lo[j]), hi[j] = Ops::signed_weights(hi[j]);
+      for (int j = 0; j < 8; ++j) c[j] = Ops::signed_weights(c[j]);
     } else {
-      I c[4];
-      lane_codes<I>(b[i].qs, ldw, c);
+      lane_codes<I>(b[i].qs, ldw, c + 4);
       VLM_UNROLL
-      for (int j = 0; j < 4; ++j) lo[j] = Ops::nibbles(c[j], 0), hi[j] = Ops::nibbles(c[j], 4);
+      for (int j = 0; j < 4; ++j) c[j] = Ops::nibbles(c[4 + j], 0), c[4 + j] = Ops::nibbles(c[4 + j], 4);
     }
     const I h = Ops::gather(reinterpret_cast<const std::byte*>(b + i), offv);
     const F dw = Ops::f16_half(h, 0);
@@ -600,7 +607,7 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
       const int32_t sx = s[m][4 * i];
       const F dwx = Ops::mul(dw, Ops::set1f(x[m].d[i]));
       const int8_t* xq = x[m].q + 32 * i;
-      const I sum = kSignedWeights<T> ? Ops::signed_block_sum(lo, hi, xq, sx) : Ops::block_sum(lo, hi, xq, kCodeOffset<T> == 8 ? -8 * sx : 0);
+      const I sum = kSignedWeights<T> ? Ops::signed_sum(c, xq, sx) : Ops::template code_sum<8>(c, xq, kCodeOffset<T> == 8 ? -8 * sx : 0);
       acc[m] = Ops::fma(Ops::to_f32(sum), dwx, acc[m]);
       if constexpr (kHasMin<T>) acc[m] = Ops::fma(Ops::set1f(float(sx)), Ops::mul(Ops::f16_half(h, 16), Ops::set1f(x[m].d[i])), acc[m]);
     }
@@ -646,35 +653,25 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
     // against 50) and ran no faster.
 #pragma GCC unroll 1
     for (int c = 0; c < 4; ++c) {
-      // Sub-blocks 2c (low nibbles) and 2c + 1 (high): lo[s] their values 0-15, hi[s] 16-31.
-      I lo[2][4], hi[2][4];
-      {
-        I q[4], r[4];
-        lane_codes<I>(b[i].qs + 32 * c, ldw, q), lane_codes<I>(b[i].qs + 32 * c + 16, ldw, r);
-        VLM_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          lo[0][j] = Ops::nibbles(q[j], 0), lo[1][j] = Ops::nibbles(q[j], 4);
-          hi[0][j] = Ops::nibbles(r[j], 0), hi[1][j] = Ops::nibbles(r[j], 4);
-        }
-      }
+      // Sub-blocks 2c (low nibbles) and 2c + 1 (high), each as code_sum takes a block.
+      I sub[2][8], q[8];
+      lane_codes<I>(b[i].qs + 32 * c, ldw, q), lane_codes<I>(b[i].qs + 32 * c + 16, ldw, q + 4);
+      VLM_UNROLL
+      for (int j = 0; j < 8; ++j) sub[0][j] = Ops::nibbles(q[j], 0), sub[1][j] = Ops::nibbles(q[j], 4);
       if constexpr (five) {  // bit k of each qh byte: the fifth bit of sub-block k's value
-        I q[4], r[4];
-        lane_codes<I>(b[i].qh, ldw, q), lane_codes<I>(b[i].qh + 16, ldw, r);
+        lane_codes<I>(b[i].qh, ldw, q), lane_codes<I>(b[i].qh + 16, ldw, q + 4);
         VLM_UNROLL
-        for (int s = 0; s < 2; ++s) {
-          VLM_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            lo[s][j] = Ops::bor(lo[s][j], Ops::move_bit(q[j], 2 * c + s, 4));
-            hi[s][j] = Ops::bor(hi[s][j], Ops::move_bit(r[j], 2 * c + s, 4));
-          }
-        }
+        for (int j = 0; j < 8; ++j)
+          sub[0][j] = Ops::bor(sub[0][j], Ops::move_bit(q[j], 2 * c, 4)), sub[1][j] = Ops::bor(sub[1][j], Ops::move_bit(q[j], 2 * c + 1, 4));
       }
-      const I s0 = Ops::scale(sc[c / 2], 2 * (c % 2)), s1 = Ops::scale(sc[c / 2], 2 * (c % 2) + 1);
+      // Q4_K's int16 pair sums hold 16 products of at most 15·127, Q5_K's 8 of 31·127.
+      constexpr int per = five ? 4 : 8;
+      const I s0 = Ops::uscale(sc[c / 2], 2 * (c % 2)), s1 = Ops::uscale(sc[c / 2], 2 * (c % 2) + 1);
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) {
         const int8_t* xq = x[m].q + 256 * i + 64 * size_t(c);
-        sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<five>(lo[0], hi[0], xq, s0),
-                                           Ops::template scaled_sum<five>(lo[1], hi[1], xq + 32, s1)));
+        sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<8, per>(sub[0], xq, s0),
+                                           Ops::template scaled_sum<8, per>(sub[1], xq + 32, s1)));
       }
     }
     I mins[8];
