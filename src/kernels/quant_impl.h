@@ -295,16 +295,17 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
   store_rows4<RM>(acc[0], acc[1], out);
 }
 
-// Batches (kLaneFrom) of Q4_0, Q4_1, Q8_0, Q4_K and Q5_K with one vector lane per weight row (8
-// rows on AVX2, 16 on AVX512): each block of the tile's rows is transposed in registers once, so
-// that 32-bit lane p of codes[j] holds four codes of lane p's row, and x's four matching codes are
-// broadcast to every lane (vpdpbusd's broadcast operand; AVX2 vpmaddubsw). Each lane then ends
-// with its row's block sum, no sums gathered across lanes (dot_block32 gathers them per
-// activation row: batched decode of a 4B Q4_0 was compute-bound at 11 GB/s on Zen 5), and one
+// Batches (kLaneFrom) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K with one vector lane per
+// weight row (8 rows on AVX2, 16 on AVX512): each block of the tile's rows is transposed in
+// registers once, so that 32-bit lane p of codes[j] holds four codes of lane p's row, and x's four
+// matching codes are broadcast to every lane (vpdpbusd's broadcast operand; AVX2 vpmaddubsw). Each
+// lane then ends with its row's block sum, no sums gathered across lanes (dot_block32 gathers them
+// per activation row: batched decode of a 4B Q4_0 was compute-bound at 11 GB/s on Zen 5), and one
 // transposition serves every activation row. Each output is one chain over the blocks, the same
 // on either ISA, so AVX512 == AVX2 bit for bit: acc = fma(f32(Σ code·x_q − 8·Σx_q), d_w·d_x, acc)
-// for Q4_0; for Q4_1 acc = fma(f32(Σ code·x_q), d_w·d_x, acc), then acc = fma(f32(Σx_q),
-// m_w·d_x, acc); the K-quants in lane_tile_k.
+// for Q4_0 (Q5_0: 16·Σx_q, the fifth bits added to the codes from a gather of each lane's qh);
+// for Q4_1 and Q5_1 acc = fma(f32(Σ code·x_q), d_w·d_x, acc), then acc = fma(f32(Σx_q), m_w·d_x,
+// acc); the K-quants in lane_tile_k.
 template <class I>
 inline constexpr int kLaneRows = int(sizeof(I) / 4);
 // The vectors of the tile: 512-bit on AVX512, 256-bit on AVX2.
@@ -367,11 +368,13 @@ constexpr LaneShuffle lane_shuffle(int f0, int f1, int f2, int f3) {
   for (int i = 0; i < 64; ++i) s.b[i] = from[i % 4] < 0 ? 0x80 : uint8_t(i % 16 / 4 * 4 + from[i % 4]);
   return s;
 }
-// Byte b zero-extended (kLaneByte) or in both int16 halves (kLanePair).
+// Byte b zero-extended (kLaneByte), in both int16 halves (kLanePair) or in all four bytes (kLaneSplat).
 constexpr LaneShuffle kLaneByte[4] = {lane_shuffle(0, -1, -1, -1), lane_shuffle(1, -1, -1, -1), lane_shuffle(2, -1, -1, -1),
                                       lane_shuffle(3, -1, -1, -1)};
 constexpr LaneShuffle kLanePair[4] = {lane_shuffle(0, -1, 0, -1), lane_shuffle(1, -1, 1, -1), lane_shuffle(2, -1, 2, -1),
                                       lane_shuffle(3, -1, 3, -1)};
+constexpr LaneShuffle kLaneSplat[4] = {lane_shuffle(0, 0, 0, 0), lane_shuffle(1, 1, 1, 1), lane_shuffle(2, 2, 2, 2),
+                                       lane_shuffle(3, 3, 3, 3)};
 // Vector-width forms of the few operations the lane tiles need.
 template <class I>
 struct LaneOps {
@@ -492,6 +495,13 @@ struct LaneOps {
     if constexpr (sizeof(I) == 64) return _mm512_maskz_slli_epi32(0xFFFF, v, unsigned(n));
     else return _mm256_slli_epi32(v, n);
   }
+  // c (the codes of values 4k..4k+3 in each lane) plus 16 where bits 4k..4k+3 of the lane's qh
+  // are set (Q5_0, Q5_1): qh's byte k/2 in each byte of the lane, tested against its bit.
+  QTARGET static I add_fifth_bits(I c, I qh, int k) {
+    const I bits = pick(qh, kLaneSplat[k / 2]), sel = set1(k % 2 ? int(0x80402010) : 0x08040201);
+    if constexpr (sizeof(I) == 64) return _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(bits, sel), c, _mm512_set1_epi8(16));
+    else return bor(c, band(_mm256_cmpeq_epi8(band(bits, sel), sel), _mm256_set1_epi8(16)));
+  }
   // Bit k of each byte at bit `to`, the byte's other bits clear (the free move_bit).
   QTARGET static I move_bit(I v, int k, int to) {
     if constexpr (sizeof(I) == 64) return band(k <= to ? slli(v, to - k) : srli(v, k - to), set1(0x01010101 << to));
@@ -574,7 +584,10 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
   using F = typename Ops::F;
   constexpr int R = kLaneRows<I>;
   const size_t nb = a.K / 32;
+  constexpr bool five = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
   const I offv = lane_offsets<I>(ldw, 0);
+  I qhv{};
+  if constexpr (five) qhv = lane_offsets<I>(ldw, offsetof(Block, qh));
   Q8Row x[RM];
   const int32_t* s[RM];
   F acc[RM];
@@ -599,6 +612,11 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
       lane_codes<I>(b[i].qs, ldw, c + 4);
       VLM_UNROLL
       for (int j = 0; j < 4; ++j) c[j] = Ops::nibbles(c[4 + j], 0), c[4 + j] = Ops::nibbles(c[4 + j], 4);
+      if constexpr (five) {
+        const I qh = Ops::gather(reinterpret_cast<const std::byte*>(b + i), qhv);
+        VLM_UNROLL
+        for (int k = 0; k < 8; ++k) c[k] = Ops::add_fifth_bits(c[k], qh, k);
+      }
     }
     const I h = Ops::gather(reinterpret_cast<const std::byte*>(b + i), offv);
     const F dw = Ops::f16_half(h, 0);
@@ -607,7 +625,8 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
       const int32_t sx = s[m][4 * i];
       const F dwx = Ops::mul(dw, Ops::set1f(x[m].d[i]));
       const int8_t* xq = x[m].q + 32 * i;
-      const I sum = kSignedWeights<T> ? Ops::signed_sum(c, xq, sx) : Ops::template code_sum<8>(c, xq, kCodeOffset<T> == 8 ? -8 * sx : 0);
+      // AVX2: 16 products of at most 15·127 per int16, or 8 of 31·127 (Q5_0, Q5_1)
+      const I sum = kSignedWeights<T> ? Ops::signed_sum(c, xq, sx) : Ops::template code_sum<8, five ? 4 : 8>(c, xq, -kCodeOffset<T> * sx);
       acc[m] = Ops::fma(Ops::to_f32(sum), dwx, acc[m]);
       if constexpr (kHasMin<T>) acc[m] = Ops::fma(Ops::set1f(float(sx)), Ops::mul(Ops::f16_half(h, 16), Ops::set1f(x[m].d[i])), acc[m]);
     }
@@ -692,16 +711,17 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
   for (int m = 0; m < RM; ++m) Ops::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
 }
 
-// The batches that take lane tiles: Q4_0 and Q4_1 from M = 2, Q4_K and Q5_K from 4, Q8_0 from 5
-// (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen read streams per
+// The batches that take lane tiles: Q4_0, Q4_1, Q5_0 and Q5_1 from M = 2, Q4_K and Q5_K from 4,
+// Q8_0 from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen read streams per
 // thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms for a 10240 × 2560
 // Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of up to four rows
 // (Q8_0 at M = 2: 0.87 against 0.66 ms).
 template <GgmlType T>
-inline constexpr size_t kLaneFrom = T == GgmlType::Q4_0 || T == GgmlType::Q4_1   ? 2
-                                    : T == GgmlType::Q4_K || T == GgmlType::Q5_K ? 4
-                                    : T == GgmlType::Q8_0                        ? 5
-                                                                                 : 0;
+inline constexpr size_t kLaneFrom =
+    T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 ? 2
+    : T == GgmlType::Q4_K || T == GgmlType::Q5_K                                             ? 4
+    : T == GgmlType::Q8_0                                                                    ? 5
+                                                                                             : 0;
 // Tiles of kLaneRows weight rows, each against every activation row in groups of up to kLaneM.
 // A range's last tile ends at n1, overlapping the one before it (whose rows it computes again,
 // to the same bits); a range of fewer rows is copied into a tile of its own, its last row repeated.
