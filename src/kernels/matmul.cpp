@@ -245,9 +245,9 @@ void convert_x(GemmArgs& a, const Format& act) {
   a.xq = out;
   if (act.type != DType::Q8Act || a.M == 1) return;
   // The code sums (GemmArgs::xs4) meet Q4_0's and Q5_0's offsets, the m of Q4_1 and Q5_1, and the
-  // 128 that Q8_0's lane tiles add to its weights.
+  // 128 that the lane tiles of Q8_0 and IQ4_NL add to their weights.
   const bool sums = a.dtype == DType::Q4_0 || a.dtype == DType::Q4_1 || a.dtype == DType::Q5_0 || a.dtype == DType::Q5_1 ||
-                    a.dtype == DType::Q8_0;
+                    a.dtype == DType::Q8_0 || a.dtype == DType::IQ4_NL;
   thread_local std::vector<float> d4;
   thread_local std::vector<int32_t> s4;
   const size_t nb = a.K / 32;

@@ -33,8 +33,9 @@ struct GemmArgs {
   // Block formats whose xq holds Q8Rows, M > 1: the block scales of each group of four rows side by
   // side, [(M + 3) / 4][K / 32][4], zero past row M, so a tile applies them to four rows at once.
   const float* xd4 = nullptr;
-  // Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 weights: likewise the blocks' code sums Σq (they meet the
-  // code offsets, the m of Q4_1 and Q5_1, and the 128 added to Q8_0's weights); nullptr otherwise.
+  // Q8_0, IQ4_NL, Q4_0, Q4_1, Q5_0 and Q5_1 weights: likewise the blocks' code sums Σq (they meet
+  // the code offsets, the m of Q4_1 and Q5_1, and the 128 added to the signed weights of Q8_0 and
+  // IQ4_NL); nullptr otherwise.
   const int32_t* xs4 = nullptr;
   // gemm_bf16: the products on the f32 FMAs rather than vdpbf16ps (Exec::dot_gemm off).
   bool fma = false;

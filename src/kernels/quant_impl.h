@@ -295,8 +295,8 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
   store_rows4<RM>(acc[0], acc[1], out);
 }
 
-// Batches (kLaneFrom) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K with one vector lane per
-// weight row (8 rows on AVX2, 16 on AVX512): each block of the tile's rows is transposed in
+// Batches (kLaneFrom) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K and Q5_K with one vector lane
+// per weight row (8 rows on AVX2, 16 on AVX512): each block of the tile's rows is transposed in
 // registers once, so that 32-bit lane p of codes[j] holds four codes of lane p's row, and x's four
 // matching codes are broadcast to every lane (vpdpbusd's broadcast operand; AVX2 vpmaddubsw). Each
 // lane then ends with its row's block sum, no sums gathered across lanes (dot_block32 gathers them
@@ -502,6 +502,15 @@ struct LaneOps {
     if constexpr (sizeof(I) == 64) return _mm512_mask_add_epi8(c, _mm512_test_epi8_mask(bits, sel), c, _mm512_set1_epi8(16));
     else return bor(c, band(_mm256_cmpeq_epi8(band(bits, sel), sel), _mm256_set1_epi8(16)));
   }
+  // The IQ4 codebook's values of the codes (iq4_values).
+  QTARGET static I iq4(I codes) {
+    if constexpr (sizeof(I) == 64) {
+      const I table = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+      return _mm512_shuffle_epi8(table, codes);
+    } else {
+      return iq4_values(codes);
+    }
+  }
   // Bit k of each byte at bit `to`, the byte's other bits clear (the free move_bit).
   QTARGET static I move_bit(I v, int k, int to) {
     if constexpr (sizeof(I) == 64) return band(k <= to ? slli(v, to - k) : srli(v, k - to), set1(0x01010101 << to));
@@ -603,15 +612,22 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
   for (size_t i = 0; i < nb; ++i) {
     next.ask();
     I c[8];  // values 0-15 in c[0..3], 16-31 in c[4..7]
-    if constexpr (kSignedWeights<T>) {
+    if constexpr (T == GgmlType::Q8_0) {
       const auto* q = reinterpret_cast<const uint8_t*>(b[i].qs);
       lane_codes<I>(q, ldw, c), lane_codes<I>(q + 16, ldw, c + 4);
-      VLM_UNROLL
-      for (int j = 0; j < 8; ++j) c[j] = Ops::signed_weights(c[j]);
     } else {
       lane_codes<I>(b[i].qs, ldw, c + 4);
       VLM_UNROLL
       for (int j = 0; j < 4; ++j) c[j] = Ops::nibbles(c[4 + j], 0), c[4 + j] = Ops::nibbles(c[4 + j], 4);
+    }
+    if constexpr (T == GgmlType::IQ4_NL) {
+      VLM_UNROLL
+      for (int j = 0; j < 8; ++j) c[j] = Ops::iq4(c[j]);
+    }
+    if constexpr (kSignedWeights<T>) {
+      VLM_UNROLL
+      for (int j = 0; j < 8; ++j) c[j] = Ops::signed_weights(c[j]);
+    } else {
       if constexpr (five) {
         const I qh = Ops::gather(reinterpret_cast<const std::byte*>(b + i), qhv);
         VLM_UNROLL
@@ -711,14 +727,14 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
   for (int m = 0; m < RM; ++m) Ops::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
 }
 
-// The batches that take lane tiles: Q4_0, Q4_1, Q5_0 and Q5_1 from M = 2, Q4_K and Q5_K from 4,
-// Q8_0 from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen read streams per
+// The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL from M = 2, Q4_K and Q5_K
+// from 4, Q8_0 from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen read streams per
 // thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms for a 10240 × 2560
 // Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of up to four rows
 // (Q8_0 at M = 2: 0.87 against 0.66 ms).
 template <GgmlType T>
 inline constexpr size_t kLaneFrom =
-    T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 ? 2
+    T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 || T == GgmlType::IQ4_NL ? 2
     : T == GgmlType::Q4_K || T == GgmlType::Q5_K                                             ? 4
     : T == GgmlType::Q8_0                                                                    ? 5
                                                                                              : 0;
