@@ -357,7 +357,7 @@ QTARGET inline void lane_codes(const uint8_t* q, size_t ld, I* c) {
   }
 }
 
-// vpshufb operands of the K-quant lane tiles (either width loads its first bytes): each dword's
+// vpshufb operands of the lane tiles (either width loads its first bytes): each dword's
 // bytes from bytes f0-f3 of the same dword (−1: zero).
 struct alignas(64) LaneShuffle {
   uint8_t b[64];
@@ -516,7 +516,7 @@ struct LaneOps {
     if constexpr (sizeof(I) == 64) return band(k <= to ? slli(v, to - k) : srli(v, k - to), set1(0x01010101 << to));
     else return detail::move_bit(v, k, to);
   }
-  // Σ w·x over one block of signed weights w (Q8_0; c as code_sum takes it, from
+  // Σ w·x over one block of signed weights w (Q8_0, IQ4_NL; c as code_sum takes it, from
   // signed_weights), sx = Σ x: vpdpbusd of w + 128 from a start of −128·sx; AVX2 vpmaddubsw of
   // |w| and x with w's sign (|w| + 128 overflows its int16 pair sums), each pair widened at once.
   QTARGET static I signed_weights(I w) {
@@ -627,12 +627,10 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
     if constexpr (kSignedWeights<T>) {
       VLM_UNROLL
       for (int j = 0; j < 8; ++j) c[j] = Ops::signed_weights(c[j]);
-    } else {
-      if constexpr (five) {
-        const I qh = Ops::gather(reinterpret_cast<const std::byte*>(b + i), qhv);
-        VLM_UNROLL
-        for (int k = 0; k < 8; ++k) c[k] = Ops::add_fifth_bits(c[k], qh, k);
-      }
+    } else if constexpr (five) {
+      const I qh = Ops::gather(reinterpret_cast<const std::byte*>(b + i), qhv);
+      VLM_UNROLL
+      for (int k = 0; k < 8; ++k) c[k] = Ops::add_fifth_bits(c[k], qh, k);
     }
     const I h = Ops::gather(reinterpret_cast<const std::byte*>(b + i), offv);
     const F dw = Ops::f16_half(h, 0);
