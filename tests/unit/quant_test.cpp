@@ -219,7 +219,7 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
     const size_t be = size_t(ggml_traits(t).block_elems);
     for (size_t K : {be, 3 * be, (be == 32 ? 13 : 3) * be})
       for (size_t N : {1, 7, 33, 300})
-        for (size_t M : {1, 2, 3, 5, 8, 13}) {  // the 4- and 8-row groups and their remainders
+        for (size_t M : {1, 2, 3, 5, 7, 8, 13}) {  // the 4- and 8-row groups and their remainders
           const std::vector<std::byte> wb = random_rows(t, N, K, rng);
           std::vector<float> wf(N * K), x(M * K), xq(M * K), bound(M * N, 0.f);
           for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wf[n * K], K);
