@@ -416,8 +416,7 @@ struct LaneOps {
   // init + Σ over j < N of each lane's codes c[j] (four values, as lane_codes transposes them)
   // against x's codes 4j..4j+3. AVX512: vpdpbusd with x's four codes as its broadcast operand
   // (one load-op; GCC loads the broadcast into a register of its own first), in two chains.
-  // AVX2: the int16 pair sums of Per codes at a time (pair_sums: Per·2·max code·127 < 2^15),
-  // each widened in vpmaddwd.
+  // AVX2: widened_sum (Per·2·max code·127 < 2^15).
   template <int N, int Per = N>
   QTARGET static I code_sum(const I* c, const int8_t* x, int init) {
     if constexpr (sizeof(I) == 64) {
@@ -429,34 +428,31 @@ struct LaneOps {
       for (int j = 0; j < N; ++j) dp(j % 2 ? t : s, c[j], j);
       return _mm512_add_epi32(s, t);
     } else {
-      I s = set1(init);
-      VLM_UNROLL
-      for (int g = 0; g < N / Per; ++g) s = add(s, _mm256_madd_epi16(pair_sums<Per>(c + Per * g, x + 4 * Per * g), _mm256_set1_epi16(1)));
-      return s;
+      return add(set1(init), widened_sum<N, Per>(c, x, _mm256_set1_epi16(1)));
     }
   }
-  // AVX2: the int16 pair sums (vpmaddubsw) of c[j] against x's codes 4j..4j+3, j < N.
-  template <int N>
-  QTARGET static I pair_sums(const I* c, const int8_t* x) {
-    I s16 = _mm256_setzero_si256();
+  // AVX2: Σ over j < N of c[j] against x's codes 4j..4j+3 as int16 pair sums (vpmaddubsw), Per
+  // codes at a time, each group's pairs multiplied by mul's int16 halves and widened (vpmaddwd).
+  template <int N, int Per>
+  QTARGET static I widened_sum(const I* c, const int8_t* x, I mul) {
+    I s = _mm256_setzero_si256();
     VLM_UNROLL
-    for (int j = 0; j < N; ++j) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(c[j], bx(x, j)));
-    return s16;
+    for (int g = 0; g < N / Per; ++g) {
+      I s16 = _mm256_setzero_si256();
+      VLM_UNROLL
+      for (int j = Per * g; j < Per * (g + 1); ++j) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(c[j], bx(x, j)));
+      s = add(s, _mm256_madd_epi16(s16, mul));
+    }
+    return s;
   }
   // The K-quant tiles' sub-block sums: code_sum times the sub-block's scale in int32. AVX512:
-  // vpmulld, the scale one int32 per lane; AVX2: each Per codes' int16 pair sums times the scale
-  // in vpmaddwd, the scale in both int16 halves of the lane. uscale gives either form of byte b
-  // of each lane (the six-bit scales of Q4_K and Q5_K).
+  // vpmulld, the scale one int32 per lane; AVX2: widened_sum with the scale in both int16 halves
+  // of the lane. uscale gives either form of byte b of each lane (the six-bit scales of Q4_K and
+  // Q5_K).
   template <int N, int Per>
   QTARGET static I scaled_sum(const I* c, const int8_t* x, I scale) {
-    if constexpr (sizeof(I) == 64) {
-      return _mm512_mullo_epi32(code_sum<N>(c, x, 0), scale);
-    } else {
-      I s = _mm256_madd_epi16(pair_sums<Per>(c, x), scale);
-      VLM_UNROLL
-      for (int g = 1; g < N / Per; ++g) s = add(s, _mm256_madd_epi16(pair_sums<Per>(c + Per * g, x + 4 * Per * g), scale));
-      return s;
-    }
+    if constexpr (sizeof(I) == 64) return _mm512_mullo_epi32(code_sum<N>(c, x, 0), scale);
+    else return widened_sum<N, Per>(c, x, scale);
   }
   QTARGET static I uscale(I bytes, int b) {
     if constexpr (sizeof(I) == 64) return pick(bytes, kLaneByte[b]);
@@ -679,6 +675,8 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
     const I six = Ops::set1(0x3F3F3F3F), four = Ops::set1(0x0F0F0F0F), top = Ops::set1(0x30303030);
     const I sc[2] = {Ops::band(h[1], six), Ops::bor(Ops::band(h[3], four), Ops::band(Ops::srli(h[1], 2), top))};
     const I mn[2] = {Ops::band(h[2], six), Ops::bor(Ops::band(Ops::srli(h[3], 4), four), Ops::band(Ops::srli(h[2], 2), top))};
+    I qh[8];  // Q5_K: bit k of each qh byte is the fifth bit of sub-block k's value
+    if constexpr (five) lane_codes<I>(b[i].qh, ldw, qh), lane_codes<I>(b[i].qh + 16, ldw, qh + 4);
     I sum[RM];
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) sum[m] = Ops::set1(0);
@@ -691,11 +689,10 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
       lane_codes<I>(b[i].qs + 32 * c, ldw, q), lane_codes<I>(b[i].qs + 32 * c + 16, ldw, q + 4);
       VLM_UNROLL
       for (int j = 0; j < 8; ++j) sub[0][j] = Ops::nibbles(q[j], 0), sub[1][j] = Ops::nibbles(q[j], 4);
-      if constexpr (five) {  // bit k of each qh byte: the fifth bit of sub-block k's value
-        lane_codes<I>(b[i].qh, ldw, q), lane_codes<I>(b[i].qh + 16, ldw, q + 4);
+      if constexpr (five) {
         VLM_UNROLL
         for (int j = 0; j < 8; ++j)
-          sub[0][j] = Ops::bor(sub[0][j], Ops::move_bit(q[j], 2 * c, 4)), sub[1][j] = Ops::bor(sub[1][j], Ops::move_bit(q[j], 2 * c + 1, 4));
+          sub[0][j] = Ops::bor(sub[0][j], Ops::move_bit(qh[j], 2 * c, 4)), sub[1][j] = Ops::bor(sub[1][j], Ops::move_bit(qh[j], 2 * c + 1, 4));
       }
       // Q4_K's int16 pair sums hold 16 products of at most 15·127, Q5_K's 8 of 31·127.
       constexpr int per = five ? 4 : 8;
@@ -726,10 +723,10 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
 }
 
 // The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL from M = 2, Q4_K and Q5_K
-// from 4, Q8_0 from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen read streams per
-// thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms for a 10240 × 2560
-// Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of up to four rows
-// (Q8_0 at M = 2: 0.87 against 0.66 ms).
+// from 4, Q8_0 from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen
+// read streams per thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms for a
+// 10240 × 2560 Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of up
+// to four rows (Q8_0 at M = 2: 0.87 against 0.66 ms).
 template <GgmlType T>
 inline constexpr size_t kLaneFrom =
     T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 || T == GgmlType::IQ4_NL ? 2
@@ -760,9 +757,10 @@ QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
     const float* bias = a.bias ? a.bias + t : nullptr;
     const auto tile = [&](auto rm, size_t m) QTARGET {
       constexpr int RM = decltype(rm)::value;
-      if constexpr (T == GgmlType::Q4_K) lane_tile_k<BlockQ4_K, RM, I>(a, w, ldw, m, bias, a.y + m * a.ldy + t, out);
-      else if constexpr (T == GgmlType::Q5_K) lane_tile_k<BlockQ5_K, RM, I>(a, w, ldw, m, bias, a.y + m * a.ldy + t, out);
-      else lane_tile<T, RM, I>(a, w, ldw, m, bias, a.y + m * a.ldy + t, out);
+      float* y = a.y + m * a.ldy + t;
+      if constexpr (T == GgmlType::Q4_K) lane_tile_k<BlockQ4_K, RM, I>(a, w, ldw, m, bias, y, out);
+      else if constexpr (T == GgmlType::Q5_K) lane_tile_k<BlockQ5_K, RM, I>(a, w, ldw, m, bias, y, out);
+      else lane_tile<T, RM, I>(a, w, ldw, m, bias, y, out);
     };
     size_t m = 0;
     for (; m + kLaneM <= a.M; m += kLaneM) tile(std::integral_constant<int, int(kLaneM)>{}, m);
