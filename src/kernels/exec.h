@@ -29,9 +29,9 @@ Isa parse_isa(std::string_view name, std::string_view what);
 //         activations with activations (scores, weighted values) follow the Exec they are
 //         handed (nn/attention.h): the vision tower's at Bf16, the decoder's at F32 (exact()).
 //   Block-quantized weights (Q8_0 ...) take x quantized per block to int8 (32 values; 256 for
-//   the K-quants) under either mode (quant.h); under Bf16 on AVX512-BF16, a product of more
-//   than 32 rows (a prefill) instead dequantizes the weights exactly and rounds them and x to
-//   bf16 for vdpbf16ps (or its FMA twin, see dot_gemm; docs/gguf.md, "Prefill on the bf16 dot").
+//   the K-quants) under either mode (quant.h); under Bf16 where vdpbf16ps is the faster route
+//   (dot_gemm), a product of more than 32 rows (a prefill) instead dequantizes the weights
+//   exactly and rounds them and x to bf16 for vdpbf16ps (docs/gguf.md, "Prefill on the bf16 dot").
 enum class Precision { F32, Bf16 };
 const char* precision_name(Precision p);  // "f32", "bf16"
 Precision parse_precision(std::string_view name, std::string_view what);
@@ -52,8 +52,8 @@ struct Exec {
   // Under Bf16 on AVX512-BF16: whether products of more than four rows (prefill, batched
   // decode, the vision tower and its attention) run on vdpbf16ps, or on the f32 FMAs with the
   // same bf16-rounded inputs widened exactly (the same products, summed in another order):
-  // bf16/f16/f32 weights through the f32 GEMM or dot_bf16_fma, block formats and attention
-  // through the FMA twin of the bf16 micro-kernel. Up to four rows (decode) the dot streams
+  // bf16/f16/f32 weights through the f32 GEMM or dot_bf16_fma, attention through the FMA twin
+  // of the bf16 micro-kernel; block formats then keep their int8 kernels. Up to four rows (decode) the dot streams
   // the weights at the memory's rate either way. Tests set it to reach both.
   bool dot_gemm = bf16_dot_gemm_fast();
 

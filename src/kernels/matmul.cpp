@@ -55,8 +55,9 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
 
 // ggml's block formats: integer dot kernels on activations quantized per block (Q8Act, per 32;
 // the K-quants Q8KAct, per 256), [N, K] layout only. Without AVX512-VNNI the Avx512 row runs
-// the AVX2 kernels. With AVX512-BF16, a Precision::Bf16 product of more than kDotMaxM rows
-// dequantizes the weights into the bf16 GEMM instead (gemm_bf16dot_blocks).
+// the AVX2 kernels. Where vdpbf16ps is the faster route (Exec::dot_gemm), a Precision::Bf16
+// product of more than kDotMaxM rows dequantizes the weights into the bf16 GEMM instead
+// (gemm_bf16dot_blocks).
 template <GgmlType G>
 Format block_format(const char* name, FormatKernels detail::QuantKernels::*member) {
   using namespace detail;
@@ -282,9 +283,13 @@ void run(GemmArgs a, const Exec& ex) {
   // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
   // and block formats quantize x per block as at f32.
   const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
-  const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || (hw_bf16 && fk.gemm_bf16)));
-  const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr
-                                          : fk.gemm_bf16 != nullptr && (ex.dot_gemm || f.act != DType::F32));
+  // Past kDotMaxM rows the bf16 GEMM runs only where vdpbf16ps is the faster route
+  // (Exec::dot_gemm). Elsewhere f32/f16/bf16 weights widen into the f32 GEMM and the block
+  // formats, which have none, stay on their int8 kernels: against the bf16 GEMM's FMA twin
+  // those ran 1.6-1.9x faster (M = 512, an Intel VM; docs/gguf.md, "Prefill on the bf16 dot").
+  const bool gemm_bf16 = hw_bf16 && ex.dot_gemm && fk.gemm_bf16 != nullptr;
+  const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || gemm_bf16));
+  const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : gemm_bf16);
   // The dot's FMA twin: past four rows where vdpbf16ps is the slower (the dot is compute-bound
   // there), and on AVX2 from two rows, where the generic tile widens each weight vector again
   // for every pair of rows (four rows: 9 GB/s of weights against 15 on Zen 3). The AVX512 twin
@@ -294,11 +299,6 @@ void run(GemmArgs a, const Exec& ex) {
                                : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2 && a.M > 1);
   if (fma_dot) {
     wide_x(a, ex);
-  } else if (native && !use_dot && !ex.dot_gemm) {
-    // gemm_bf16's FMA twin of the bf16 micro-kernel takes x rounded, as f32 (block formats:
-    // K is whole blocks, so every pair is whole).
-    a.xq = reinterpret_cast<const std::byte*>(rounded_x(a, ex));
-    a.ldxq = a.K * sizeof(float);
   } else if (native) {
     bf16_x(a, pool);
   } else if (f.act != DType::F32) {
@@ -314,9 +314,6 @@ void run(GemmArgs a, const Exec& ex) {
     pool.parallel_for(a.N, [&](size_t n0, size_t n1) { dot(a, n0, n1); }, grain);
     return;
   }
-  // Block formats reach gemm_bf16 whatever dot_gemm says (their weights are dequantized and
-  // rounded there); without it, its micro-kernel runs on the FMAs.
-  a.fma = !ex.dot_gemm;
   auto* gemm = native ? fk.gemm_bf16 : fk.gemm;
   const size_t threads = size_t(pool.size());
   const size_t panels = (a.N + k.panel - 1) / k.panel;

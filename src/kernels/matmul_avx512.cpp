@@ -57,7 +57,7 @@ inline __m512 bf16_high(__m512i w) {
 }
 
 // A's rows are lda words apart. A word of A holds a bf16 pair for the dot; for Wide (the same
-// products on the f32 FMAs: attend_bf16 and gemm_bf16 with fma) it holds one value already
+// products on the f32 FMAs: attend_bf16 with fma) it holds one value already
 // rounded to bf16, as f32, two words a pair, so that only B's words are widened here.
 template <bool Wide, int R, int NVv>
 void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* y, size_t ldy,
@@ -128,13 +128,13 @@ const MicroTable& micro_table(bool wide) {
 // pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does.
 template <class PackB>
 void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB pack_b) {
-  const MicroTable& table = micro_table(a.fma);
+  const MicroTable& table = micro_table(false);
   auto* bpack = reinterpret_cast<uint32_t*>(pack);  // kNC × kKCb/2 words
   static_assert(kNC * (kKCb / 2) <= 2 * kNC * kKC, "pack buffer too small");
-  // x is already bf16 (a.xq, matmul.cpp bf16_x; with fma rounded_x's f32): its rows are the A
-  // operand as they are, a word per pair (per value with fma).
+  // x is already bf16 (a.xq, matmul.cpp bf16_x): its rows are the A operand as they are, a
+  // word per pair.
   const auto* xq = reinterpret_cast<const uint32_t*>(a.xq);
-  const size_t lda = a.ldxq / 4, words = a.fma ? 2 : 1;
+  const size_t lda = a.ldxq / 4;
   constexpr size_t panel_words = kKCb / 2 * kNR;
   const size_t step = column_block(ne - nb, kNR);
   for (size_t n0 = nb; n0 < ne; n0 += step) {
@@ -154,7 +154,7 @@ void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_
           const size_t nv = (c + 15) / 16;
           for (size_t m = m0; m < m1; m += kMR) {
             const size_t r = m1 - m < kMR ? m1 - m : kMR;
-            table.f[r - 1][nv - 1](kp, xq + m * lda + k0 / 2 * words, lda, bpack + p * panel_words, kNR,
+            table.f[r - 1][nv - 1](kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, kNR,
                                    a.y + m * a.ldy + n0 + p * kNR, a.ldy, c, k0 == 0,
                                    bias ? bias + p * kNR : nullptr);
           }

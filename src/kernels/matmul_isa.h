@@ -37,8 +37,6 @@ struct GemmArgs {
   // the code offsets, the m of Q4_1 and Q5_1, and the 128 added to the signed weights of Q8_0 and
   // IQ4_NL); nullptr otherwise.
   const int32_t* xs4 = nullptr;
-  // gemm_bf16: the products on the f32 FMAs rather than vdpbf16ps (Exec::dot_gemm off).
-  bool fma = false;
 };
 
 // The decode kernels (dot_bf16_row1, the block formats' dot_row1, and the bf16 tiles of batched decode) ask
