@@ -53,8 +53,9 @@ struct Exec {
   // decode, the vision tower and its attention) run on vdpbf16ps, or on the f32 FMAs with the
   // same bf16-rounded inputs widened exactly (the same products, summed in another order):
   // bf16/f16/f32 weights through the f32 GEMM or dot_bf16_fma, attention through the FMA twin
-  // of the bf16 micro-kernel; block formats then keep their int8 kernels. Up to four rows (decode) the dot streams
-  // the weights at the memory's rate either way. Tests set it to reach both.
+  // of the bf16 micro-kernel; block formats then keep their int8 kernels. Up to four rows
+  // (decode) the dot streams the weights at the memory's rate either way. Tests set it to reach
+  // both.
   bool dot_gemm = bf16_dot_gemm_fast();
 
   // The default for a pool: the best ISA of this CPU, exact f32 products. Implicit, so
