@@ -37,7 +37,9 @@
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "kernels/format.h"
 #include "kernels/roofline.h"
+#include "models/gemma3/registry.h"
 
 namespace vlm::cli {
 
@@ -118,9 +120,12 @@ int cmd_bench(int argc, char** argv) {
   // The kernels prefill and the image run on (kernels/exec.h, Exec::dot_gemm) set the peak.
   const bool bf16_dot = prec == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && m.exec().dot_gemm &&
                         m.exec().isa == kernels::Isa::Avx512;
+  const Checkpoint& ck = m.checkpoint();
+  // Block-quantized matrices run on their int8 kernels unless the bf16 dot takes their prefill.
+  const bool int8 = kernels::format_of(models::gemma3::layer_tensor(ck, 0, models::gemma3::LayerTensor::Q).dtype).act !=
+                    DType::F32;
 
   // What one decode step reads and one prefill row multiplies.
-  const Checkpoint& ck = m.checkpoint();
   double layer_bytes = 0, layer_params = 0;
   std::vector<std::span<const std::byte>> step_regions;
   for (const auto& [name, t] : ck.tensors())
@@ -144,7 +149,10 @@ int cmd_bench(int argc, char** argv) {
   say(fmt::format("model {} ({} layers, H {}, vocab {}, weights {}), {} threads, isa {}, precision {}{}",
                   model_dir, tc.num_layers, tc.hidden_size, m.vocab(), ck.weight_dtypes(), threads,
                   kernels::isa_name(m.exec().isa), kernels::precision_name(prec),
-                  prec == kernels::Precision::Bf16 ? (bf16_dot ? " (AVX512-BF16 dot)" : " (rounded x, f32 FMA GEMMs)") : ""));
+                  bf16_dot ? " (AVX512-BF16 dot)"
+                  : int8   ? " (int8 kernels on the blocks)"
+                  : prec == kernels::Precision::Bf16 ? " (rounded x, f32 FMA GEMMs)"
+                                                     : ""));
 
   const double peak_f32 = kernels::measure_peak_flops(threads, m.exec().isa);
   const double peak = bf16_dot ? kernels::measure_peak_flops(threads, m.exec().isa, kernels::Precision::Bf16) : peak_f32;
