@@ -122,8 +122,8 @@ int cmd_bench(int argc, char** argv) {
                         m.exec().isa == kernels::Isa::Avx512;
   const Checkpoint& ck = m.checkpoint();
   // Block-quantized matrices run on their int8 kernels unless the bf16 dot takes their prefill.
-  const bool int8 = kernels::format_of(models::gemma3::layer_tensor(ck, 0, models::gemma3::LayerTensor::Q).dtype).act !=
-                    DType::F32;
+  const DType matrices = models::gemma3::layer_tensor(ck, 0, models::gemma3::LayerTensor::Q).dtype;
+  const bool int8_blocks = kernels::format_of(matrices).act != DType::F32;
 
   // What one decode step reads and one prefill row multiplies.
   double layer_bytes = 0, layer_params = 0;
@@ -150,7 +150,7 @@ int cmd_bench(int argc, char** argv) {
                   model_dir, tc.num_layers, tc.hidden_size, m.vocab(), ck.weight_dtypes(), threads,
                   kernels::isa_name(m.exec().isa), kernels::precision_name(prec),
                   bf16_dot ? " (AVX512-BF16 dot)"
-                  : int8   ? " (int8 kernels on the blocks)"
+                  : int8_blocks ? " (int8 kernels on the blocks)"
                   : prec == kernels::Precision::Bf16 ? " (rounded x, f32 FMA GEMMs)"
                                                      : ""));
 

@@ -784,6 +784,7 @@ QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
 // 1.2x (Q4_0, Q5_0) to 1.5x (Q4_1, Q5_1) faster this way (docs/gguf.md, "Decode streams").
 template <int S, class Block>
 QTARGET inline uint64_t stream_word(const Block* const* b, size_t i, uint16_t Block::*field) {
+  static_assert(S >= 1 && S <= 4);
   uint64_t w = 0;
   VLM_UNROLL
   for (int j = 0; j < S; ++j) w |= uint64_t(b[j][i].*field) << (16 * j);
