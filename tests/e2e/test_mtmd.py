@@ -1,6 +1,6 @@
 """llama.cpp's multimodal path against vlm, on the same GGUF model and mmproj files, with images.
 
-The peer is libmtmd + libllama built from the source node-llama-cpp bundles (`bench/build_mtmd.sh
+The peer is libmtmd + libllama built from the source node-llama-cpp bundles (`bench/build_llama.sh
 DIR`, about 15 minutes on two cores: more than CI's time allows, so this file runs where
 VLM_MTMD_BUILD=DIR names such a build and is skipped otherwise). tests/e2e/peer/mtmd_logits.cpp
 drives it: mtmd's own layout around an image (docs/gemma3/prompt.md, Layouts: `<start_of_image>`, the
@@ -56,7 +56,7 @@ def have_build():
     return bool(MTMD) and os.path.isfile(os.path.join(MTMD, "bin", "libmtmd.so"))
 
 
-@unittest.skipUnless(have_build(), "VLM_MTMD_BUILD does not name a llama.cpp build (bench/build_mtmd.sh DIR)")
+@unittest.skipUnless(have_build(), "VLM_MTMD_BUILD does not name a llama.cpp build (bench/build_llama.sh DIR)")
 class Mtmd(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
