@@ -295,7 +295,7 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
   store_rows4<RM>(acc[0], acc[1], out);
 }
 
-// Batches (kLaneFrom) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K and Q5_K with one vector lane
+// Batches (kLaneFrom) of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K and Q6_K with one vector lane
 // per weight row (8 rows on AVX2, 16 on AVX512): each block of the tile's rows is transposed in
 // registers once, so that 32-bit lane p of codes[j] holds four codes of lane p's row, and x's four
 // matching codes are broadcast to every lane (vpdpbusd's broadcast operand; AVX2 vpmaddubsw). Each
@@ -305,7 +305,7 @@ QTARGET inline void dot_block32(const std::byte* row, const Acts<RM>& a, size_t 
 // on either ISA, so AVX512 == AVX2 bit for bit: acc = fma(f32(Σ code·x_q − 8·Σx_q), d_w·d_x, acc)
 // for Q4_0 (Q5_0: 16·Σx_q, the fifth bits added to the codes from a gather of each lane's qh);
 // for Q4_1 and Q5_1 acc = fma(f32(Σ code·x_q), d_w·d_x, acc), then acc = fma(f32(Σx_q), m_w·d_x,
-// acc); the K-quants in lane_tile_k.
+// acc); the K-quants in lane_tile_k and lane_tile_q6_k.
 template <class I>
 inline constexpr int kLaneRows = int(sizeof(I) / 4);
 // The vectors of the tile: 512-bit on AVX512, 256-bit on AVX2.
@@ -375,6 +375,14 @@ constexpr LaneShuffle kLanePair[4] = {lane_shuffle(0, -1, 0, -1), lane_shuffle(1
                                       lane_shuffle(3, -1, 3, -1)};
 constexpr LaneShuffle kLaneSplat[4] = {lane_shuffle(0, 0, 0, 0), lane_shuffle(1, 1, 1, 1), lane_shuffle(2, 2, 2, 2),
                                        lane_shuffle(3, 3, 3, 3)};
+// Q6_K's signed scales: byte b in the top byte of the dword (kLaneTop) or of both int16 halves
+// (kLaneTopPair), and bytes 2t, 2t + 1 in the top bytes of the two halves (kLaneTopTwo); an
+// arithmetic shift right then extends their signs (LaneOps::sscale, spair).
+constexpr LaneShuffle kLaneTop[4] = {lane_shuffle(-1, -1, -1, 0), lane_shuffle(-1, -1, -1, 1), lane_shuffle(-1, -1, -1, 2),
+                                     lane_shuffle(-1, -1, -1, 3)};
+constexpr LaneShuffle kLaneTopPair[4] = {lane_shuffle(-1, 0, -1, 0), lane_shuffle(-1, 1, -1, 1), lane_shuffle(-1, 2, -1, 2),
+                                         lane_shuffle(-1, 3, -1, 3)};
+constexpr LaneShuffle kLaneTopTwo[2] = {lane_shuffle(-1, 0, -1, 1), lane_shuffle(-1, 2, -1, 3)};
 // Vector-width forms of the few operations the lane tiles need.
 template <class I>
 struct LaneOps {
@@ -423,10 +431,17 @@ struct LaneOps {
       const auto dp = [&](I& acc, I w, int k) QTARGET {
         asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x + 4 * k)));
       };
-      I s = set1(init), t = _mm512_setzero_si512();
-      VLM_UNROLL
-      for (int j = 0; j < N; ++j) dp(j % 2 ? t : s, c[j], j);
-      return _mm512_add_epi32(s, t);
+      I s = set1(init);
+      if constexpr (N <= 4) {
+        VLM_UNROLL
+        for (int j = 0; j < N; ++j) dp(s, c[j], j);
+        return s;
+      } else {
+        I t = _mm512_setzero_si512();
+        VLM_UNROLL
+        for (int j = 0; j < N; ++j) dp(j % 2 ? t : s, c[j], j);
+        return _mm512_add_epi32(s, t);
+      }
     } else {
       return add(set1(init), widened_sum<N, Per>(c, x, _mm256_set1_epi16(1)));
     }
@@ -458,6 +473,16 @@ struct LaneOps {
     if constexpr (sizeof(I) == 64) return pick(bytes, kLaneByte[b]);
     else return pick(bytes, kLanePair[b]);
   }
+  // The same forms of signed byte b (Q6_K's scales).
+  QTARGET static I sscale(I bytes, int b) {
+    if constexpr (sizeof(I) == 64) return _mm512_maskz_srai_epi32(0xFFFF, pick(bytes, kLaneTop[b]), 24);
+    else return _mm256_srai_epi16(pick(bytes, kLaneTopPair[b]), 8);
+  }
+  // Signed bytes 2t and 2t + 1 of each lane as its two int16 halves (pair_dot's pairs).
+  QTARGET static I spair(I bytes, int t) {
+    if constexpr (sizeof(I) == 64) return _mm512_maskz_srai_epi16(0xFFFFFFFF, pick(bytes, kLaneTopTwo[t]), 8);
+    else return _mm256_srai_epi16(pick(bytes, kLaneTopTwo[t]), 8);
+  }
   // acc + the two int16 products of pairs (kLanePair) with the int16 pair at bs in each
   // lane (vpdpwssd; AVX2 vpmaddwd).
   QTARGET static I pair_dot(I acc, I pairs, const int16_t* bs) {
@@ -473,6 +498,10 @@ struct LaneOps {
   QTARGET static I add(I a, I b) {
     if constexpr (sizeof(I) == 64) return _mm512_add_epi32(a, b);
     else return _mm256_add_epi32(a, b);
+  }
+  QTARGET static I sub(I a, I b) {
+    if constexpr (sizeof(I) == 64) return _mm512_sub_epi32(a, b);
+    else return _mm256_sub_epi32(a, b);
   }
   QTARGET static I band(I a, I b) {
     if constexpr (sizeof(I) == 64) return _mm512_and_si512(a, b);
@@ -645,6 +674,21 @@ QTARGET inline void lane_tile(const GemmArgs& a, const std::byte* w, size_t ldw,
   for (int m = 0; m < RM; ++m) Ops::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
 }
 
+// The activation rows [m0, m0 + RM) of a K-quant lane tile (Q8_K) and their outputs' chains.
+template <int RM, class I>
+struct KTileRows {
+  Q8KRow x[RM];
+  typename LaneOps<I>::F acc[RM];
+  QTARGET KTileRows(const GemmArgs& a, size_t m0) {
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) x[m] = q8k_row(a.xq + (m0 + size_t(m)) * a.ldxq, a.K), acc[m] = LaneOps<I>::zero();
+  }
+  QTARGET void store(const GemmArgs& a, const float* bias, float* y, int rows) const {
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) LaneOps<I>::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
+  }
+};
+
 // Q4_K and Q5_K (Block) on lane tiles, as lane_tile takes the 32-value formats: per block, the
 // rows' 16-byte heads transpose as codes do, so lane p holds its row's d and dmin (dword 0) and
 // the three words of packed scales and mins (dwords 1-3), unpacked in the lanes as
@@ -660,10 +704,7 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
   using Ops = LaneOps<I>;
   using F = typename Ops::F;
   const size_t nb = a.K / 256;
-  Q8KRow x[RM];
-  F acc[RM];
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) x[m] = q8k_row(a.xq + (m0 + size_t(m)) * a.ldxq, a.K), acc[m] = Ops::zero();
+  KTileRows<RM, I> r(a, m0);
   NextTile next(w, kLaneRows<I> * ldw, nb);
   const auto* b = reinterpret_cast<const Block*>(w);
   for (size_t i = 0; i < nb; ++i) {
@@ -699,7 +740,7 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
       const I s0 = Ops::uscale(sc[c / 2], 2 * (c % 2)), s1 = Ops::uscale(sc[c / 2], 2 * (c % 2) + 1);
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) {
-        const int8_t* xq = x[m].q + 256 * i + 64 * size_t(c);
+        const int8_t* xq = r.x[m].q + 256 * i + 64 * size_t(c);
         sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<8, per>(sub[0], xq, s0),
                                            Ops::template scaled_sum<8, per>(sub[1], xq + 32, s1)));
       }
@@ -712,26 +753,92 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
     for (int m = 0; m < RM; ++m) {
       I ms = Ops::set1(0);
       VLM_UNROLL
-      for (int j = 0; j < 8; ++j) ms = Ops::pair_dot(ms, mins[j], x[m].bsums + 16 * i + 2 * j);
-      const F dx = Ops::set1f(x[m].d[i]);
-      acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, dx), acc[m]);
-      acc[m] = Ops::fnmadd(Ops::to_f32(ms), Ops::mul(dmin, dx), acc[m]);
+      for (int j = 0; j < 8; ++j) ms = Ops::pair_dot(ms, mins[j], r.x[m].bsums + 16 * i + 2 * j);
+      const F dx = Ops::set1f(r.x[m].d[i]);
+      r.acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, dx), r.acc[m]);
+      r.acc[m] = Ops::fnmadd(Ops::to_f32(ms), Ops::mul(dmin, dx), r.acc[m]);
     }
   }
-  VLM_UNROLL
-  for (int m = 0; m < RM; ++m) Ops::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
+  r.store(a, bias, y, rows);
+}
+
+// Q6_K on lane tiles, as lane_tile_k takes Q4_K: per block, the rows' sixteen int8 sub-block
+// scales transpose as codes do (sc[j]: scales 4j..4j+3 of lane p's row) and d is gathered; for
+// chunks k and k + 2 of a half (values 32k.. and 64 + 32k..) the 32 bytes of ql they share and the
+// half's 32 bytes of qh transpose, and their six-bit codes come together in the lanes as
+// dot_q6_k puts them together. The block's integer sum is dot_q6_k's: each 16-value sub-block's
+// code sum times its scale (scaled_sum; AVX2's int16 pair sums hold two products of at most
+// 63·127 each) less 32·Σ sc·bsum (pair_dot with the scales in pairs), then
+// acc = fma(f32(sum), d·d_x, acc): one chain per output.
+template <int RM, class I>
+QTARGET inline void lane_tile_q6_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias, float* y,
+                                   int rows) {
+  using Ops = LaneOps<I>;
+  using F = typename Ops::F;
+  const size_t nb = a.K / 256;
+  KTileRows<RM, I> r(a, m0);
+  // The dword that ends with d (one at d would run past the block, and past the tensor at its end).
+  const I doff = lane_offsets<I>(ldw, offsetof(BlockQ6_K, d) - 2);
+  const I m30 = Ops::set1(0x30303030);
+  NextTile next(w, kLaneRows<I> * ldw, nb);
+  const auto* b = reinterpret_cast<const BlockQ6_K*>(w);
+  for (size_t i = 0; i < nb; ++i) {
+    next.ask();
+    I sc[4];
+    lane_codes<I>(reinterpret_cast<const uint8_t*>(b[i].scales), ldw, sc);
+    I sum[RM];
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) sum[m] = Ops::set1(0);
+#pragma GCC unroll 1
+    for (int g = 0; g < 4; ++g) {
+      const int half = g / 2, k = g % 2;  // chunks k (low nibbles) and k + 2 (high)
+      I l[8], h[8], c[2][8];
+      lane_codes<I>(b[i].ql + 64 * half + 32 * k, ldw, l), lane_codes<I>(b[i].ql + 64 * half + 32 * k + 16, ldw, l + 4);
+      lane_codes<I>(b[i].qh + 32 * half, ldw, h), lane_codes<I>(b[i].qh + 32 * half + 16, ldw, h + 4);
+      VLM_UNROLL
+      for (int d = 0; d < 8; ++d) {
+        // qh's bits 2k, 2k + 1 (chunk k) and 2k + 4, 2k + 5 (chunk k + 2) at bits 4-5 of each byte
+        c[0][d] = Ops::bor(Ops::nibbles(l[d], 0), Ops::band(Ops::slli(h[d], 4 - 2 * k), m30));
+        c[1][d] = Ops::bor(Ops::nibbles(l[d], 4), Ops::band(k ? Ops::srli(h[d], 2) : h[d], m30));
+      }
+      VLM_UNROLL
+      for (int t = 0; t < 2; ++t) {
+        const int s0 = 8 * half + 2 * (k + 2 * t);  // the chunk's two sub-blocks: s0, s0 + 1
+        const I lo = Ops::sscale(sc[s0 / 4], s0 % 4), hi = Ops::sscale(sc[s0 / 4], s0 % 4 + 1);
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) {
+          const int8_t* xq = r.x[m].q + 256 * i + 128 * size_t(half) + 32 * size_t(k + 2 * t);
+          sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<4, 2>(c[t], xq, lo),
+                                             Ops::template scaled_sum<4, 2>(c[t] + 4, xq + 16, hi)));
+        }
+      }
+    }
+    I pairs[8];
+    VLM_UNROLL
+    for (int t = 0; t < 8; ++t) pairs[t] = Ops::spair(sc[t / 2], t % 2);
+    const F dw = Ops::f16_half(Ops::gather(reinterpret_cast<const std::byte*>(b + i), doff), 16);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      I off = Ops::set1(0);
+      VLM_UNROLL
+      for (int t = 0; t < 8; ++t) off = Ops::pair_dot(off, pairs[t], r.x[m].bsums + 16 * i + 2 * t);
+      r.acc[m] = Ops::fma(Ops::to_f32(Ops::sub(sum[m], Ops::slli(off, 5))), Ops::mul(dw, Ops::set1f(r.x[m].d[i])), r.acc[m]);
+    }
+  }
+  r.store(a, bias, y, rows);
 }
 
 // The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL from M = 2, Q4_K and Q5_K
-// from 4, Q8_0 from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen
+// from 4, Q8_0 and Q6_K from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen
 // read streams per thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms for a
 // 10240 × 2560 Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of up
-// to four rows (Q8_0 at M = 2: 0.87 against 0.66 ms).
+// to four rows (Q8_0 at M = 2: 0.87 against 0.66 ms; Q6_K at M = 4, one thread from cache, 0.40
+// against 0.39 ms, at M = 5 0.43 against 0.47 on an Emerald Rapids VM).
 template <GgmlType T>
 inline constexpr size_t kLaneFrom =
     T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 || T == GgmlType::IQ4_NL ? 2
     : T == GgmlType::Q4_K || T == GgmlType::Q5_K                                             ? 4
-    : T == GgmlType::Q8_0                                                                    ? 5
+    : T == GgmlType::Q8_0 || T == GgmlType::Q6_K                                             ? 5
                                                                                              : 0;
 // Tiles of kLaneRows weight rows, each against every activation row in groups of up to kLaneM.
 // A range's last tile ends at n1, overlapping the one before it (whose rows it computes again,
@@ -760,6 +867,7 @@ QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
       float* y = a.y + m * a.ldy + t;
       if constexpr (T == GgmlType::Q4_K) lane_tile_k<BlockQ4_K, RM, I>(a, w, ldw, m, bias, y, out);
       else if constexpr (T == GgmlType::Q5_K) lane_tile_k<BlockQ5_K, RM, I>(a, w, ldw, m, bias, y, out);
+      else if constexpr (T == GgmlType::Q6_K) lane_tile_q6_k<RM, I>(a, w, ldw, m, bias, y, out);
       else lane_tile<T, RM, I>(a, w, ldw, m, bias, y, out);
     };
     size_t m = 0;
@@ -1423,9 +1531,9 @@ QTARGET inline void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
 }
 
 // y[m, n] for n in [n0, n1), every m, four activation rows at a time (the 256-value formats
-// eight, and five to seven in one group: a block decoded once for eight rows; the Q6_K head of a
-// 4B at M = 8 took 45-47 against 53-60 ms, the Q6_K down matrices 54-55 against 75-87; a
-// 10240 × 2560 Q6_K matrix at M = 6 1.6 against 2.6 ms); the weight rows are taken in slices that
+// eight, and five to seven in one group: a block decoded once for eight rows; before Q6_K had lane
+// tiles, its head of a 4B at M = 8 took 45-47 against 53-60 ms, its down matrices 54-55 against
+// 75-87; a 10240 × 2560 Q6_K matrix at M = 6 1.6 against 2.6 ms); the weight rows are taken in slices that
 // stay in L2 while every group of rows meets them.
 template <GgmlType T>
 QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
