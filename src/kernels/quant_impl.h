@@ -421,25 +421,27 @@ struct LaneOps {
     std::memcpy(&v, x + 4 * k, 4);
     return set1(v);
   }
+  // AVX512: acc + vpdpbusd of the lanes' codes w against x's codes 4k..4k+3 as its broadcast
+  // operand (one load-op; GCC loads the broadcast into a register of its own first).
+  QTARGET static void dpbusd(I& acc, I w, const int8_t* x, int k) {
+    asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x + 4 * k)));
+  }
   // init + Σ over j < N of each lane's codes c[j] (four values, as lane_codes transposes them)
-  // against x's codes 4j..4j+3. AVX512: vpdpbusd with x's four codes as its broadcast operand
-  // (one load-op; GCC loads the broadcast into a register of its own first), in two chains.
-  // AVX2: widened_sum (Per·2·max code·127 < 2^15).
+  // against x's codes 4j..4j+3. AVX512: dpbusd, in two chains for eight codes and one for four
+  // (Q6_K's sub-blocks: two chains and their add were 6 % slower at M = 8 on an Emerald Rapids
+  // VM). AVX2: widened_sum (Per·2·max code·127 < 2^15).
   template <int N, int Per = N>
   QTARGET static I code_sum(const I* c, const int8_t* x, int init) {
     if constexpr (sizeof(I) == 64) {
-      const auto dp = [&](I& acc, I w, int k) QTARGET {
-        asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x + 4 * k)));
-      };
       I s = set1(init);
       if constexpr (N <= 4) {
         VLM_UNROLL
-        for (int j = 0; j < N; ++j) dp(s, c[j], j);
+        for (int j = 0; j < N; ++j) dpbusd(s, c[j], x, j);
         return s;
       } else {
         I t = _mm512_setzero_si512();
         VLM_UNROLL
-        for (int j = 0; j < N; ++j) dp(j % 2 ? t : s, c[j], j);
+        for (int j = 0; j < N; ++j) dpbusd(j % 2 ? t : s, c[j], x, j);
         return _mm512_add_epi32(s, t);
       }
     } else {
@@ -468,6 +470,21 @@ struct LaneOps {
   QTARGET static I scaled_sum(const I* c, const int8_t* x, I scale) {
     if constexpr (sizeof(I) == 64) return _mm512_mullo_epi32(code_sum<N>(c, x, 0), scale);
     else return widened_sum<N, Per>(c, x, scale);
+  }
+  // acc + the same sum where each of code_sum's two chains (the even and the odd j) fits in int16
+  // (Q4_K: 16 products of at most 15·127) and scale is the int16 pair of either ISA (kLanePair):
+  // AVX512 packs the two chains into a lane's halves and multiplies them in one vpdpwssd, two
+  // operations in place of vpmulld's two and an add.
+  template <int N, int Per>
+  QTARGET static I add_scaled_halves(I acc, const I* c, const int8_t* x, I scale) {
+    if constexpr (sizeof(I) == 64) {
+      I s = _mm512_setzero_si512(), t = _mm512_setzero_si512();
+      VLM_UNROLL
+      for (int j = 0; j < N; ++j) dpbusd(j % 2 ? t : s, c[j], x, j);
+      return _mm512_dpwssd_epi32(acc, _mm512_mask_blend_epi16(0xAAAAAAAA, s, _mm512_maskz_slli_epi32(0xFFFF, t, 16)), scale);
+    } else {
+      return add(acc, widened_sum<N, Per>(c, x, scale));
+    }
   }
   QTARGET static I uscale(I bytes, int b) {
     if constexpr (sizeof(I) == 64) return pick(bytes, kLaneByte[b]);
@@ -737,12 +754,22 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
       }
       // Q4_K's int16 pair sums hold 16 products of at most 15·127, Q5_K's 8 of 31·127.
       constexpr int per = five ? 4 : 8;
-      const I s0 = Ops::uscale(sc[c / 2], 2 * (c % 2)), s1 = Ops::uscale(sc[c / 2], 2 * (c % 2) + 1);
-      VLM_UNROLL
-      for (int m = 0; m < RM; ++m) {
-        const int8_t* xq = r.x[m].q + 256 * i + 64 * size_t(c);
-        sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<8, per>(sub[0], xq, s0),
-                                           Ops::template scaled_sum<8, per>(sub[1], xq + 32, s1)));
+      if constexpr (five) {
+        const I s0 = Ops::uscale(sc[c / 2], 2 * (c % 2)), s1 = Ops::uscale(sc[c / 2], 2 * (c % 2) + 1);
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) {
+          const int8_t* xq = r.x[m].q + 256 * i + 64 * size_t(c);
+          sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<8, per>(sub[0], xq, s0),
+                                             Ops::template scaled_sum<8, per>(sub[1], xq + 32, s1)));
+        }
+      } else {
+        const I s0 = Ops::pick(sc[c / 2], kLanePair[2 * (c % 2)]), s1 = Ops::pick(sc[c / 2], kLanePair[2 * (c % 2) + 1]);
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) {
+          const int8_t* xq = r.x[m].q + 256 * i + 64 * size_t(c);
+          sum[m] = Ops::template add_scaled_halves<8, per>(Ops::template add_scaled_halves<8, per>(sum[m], sub[0], xq, s0),
+                                                           sub[1], xq + 32, s1);
+        }
       }
     }
     I mins[8];
