@@ -794,8 +794,8 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
 // chunks k and k + 2 of a half (values 32k.. and 64 + 32k..) the 32 bytes of ql they share and the
 // half's 32 bytes of qh transpose, and their six-bit codes come together in the lanes as
 // dot_q6_k puts them together. The block's integer sum is dot_q6_k's: each 16-value sub-block's
-// code sum times its scale (scaled_sum; AVX2's int16 pair sums hold two products of at most
-// 63·127 each) less 32·Σ sc·bsum (pair_dot with the scales in pairs), then
+// code sum times its scale (scaled_sum; AVX2 adds two vpmaddubsw results, each at most 2·63·127,
+// before it widens) less 32·Σ sc·bsum (pair_dot with the scales in pairs), then
 // acc = fma(f32(sum), d·d_x, acc): one chain per output.
 template <int RM, class I>
 QTARGET inline void lane_tile_q6_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias, float* y,
