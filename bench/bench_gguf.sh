@@ -20,7 +20,6 @@ out=${2:-/work/ckpt/gguf}
 shift $(( $# < 2 ? $# : 2 ))
 types=${*:-bf16 q8_0 q4_k_m q4_0}
 threads=${THREADS:-2} pp=${PP:-64} tg=${TG:-32} rounds=${ROUNDS:-1} batch=${BATCH:-1}
-steps=$(( tg / 4 > 4 ? tg / 4 : 4 ))  # vlm bench's batched steps
 vlm=${VLM_BIN:-$here/build/vlm}
 py=/usr/bin/python3
 mkdir -p "$out"
@@ -51,7 +50,8 @@ for round in $(seq "$rounds"); do
     peer=$( { /usr/bin/time -f '{"rss_kib": %M}' node "$here/bench/llama_bench.mjs" "$f" "$threads" "$pp" "$tg"; } 2>&1 |
       grep '^{' | "$py" -c "import json,sys; d={}; [d.update(json.loads(l)) for l in sys.stdin]; print(json.dumps(d))")
     batched=null
-    [ "$peer_batch" = 1 ] && batched=$(bash "$here/bench/llama_batched.sh" "$LLAMA_BUILD" "$f" "$threads" "$steps" "$batch")
+    [ "$peer_batch" = 1 ] && batched=$(bash "$here/bench/llama_batched.sh" "$LLAMA_BUILD" "$f" "$threads" \
+      "$("$py" -c "import json,sys; print(json.loads(sys.argv[1])['batch_steps'])" "$ours")" "$batch")
     "$py" - "$t" "$f" "$ours" "$peer" "$round" "$batched" <<'PY' | tee -a "$results"
 import json, os, sys
 t, f, ours, peer, rnd = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]

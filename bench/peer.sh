@@ -45,7 +45,8 @@ peer=$(node "$here/bench/llama_bench.mjs" "$gguf" "$threads" "$pp" "$tg" | tail 
 peer_img=null peer_batch=null
 if [ -n "${LLAMA_BUILD:-}" ]; then
   bash "$here/bench/build_llama.sh" "$LLAMA_BUILD" "$threads"
-  peer_batch=$(bash "$here/bench/llama_batched.sh" "$LLAMA_BUILD" "$gguf" "$threads" $(( tg / 4 > 4 ? tg / 4 : 4 )) "$batch")
+  peer_batch=$(bash "$here/bench/llama_batched.sh" "$LLAMA_BUILD" "$gguf" "$threads" \
+    "$("$py" -c "import json,sys; print(json.loads(sys.argv[1])['batch_steps'])" "$ours")" "$batch")
   cli=$LLAMA_BUILD/bin/llama-mtmd-cli
   size=$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['vision_config']['image_size'])" "$ckpt/config.json")
   png=$gguf_dir/peer-$size.png

@@ -296,6 +296,7 @@ int cmd_bench(int argc, char** argv) {
         {"pp", pp},
         {"tg", tg},
         {"batch", batch},
+        {"batch_steps", batch_steps},
         {"pp_tok_s", pp_tok_s},
         {"pp_gflops", pp_flops / pp_s * 1e-9},
         {"tg_tok_s", tg_tok_s},

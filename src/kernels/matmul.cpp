@@ -286,8 +286,8 @@ void run(GemmArgs a, const Exec& ex) {
   // Past kDotMaxM rows the bf16 GEMM runs only where vdpbf16ps is the faster route
   // (Exec::dot_gemm). Elsewhere f32/f16/bf16 weights widen into the f32 GEMM and the block
   // formats, which have none, stay on their int8 kernels: against the bf16 GEMM's FMA twin
-  // those ran 1.2-1.65x faster, Q6_K 8 % slower (M = 512, an Intel VM; docs/gguf.md, "Prefill on
-  // the bf16 dot").
+  // those ran 1.2-1.65x faster, Q6_K 8 % slower before its lane tiles (M = 512, an Intel VM;
+  // docs/gguf.md, "Prefill on the bf16 dot").
   const bool gemm_bf16 = hw_bf16 && ex.dot_gemm && fk.gemm_bf16 != nullptr;
   const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || gemm_bf16));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : gemm_bf16);

@@ -464,8 +464,8 @@ struct LaneOps {
   }
   // The K-quant tiles' sub-block sums: code_sum times the sub-block's scale in int32. AVX512:
   // vpmulld, the scale one int32 per lane; AVX2: widened_sum with the scale in both int16 halves
-  // of the lane. uscale gives either form of byte b of each lane (the six-bit scales of Q4_K and
-  // Q5_K).
+  // of the lane. uscale gives either form of byte b of each lane (Q5_K's six-bit scales), sscale
+  // of a signed byte (Q6_K's).
   template <int N, int Per>
   QTARGET static I scaled_sum(const I* c, const int8_t* x, I scale) {
     if constexpr (sizeof(I) == 64) return _mm512_mullo_epi32(code_sum<N>(c, x, 0), scale);
@@ -754,22 +754,22 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
       }
       // Q4_K's int16 pair sums hold 16 products of at most 15·127, Q5_K's 8 of 31·127.
       constexpr int per = five ? 4 : 8;
-      if constexpr (five) {
-        const I s0 = Ops::uscale(sc[c / 2], 2 * (c % 2)), s1 = Ops::uscale(sc[c / 2], 2 * (c % 2) + 1);
-        VLM_UNROLL
-        for (int m = 0; m < RM; ++m) {
-          const int8_t* xq = r.x[m].q + 256 * i + 64 * size_t(c);
+      // Sub-block 2c + h's scale: Q5_K's as scaled_sum takes it (uscale), Q4_K's as the pair of
+      // add_scaled_halves (Q4_K's two chains of 16 products fit int16, Q5_K's do not).
+      const auto scale = [&](int h) QTARGET {
+        const int b = 2 * (c % 2) + h;
+        return five ? Ops::uscale(sc[c / 2], b) : Ops::pick(sc[c / 2], kLanePair[b]);
+      };
+      const I s0 = scale(0), s1 = scale(1);
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        const int8_t* xq = r.x[m].q + 256 * i + 64 * size_t(c);
+        if constexpr (five)
           sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<8, per>(sub[0], xq, s0),
                                              Ops::template scaled_sum<8, per>(sub[1], xq + 32, s1)));
-        }
-      } else {
-        const I s0 = Ops::pick(sc[c / 2], kLanePair[2 * (c % 2)]), s1 = Ops::pick(sc[c / 2], kLanePair[2 * (c % 2) + 1]);
-        VLM_UNROLL
-        for (int m = 0; m < RM; ++m) {
-          const int8_t* xq = r.x[m].q + 256 * i + 64 * size_t(c);
+        else
           sum[m] = Ops::template add_scaled_halves<8, per>(Ops::template add_scaled_halves<8, per>(sum[m], sub[0], xq, s0),
                                                            sub[1], xq + 32, s1);
-        }
       }
     }
     I mins[8];
