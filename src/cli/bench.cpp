@@ -14,7 +14,8 @@
 //            → seconds vs the FMA peak (FLOPs from the tower's matrices and attention)
 //   start    Model::load, then the first token of a one-token prompt (page cache as found)
 //   weights  the decode step's weight bytes read where they are mapped, as the probe reads
-//            (kernels::measure_regions_bandwidth): the rate their pages allow
+//            (kernels::measure_regions_bandwidth): the rate their pages allow, and the share
+//            of their files' resident pages mapped as 2 MiB pages
 //   rss      peak resident memory (the bandwidth probe's buffer left out) vs the bytes of the
 //            weights used (the vision part only with --image) + the KV caches
 // Random-weight checkpoints give meaningless tokens; only the time matters. With --json the
@@ -220,9 +221,12 @@ int cmd_bench(int argc, char** argv) {
                   bw_before * 1e-9, bw_after * 1e-9, step_bytes * 1e-9, roofline));
   say(fmt::format("decode: {} tokens in {:.3f} s = {:.3f} tok/s = {:.1f}% of the roofline (best step {:.1f}%)",
                   step_s.size(), tg_s, tg_tok_s, pct(tg_tok_s, roofline), pct(1.0 / best_step, roofline)));
-  say(fmt::format("the step's weights read where they are mapped: {:.2f} GB/s ({:.1f}% of the probe) -> decode at "
+  const double huge = kernels::huge_page_share(step_regions);
+  say(fmt::format("the step's weights read where they are mapped: {:.2f} GB/s ({:.1f}% of the probe{}) -> decode at "
                   "{:.1f}% of that rate",
-                  weights_bw * 1e-9, pct(weights_bw, bw), pct(tg_tok_s * step_bytes, weights_bw)));
+                  weights_bw * 1e-9, pct(weights_bw, bw),
+                  huge < 0 ? "" : fmt::format("; {:.0f}% of their files' pages are 2 MiB", 100 * huge),
+                  pct(tg_tok_s * step_bytes, weights_bw)));
 
   // Batched decode: B sequences admitted together; timed over the steps where all decode.
   double batch_tok_s = 0;
@@ -311,6 +315,7 @@ int cmd_bench(int argc, char** argv) {
         {"roofline_tg_tok_s", roofline},
         {"tg_fraction_of_roofline", tg_tok_s / roofline},
         {"weights_read_gb_s", weights_bw * 1e-9},
+        {"weights_huge_page_share", huge},
         {"tg_fraction_of_weights_read", tg_tok_s * step_bytes / weights_bw},
         {"load_s", load_s},
         {"first_token_s", first_token_s},

@@ -5,8 +5,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <string>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -21,6 +24,29 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+double huge_page_share(std::span<const std::span<const std::byte>> regions) {
+  std::ifstream f("/proc/self/smaps");
+  if (!f) return -1;
+  // Each mapping is a range line ("begin-end perms ...") followed by "Key: N kB" lines.
+  bool holds = false;
+  double rss = 0, pmd = 0;
+  std::string line;
+  while (std::getline(f, line)) {
+    unsigned long b = 0, e = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &b, &e) == 2) {
+      holds = std::any_of(regions.begin(), regions.end(), [&](const auto& r) {
+        const auto p = reinterpret_cast<uintptr_t>(r.data());
+        return p < e && p + r.size() > b;
+      });
+      continue;
+    }
+    double kb = 0;
+    if (holds && line.starts_with("Rss:") && std::sscanf(line.c_str() + 4, "%lf", &kb) == 1) rss += kb;
+    if (holds && line.starts_with("FilePmdMapped:") && std::sscanf(line.c_str() + 14, "%lf", &kb) == 1) pmd += kb;
+  }
+  return rss > 0 ? pmd / rss : 0;
+}
 
 double measure_read_bandwidth(int threads, size_t bytes, Isa isa) {
   struct Free {
