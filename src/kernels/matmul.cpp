@@ -244,7 +244,20 @@ void convert_x(GemmArgs& a, const Format& act) {
   std::byte* out = buf.data() + (-reinterpret_cast<uintptr_t>(buf.data()) & 63);
   for (size_t m = 0; m < a.M; ++m) act.from_f32(a.x + m * a.ldx, out + m * a.ldxq, a.K);
   a.xq = out;
-  if (act.type != DType::Q8Act || a.M == 1) return;
+  if (a.M == 1) return;
+  if (act.type == DType::Q8KAct) {
+    if (a.dtype != DType::Q4_K && a.dtype != DType::Q5_K) return;
+    thread_local std::vector<int16_t> s32;
+    const size_t ng = a.K / 32;
+    s32.resize(a.M * ng);
+    for (size_t m = 0; m < a.M; ++m) {
+      const int16_t* bs = q8k_row(a.xq + m * a.ldxq, a.K).bsums;  // at most 32·127 each
+      for (size_t g = 0; g < ng; ++g) s32[m * ng + g] = int16_t(bs[2 * g] + bs[2 * g + 1]);
+    }
+    a.xs32 = s32.data();
+    return;
+  }
+  if (act.type != DType::Q8Act) return;
   // The code sums (GemmArgs::xs4) meet Q4_0's and Q5_0's offsets, the m of Q4_1 and Q5_1, and the
   // 128 that the lane tiles of Q8_0 and IQ4_NL add to their weights.
   const bool sums = a.dtype == DType::Q4_0 || a.dtype == DType::Q4_1 || a.dtype == DType::Q5_0 || a.dtype == DType::Q5_1 ||

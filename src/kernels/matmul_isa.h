@@ -37,6 +37,9 @@ struct GemmArgs {
   // the code offsets, the m of Q4_1 and Q5_1, and the 128 added to the signed weights of Q8_0 and
   // IQ4_NL); nullptr otherwise.
   const int32_t* xs4 = nullptr;
+  // Q4_K and Q5_K weights, M > 1: each row's sums of its codes per 32 values (two Q8KRow bsums
+  // each), [M][K / 32]: a sub-block's min meets its whole sum, two sub-blocks in one vpdpwssd.
+  const int16_t* xs32 = nullptr;
 };
 
 // The decode kernels (dot_bf16_row1, the block formats' dot_row1, and the bf16 tiles of batched decode) ask

@@ -383,6 +383,8 @@ constexpr LaneShuffle kLaneTop[4] = {lane_shuffle(-1, -1, -1, 0), lane_shuffle(-
 constexpr LaneShuffle kLaneTopPair[4] = {lane_shuffle(-1, 0, -1, 0), lane_shuffle(-1, 1, -1, 1), lane_shuffle(-1, 2, -1, 2),
                                          lane_shuffle(-1, 3, -1, 3)};
 constexpr LaneShuffle kLaneTopTwo[2] = {lane_shuffle(-1, 0, -1, 1), lane_shuffle(-1, 2, -1, 3)};
+// Bytes 2t and 2t + 1 zero-extended into the two int16 halves (Q4_K's and Q5_K's mins in pairs).
+constexpr LaneShuffle kLaneTwo[2] = {lane_shuffle(0, -1, 1, -1), lane_shuffle(2, -1, 3, -1)};
 // Vector-width forms of the few operations the lane tiles need.
 template <class I>
 struct LaneOps {
@@ -711,8 +713,9 @@ struct KTileRows {
 // the three words of packed scales and mins (dwords 1-3), unpacked in the lanes as
 // scales_mins_k4 unpacks them; each pair of 32-value sub-blocks transposes from the 32 bytes of
 // their nibbles (Q5_K: and of qh). The block's integer sums are dot_k4's: sub-block sums times
-// their scales (scaled_sum), the mins against the activation sums per 16 (bsums; pair_dot with
-// each min in both int16 halves), finished as dot_k4 finishes them, in one chain per output:
+// their scales (scaled_sum), the mins against the activation sums per 32 (GemmArgs::xs32;
+// pair_dot with two sub-blocks' mins in the int16 halves), finished as dot_k4 finishes them,
+// in one chain per output:
 // acc = fma(f32(Σ sc·Σ q·x), d·d_x, acc), acc = fnmadd(f32(Σ m·bsum), dmin·d_x, acc).
 template <class Block, int RM, class I>
 QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias, float* y,
@@ -772,15 +775,15 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
                                                            sub[1], xq + 32, s1);
       }
     }
-    I mins[8];
+    I mins[4];  // sub-blocks 2t and 2t + 1's mins in the halves of mins[t]
     VLM_UNROLL
-    for (int j = 0; j < 8; ++j) mins[j] = Ops::pick(mn[j / 4], kLanePair[j % 4]);
+    for (int t = 0; t < 4; ++t) mins[t] = Ops::pick(mn[t / 2], kLaneTwo[t % 2]);
     const F dw = Ops::f16_half(h[0], 0), dmin = Ops::f16_half(h[0], 16);
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) {
       I ms = Ops::set1(0);
       VLM_UNROLL
-      for (int j = 0; j < 8; ++j) ms = Ops::pair_dot(ms, mins[j], r.x[m].bsums + 16 * i + 2 * j);
+      for (int t = 0; t < 4; ++t) ms = Ops::pair_dot(ms, mins[t], a.xs32 + (m0 + size_t(m)) * (a.K / 32) + 8 * i + 2 * t);
       const F dx = Ops::set1f(r.x[m].d[i]);
       r.acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, dx), r.acc[m]);
       r.acc[m] = Ops::fnmadd(Ops::to_f32(ms), Ops::mul(dmin, dx), r.acc[m]);
