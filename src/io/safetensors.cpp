@@ -146,9 +146,10 @@ MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
   void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd(), 0);
   if (p == MAP_FAILED) fail("{}: cannot mmap: {}", f.where(), std::strerror(errno));
   data_ = static_cast<const std::byte*>(p);
-  // Pages this mapping reads from disk come as 2 MiB page-cache folios where the kernel can
-  // (Linux >= 6.x file THP; a no-op where THP is off): decode then streams them faster
-  // (docs/gguf.md, "Decode streams"). Pages already cached keep their size.
+  // Pages this mapping reads from disk come as 2 MiB page-cache folios where the kernel caches
+  // files in large folios (seen on Linux 6.18 with ext4; a no-op where THP is off), whatever the
+  // readahead size: decode streams them faster (docs/gguf.md, "Decode streams"). Pages already
+  // cached keep their size.
   ::madvise(p, size_, MADV_HUGEPAGE);
   register_map(data_, size_, f.where());
 }
