@@ -821,26 +821,29 @@ QTARGET inline void lane_tile_q6_k(const GemmArgs& a, const std::byte* w, size_t
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) sum[m] = Ops::set1(0);
 #pragma GCC unroll 1
-    for (int g = 0; g < 4; ++g) {
-      const int half = g / 2, k = g % 2;  // chunks k (low nibbles) and k + 2 (high)
-      I l[8], h[8], c[2][8];
-      lane_codes<I>(b[i].ql + 64 * half + 32 * k, ldw, l), lane_codes<I>(b[i].ql + 64 * half + 32 * k + 16, ldw, l + 4);
+    for (int half = 0; half < 2; ++half) {
+      I h[8];  // the half's qh, transposed once for both of its chunk pairs
       lane_codes<I>(b[i].qh + 32 * half, ldw, h), lane_codes<I>(b[i].qh + 32 * half + 16, ldw, h + 4);
-      VLM_UNROLL
-      for (int d = 0; d < 8; ++d) {
-        // qh's bits 2k, 2k + 1 (chunk k) and 2k + 4, 2k + 5 (chunk k + 2) at bits 4-5 of each byte
-        c[0][d] = Ops::bor(Ops::nibbles(l[d], 0), Ops::band(Ops::slli(h[d], 4 - 2 * k), m30));
-        c[1][d] = Ops::bor(Ops::nibbles(l[d], 4), Ops::band(k ? Ops::srli(h[d], 2) : h[d], m30));
-      }
-      VLM_UNROLL
-      for (int t = 0; t < 2; ++t) {
-        const int s0 = 8 * half + 2 * (k + 2 * t);  // the chunk's two sub-blocks: s0, s0 + 1
-        const I lo = Ops::sscale(sc[s0 / 4], s0 % 4), hi = Ops::sscale(sc[s0 / 4], s0 % 4 + 1);
+#pragma GCC unroll 1
+      for (int k = 0; k < 2; ++k) {  // chunks k (low nibbles) and k + 2 (high)
+        I l[8], c[2][8];
+        lane_codes<I>(b[i].ql + 64 * half + 32 * k, ldw, l), lane_codes<I>(b[i].ql + 64 * half + 32 * k + 16, ldw, l + 4);
         VLM_UNROLL
-        for (int m = 0; m < RM; ++m) {
-          const int8_t* xq = r.x[m].q + 256 * i + 128 * size_t(half) + 32 * size_t(k + 2 * t);
-          sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<4, 2>(c[t], xq, lo),
-                                             Ops::template scaled_sum<4, 2>(c[t] + 4, xq + 16, hi)));
+        for (int d = 0; d < 8; ++d) {
+          // qh's bits 2k, 2k + 1 (chunk k) and 2k + 4, 2k + 5 (chunk k + 2) at bits 4-5 of each byte
+          c[0][d] = Ops::bor(Ops::nibbles(l[d], 0), Ops::band(Ops::slli(h[d], 4 - 2 * k), m30));
+          c[1][d] = Ops::bor(Ops::nibbles(l[d], 4), Ops::band(k ? Ops::srli(h[d], 2) : h[d], m30));
+        }
+        VLM_UNROLL
+        for (int t = 0; t < 2; ++t) {
+          const int s0 = 8 * half + 2 * (k + 2 * t);  // the chunk's two sub-blocks: s0, s0 + 1
+          const I lo = Ops::sscale(sc[s0 / 4], s0 % 4), hi = Ops::sscale(sc[s0 / 4], s0 % 4 + 1);
+          VLM_UNROLL
+          for (int m = 0; m < RM; ++m) {
+            const int8_t* xq = r.x[m].q + 256 * i + 128 * size_t(half) + 32 * size_t(k + 2 * t);
+            sum[m] = Ops::add(sum[m], Ops::add(Ops::template scaled_sum<4, 2>(c[t], xq, lo),
+                                               Ops::template scaled_sum<4, 2>(c[t] + 4, xq + 16, hi)));
+          }
         }
       }
     }
