@@ -246,7 +246,7 @@ void convert_x(GemmArgs& a, const Format& act) {
   a.xq = out;
   if (a.M == 1) return;
   if (act.type == DType::Q8KAct) {
-    if (a.dtype != DType::Q4_K && a.dtype != DType::Q5_K) return;
+    if (a.dtype != DType::Q4_K && a.dtype != DType::Q5_K && a.dtype != DType::IQ4_XS) return;
     thread_local std::vector<int16_t> s32;
     const size_t ng = a.K / 32;
     s32.resize(a.M * ng);

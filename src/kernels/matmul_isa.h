@@ -37,8 +37,9 @@ struct GemmArgs {
   // the code offsets, the m of Q4_1 and Q5_1, and the 128 added to the signed weights of Q8_0 and
   // IQ4_NL); nullptr otherwise.
   const int32_t* xs4 = nullptr;
-  // Q4_K and Q5_K weights, M > 1: each row's sums of its codes per 32 values (two Q8KRow bsums
-  // each), [M][K / 32]: a sub-block's min meets its whole sum, two sub-blocks in one vpdpwssd.
+  // Q4_K, Q5_K and IQ4_XS weights, M > 1: each row's sums of its codes per 32 values (two Q8KRow
+  // bsums each), [M][K / 32]: a Q4_K or Q5_K sub-block's min meets its whole sum, two sub-blocks in
+  // one vpdpwssd; an IQ4_XS sub-block's signed sum starts from −128 times it.
   const int16_t* xs32 = nullptr;
 };
 

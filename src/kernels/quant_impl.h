@@ -522,6 +522,10 @@ struct LaneOps {
     if constexpr (sizeof(I) == 64) return _mm512_sub_epi32(a, b);
     else return _mm256_sub_epi32(a, b);
   }
+  QTARGET static I mullo(I a, I b) {
+    if constexpr (sizeof(I) == 64) return _mm512_mullo_epi32(a, b);
+    else return _mm256_mullo_epi32(a, b);
+  }
   QTARGET static I band(I a, I b) {
     if constexpr (sizeof(I) == 64) return _mm512_and_si512(a, b);
     else return _mm256_and_si256(a, b);
@@ -862,18 +866,69 @@ QTARGET inline void lane_tile_q6_k(const GemmArgs& a, const std::byte* w, size_t
   r.store(a, bias, y, rows);
 }
 
-// The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL from M = 2, Q4_K and Q5_K
-// from 4, Q8_0 and Q6_K from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or sixteen
-// read streams per thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms for a
-// 10240 × 2560 Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of up
-// to four rows (Q8_0 at M = 2: 0.87 against 0.66 ms; Q6_K at M = 4, one thread from cache, 0.40
-// against 0.39 ms, at M = 5 0.43 against 0.47 on an Emerald Rapids VM).
+// IQ4_XS on lane tiles: per block, the rows' heads transpose as codes do (dword 0: d and scales_h,
+// dword 1: scales_l), each sub-block's signed scale ls − 32 is put together in the lanes, and each
+// 32-value sub-block's 16 code bytes are taken as IQ4_NL's block in lane_tile (nibbles, the codebook
+// shuffle, the signed sum from a start of −128·Σx_q: GemmArgs::xs32), times the scale in int32 and
+// summed over the block (at most 8·32·32·127·127 < 2^31); then acc = fma(f32(sum), d·d_x, acc), one
+// chain per output, the same on both ISAs.
+template <int RM, class I>
+QTARGET inline void lane_tile_iq4_xs(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias,
+                                     float* y, int rows) {
+  using Ops = LaneOps<I>;
+  using F = typename Ops::F;
+  const size_t nb = a.K / 256, ng = a.K / 32;
+  KTileRows<RM, I> r(a, m0);
+  NextTile next(w, kLaneRows<I> * ldw, nb);
+  const auto* b = reinterpret_cast<const BlockIQ4_XS*>(w);
+  for (size_t i = 0; i < nb; ++i) {
+    next.ask();
+    I h[4];
+    lane_codes<I>(reinterpret_cast<const uint8_t*>(b + i), ldw, h);
+    I sum[RM];
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) sum[m] = Ops::set1(0);
+#pragma GCC unroll 1
+    for (int j = 0; j < 8; ++j) {
+      // ls: nibble j of scales_l (dword 1), bits 2j, 2j + 1 of scales_h (the top half of dword 0) above it
+      const I scale = Ops::sub(Ops::bor(Ops::band(Ops::srli(h[1], 4 * j), Ops::set1(0x0F)),
+                                        Ops::band(Ops::srli(h[0], 12 + 2 * j), Ops::set1(0x30))),
+                               Ops::set1(32));
+      I c[8];  // values 0-15 in c[0..3], 16-31 in c[4..7]
+      lane_codes<I>(b[i].qs + 16 * j, ldw, c + 4);
+      VLM_UNROLL
+      for (int k = 0; k < 4; ++k) c[k] = Ops::nibbles(c[4 + k], 0), c[4 + k] = Ops::nibbles(c[4 + k], 4);
+      VLM_UNROLL
+      for (int k = 0; k < 8; ++k) c[k] = Ops::signed_weights(Ops::iq4(c[k]));
+      VLM_UNROLL
+      for (int m = 0; m < RM; ++m) {
+        const int32_t sx = a.xs32[(m0 + size_t(m)) * ng + 8 * i + size_t(j)];
+        sum[m] = Ops::add(sum[m], Ops::mullo(Ops::signed_sum(c, r.x[m].q + 256 * i + 32 * size_t(j), sx), scale));
+      }
+    }
+    const F dw = Ops::f16_half(h[0], 0);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) r.acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, Ops::set1f(r.x[m].d[i])), r.acc[m]);
+  }
+  r.store(a, bias, y, rows);
+}
+
+// The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS from M = 2, Q4_K and
+// Q5_K from 4, Q8_0 and Q6_K from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or
+// sixteen read streams per thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms
+// for a 10240 × 2560 Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of
+// up to four rows (Q8_0 at M = 2: 0.87 against 0.66 ms; Q6_K at M = 4, one thread from cache, 0.40
+// against 0.39 ms, at M = 5 0.43 against 0.47 on an Emerald Rapids VM). IQ4_XS's row kernels are
+// the slower already at M = 2 (0.30 against 0.20 ms from cache, 0.76-0.78 against 0.58-0.71 from
+// memory on that VM).
 template <GgmlType T>
 inline constexpr size_t kLaneFrom =
-    T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 || T == GgmlType::IQ4_NL ? 2
-    : T == GgmlType::Q4_K || T == GgmlType::Q5_K                                             ? 4
-    : T == GgmlType::Q8_0 || T == GgmlType::Q6_K                                             ? 5
-                                                                                             : 0;
+    T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 || T == GgmlType::IQ4_NL ||
+            T == GgmlType::IQ4_XS
+        ? 2
+    : T == GgmlType::Q4_K || T == GgmlType::Q5_K ? 4
+    : T == GgmlType::Q8_0 || T == GgmlType::Q6_K ? 5
+                                                 : 0;
 // Tiles of kLaneRows weight rows, each against every activation row in groups of up to kLaneM.
 // A range's last tile ends at n1, overlapping the one before it (whose rows it computes again,
 // to the same bits); a range of fewer rows is copied into a tile of its own, its last row repeated.
@@ -902,6 +957,7 @@ QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
       if constexpr (T == GgmlType::Q4_K) lane_tile_k<BlockQ4_K, RM, I>(a, w, ldw, m, bias, y, out);
       else if constexpr (T == GgmlType::Q5_K) lane_tile_k<BlockQ5_K, RM, I>(a, w, ldw, m, bias, y, out);
       else if constexpr (T == GgmlType::Q6_K) lane_tile_q6_k<RM, I>(a, w, ldw, m, bias, y, out);
+      else if constexpr (T == GgmlType::IQ4_XS) lane_tile_iq4_xs<RM, I>(a, w, ldw, m, bias, y, out);
       else lane_tile<T, RM, I>(a, w, ldw, m, bias, y, out);
     };
     size_t m = 0;
