@@ -488,6 +488,29 @@ struct LaneOps {
       return add(acc, widened_sum<N, Per>(c, x, scale));
     }
   }
+  // acc + the sums of c[0..3] against x's codes 0-15 and of c[4..7] against 16-31 (two 16-value
+  // sub-blocks, each at most 16·3·127: Q2_K), times the int16 pair `scales` (the first sub-block's
+  // in the low half): AVX512 packs the two sums into a lane's halves for one vpdpwssd; AVX2 sums
+  // each in int16 pairs (vpmaddubsw) and widens it by its own scale (vpmaddwd).
+  QTARGET static I add_sub_blocks_scaled(I acc, const I* c, const int8_t* x, I scales) {
+    if constexpr (sizeof(I) == 64) {
+      I s = _mm512_setzero_si512(), t = _mm512_setzero_si512();
+      VLM_UNROLL
+      for (int j = 0; j < 8; ++j) dpbusd(j < 4 ? s : t, c[j], x, j);
+      return _mm512_dpwssd_epi32(acc, _mm512_mask_blend_epi16(0xAAAAAAAA, s, _mm512_maskz_slli_epi32(0xFFFF, t, 16)), scales);
+    } else {
+      I s = _mm256_setzero_si256(), t = _mm256_setzero_si256();
+      VLM_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        const I p = _mm256_maddubs_epi16(c[j], bx(x, j));
+        if (j < 4) s = _mm256_add_epi16(s, p);
+        else t = _mm256_add_epi16(t, p);
+      }
+      const I lo = _mm256_blend_epi16(scales, _mm256_slli_epi32(scales, 16), 0xAA);  // (a, a)
+      const I hi = _mm256_blend_epi16(_mm256_srli_epi32(scales, 16), scales, 0xAA);  // (b, b)
+      return add(acc, add(_mm256_madd_epi16(s, lo), _mm256_madd_epi16(t, hi)));
+    }
+  }
   QTARGET static I uscale(I bytes, int b) {
     if constexpr (sizeof(I) == 64) return pick(bytes, kLaneByte[b]);
     else return pick(bytes, kLanePair[b]);
@@ -866,6 +889,64 @@ QTARGET inline void lane_tile_q6_k(const GemmArgs& a, const std::byte* w, size_t
   r.store(a, bias, y, rows);
 }
 
+// Q2_K on lane tiles: per block, the rows' sixteen scale bytes transpose as codes do (sc[k]:
+// sub-blocks 4k..4k+3, the scale in the low nibble, the min in the high one), and each half's 32
+// code bytes transpose once for its four 32-value chunks (chunk j: bits 2j, 2j + 1 of every byte).
+// A chunk's two 16-value sub-blocks meet their scales in one step (add_sub_blocks_scaled), the mins
+// the activation sums per 16 (bsums) in pairs, and acc = fma(f32(Σ sc·Σ q·x_q), d·d_x, acc), then
+// acc = fnmadd(f32(Σ m·bsum), dmin·d_x, acc): one chain per output, the same on both ISAs.
+template <int RM, class I>
+QTARGET inline void lane_tile_q2_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias,
+                                   float* y, int rows) {
+  using Ops = LaneOps<I>;
+  using F = typename Ops::F;
+  const size_t nb = a.K / 256;
+  KTileRows<RM, I> r(a, m0);
+  const I doff = lane_offsets<I>(ldw, offsetof(BlockQ2_K, d));  // d and dmin
+  const I nib = Ops::set1(0x000F000F), two = Ops::set1(0x03030303);
+  NextTile next(w, kLaneRows<I> * ldw, nb);
+  const auto* b = reinterpret_cast<const BlockQ2_K*>(w);
+  for (size_t i = 0; i < nb; ++i) {
+    next.ask();
+    I sc[4];
+    lane_codes<I>(b[i].scales, ldw, sc);
+    I sum[RM];
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) sum[m] = Ops::set1(0);
+#pragma GCC unroll 1
+    for (int n = 0; n < 2; ++n) {
+      I q[8];
+      lane_codes<I>(b[i].qs + 32 * n, ldw, q), lane_codes<I>(b[i].qs + 32 * n + 16, ldw, q + 4);
+#pragma GCC unroll 1
+      for (int j = 0; j < 4; ++j) {
+        I c[8];
+        VLM_UNROLL
+        for (int k = 0; k < 8; ++k) c[k] = Ops::band(Ops::srli(q[k], 2 * j), two);
+        const int s = 8 * n + 2 * j;  // the chunk's sub-blocks s and s + 1
+        const I scales = Ops::band(Ops::pick(sc[s / 4], kLaneTwo[s % 4 / 2]), nib);
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m)
+          sum[m] = Ops::add_sub_blocks_scaled(sum[m], c, r.x[m].q + 256 * i + 128 * size_t(n) + 32 * size_t(j), scales);
+      }
+    }
+    I mins[8];  // sub-blocks 2t and 2t + 1's mins in the halves of mins[t]
+    VLM_UNROLL
+    for (int t = 0; t < 8; ++t) mins[t] = Ops::band(Ops::srli(Ops::pick(sc[t / 2], kLaneTwo[t % 2]), 4), nib);
+    const I dd = Ops::gather(reinterpret_cast<const std::byte*>(b + i), doff);
+    const F dw = Ops::f16_half(dd, 0), dmin = Ops::f16_half(dd, 16);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      I ms = Ops::set1(0);
+      VLM_UNROLL
+      for (int t = 0; t < 8; ++t) ms = Ops::pair_dot(ms, mins[t], r.x[m].bsums + 16 * i + 2 * t);
+      const F dx = Ops::set1f(r.x[m].d[i]);
+      r.acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, dx), r.acc[m]);
+      r.acc[m] = Ops::fnmadd(Ops::to_f32(ms), Ops::mul(dmin, dx), r.acc[m]);
+    }
+  }
+  r.store(a, bias, y, rows);
+}
+
 // IQ4_XS on lane tiles: per block, the rows' heads transpose as codes do (dword 0: d and scales_h,
 // dword 1: scales_l), each sub-block's signed scale ls − 32 is put together in the lanes, and each
 // 32-value sub-block's 16 code bytes are taken as IQ4_NL's block in lane_tile (nibbles, the codebook
@@ -913,8 +994,8 @@ QTARGET inline void lane_tile_iq4_xs(const GemmArgs& a, const std::byte* w, size
   r.store(a, bias, y, rows);
 }
 
-// The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS from M = 2, Q4_K and
-// Q5_K from 4, Q8_0 and Q6_K from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or
+// The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS from M = 2, Q4_K,
+// Q5_K and Q2_K from 4, Q8_0 and Q6_K from 5 (0: none; Q3_K). Below, a tile's two transpositions per block (Q8_0) or
 // sixteen read streams per thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms
 // for a 10240 × 2560 Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of
 // up to four rows (Q8_0 at M = 2: 0.87 against 0.66 ms; Q6_K at M = 4, one thread from cache, 0.40
@@ -926,7 +1007,7 @@ inline constexpr size_t kLaneFrom =
     T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 || T == GgmlType::IQ4_NL ||
             T == GgmlType::IQ4_XS
         ? 2
-    : T == GgmlType::Q4_K || T == GgmlType::Q5_K ? 4
+    : T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q2_K ? 4
     : T == GgmlType::Q8_0 || T == GgmlType::Q6_K ? 5
                                                  : 0;
 // Tiles of kLaneRows weight rows, each against every activation row in groups of up to kLaneM.
@@ -958,6 +1039,7 @@ QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
       else if constexpr (T == GgmlType::Q5_K) lane_tile_k<BlockQ5_K, RM, I>(a, w, ldw, m, bias, y, out);
       else if constexpr (T == GgmlType::Q6_K) lane_tile_q6_k<RM, I>(a, w, ldw, m, bias, y, out);
       else if constexpr (T == GgmlType::IQ4_XS) lane_tile_iq4_xs<RM, I>(a, w, ldw, m, bias, y, out);
+      else if constexpr (T == GgmlType::Q2_K) lane_tile_q2_k<RM, I>(a, w, ldw, m, bias, y, out);
       else lane_tile<T, RM, I>(a, w, ldw, m, bias, y, out);
     };
     size_t m = 0;
