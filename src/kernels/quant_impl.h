@@ -545,6 +545,10 @@ struct LaneOps {
     if constexpr (sizeof(I) == 64) return _mm512_sub_epi32(a, b);
     else return _mm256_sub_epi32(a, b);
   }
+  QTARGET static I sub16(I a, I b) {
+    if constexpr (sizeof(I) == 64) return _mm512_sub_epi16(a, b);
+    else return _mm256_sub_epi16(a, b);
+  }
   QTARGET static I mullo(I a, I b) {
     if constexpr (sizeof(I) == 64) return _mm512_mullo_epi32(a, b);
     else return _mm256_mullo_epi32(a, b);
@@ -947,6 +951,64 @@ QTARGET inline void lane_tile_q2_k(const GemmArgs& a, const std::byte* w, size_t
   r.store(a, bias, y, rows);
 }
 
+// Q3_K on lane tiles, as lane_tile_q2_k takes Q2_K: the twelve scale bytes transpose (read from the
+// dword before them, so that the read ends inside the block) and unpack in the lanes as q3_k_scales
+// does, each half's `hmask` and `qs` bytes transpose once for its four chunks (q = the two bits of
+// qs, bit 4·half + j of hmask as bit 2), and a chunk's two sub-block sums (at most 16·7·127) meet
+// their scale pair sc − 32 in one step; the −4 of every code leaves through the scale pairs against
+// the bsums, and acc = fma(f32(Σ sc·Σ q·x_q − 4·Σ sc·bsum), d·d_x, acc): one chain per output.
+template <int RM, class I>
+QTARGET inline void lane_tile_q3_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias,
+                                   float* y, int rows) {
+  using Ops = LaneOps<I>;
+  using F = typename Ops::F;
+  const size_t nb = a.K / 256;
+  KTileRows<RM, I> r(a, m0);
+  const I doff = lane_offsets<I>(ldw, offsetof(BlockQ3_K, d) - 2);  // the dword that ends with d
+  const I low = Ops::set1(0x0F0F0F0F), two = Ops::set1(0x03030303), off32 = Ops::set1(0x00200020);
+  NextTile next(w, kLaneRows<I> * ldw, nb);
+  const auto* b = reinterpret_cast<const BlockQ3_K*>(w);
+  for (size_t i = 0; i < nb; ++i) {
+    next.ask();
+    I h[4];  // dwords 1-3: the scale bytes 0-3, 4-7, 8-11
+    lane_codes<I>(reinterpret_cast<const uint8_t*>(b[i].scales) - 4, ldw, h);
+    const I sc[4] = {Ops::bor(Ops::band(h[1], low), Ops::slli(Ops::band(h[3], two), 4)),
+                     Ops::bor(Ops::band(h[2], low), Ops::slli(Ops::band(Ops::srli(h[3], 2), two), 4)),
+                     Ops::bor(Ops::band(Ops::srli(h[1], 4), low), Ops::slli(Ops::band(Ops::srli(h[3], 4), two), 4)),
+                     Ops::bor(Ops::band(Ops::srli(h[2], 4), low), Ops::slli(Ops::band(Ops::srli(h[3], 6), two), 4))};
+    I pairs[8];  // sub-blocks 2t and 2t + 1's sc − 32 in the int16 halves of pairs[t]
+    VLM_UNROLL
+    for (int t = 0; t < 8; ++t) pairs[t] = Ops::sub16(Ops::pick(sc[t / 2], kLaneTwo[t % 2]), off32);
+    I sum[RM];
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) sum[m] = Ops::set1(0);
+#pragma GCC unroll 1
+    for (int n = 0; n < 2; ++n) {
+      I q[8], hm[8];
+      lane_codes<I>(b[i].qs + 32 * n, ldw, q), lane_codes<I>(b[i].qs + 32 * n + 16, ldw, q + 4);
+      lane_codes<I>(b[i].hmask, ldw, hm), lane_codes<I>(b[i].hmask + 16, ldw, hm + 4);
+#pragma GCC unroll 1
+      for (int j = 0; j < 4; ++j) {
+        I c[8];
+        VLM_UNROLL
+        for (int k = 0; k < 8; ++k) c[k] = Ops::bor(Ops::band(Ops::srli(q[k], 2 * j), two), Ops::move_bit(hm[k], 4 * n + j, 2));
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m)
+          sum[m] = Ops::add_sub_blocks_scaled(sum[m], c, r.x[m].q + 256 * i + 128 * size_t(n) + 32 * size_t(j), pairs[4 * n + j]);
+      }
+    }
+    const F dw = Ops::f16_half(Ops::gather(reinterpret_cast<const std::byte*>(b + i), doff), 16);
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      I off = Ops::set1(0);
+      VLM_UNROLL
+      for (int t = 0; t < 8; ++t) off = Ops::pair_dot(off, pairs[t], r.x[m].bsums + 16 * i + 2 * t);
+      r.acc[m] = Ops::fma(Ops::to_f32(Ops::sub(sum[m], Ops::slli(off, 2))), Ops::mul(dw, Ops::set1f(r.x[m].d[i])), r.acc[m]);
+    }
+  }
+  r.store(a, bias, y, rows);
+}
+
 // IQ4_XS on lane tiles: per block, the rows' heads transpose as codes do (dword 0: d and scales_h,
 // dword 1: scales_l), each sub-block's signed scale ls − 32 is put together in the lanes, and each
 // 32-value sub-block's 16 code bytes are taken as IQ4_NL's block in lane_tile (nibbles, the codebook
@@ -995,7 +1057,7 @@ QTARGET inline void lane_tile_iq4_xs(const GemmArgs& a, const std::byte* w, size
 }
 
 // The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS from M = 2, Q4_K,
-// Q5_K and Q2_K from 4, Q8_0 and Q6_K from 5 (0: none; Q3_K). Below, a tile's two transpositions per block (Q8_0) or
+// Q5_K, Q2_K and Q3_K from 4, Q8_0 and Q6_K from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or
 // sixteen read streams per thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms
 // for a 10240 × 2560 Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of
 // up to four rows (Q8_0 at M = 2: 0.87 against 0.66 ms; Q6_K at M = 4, one thread from cache, 0.40
@@ -1007,7 +1069,7 @@ inline constexpr size_t kLaneFrom =
     T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 || T == GgmlType::IQ4_NL ||
             T == GgmlType::IQ4_XS
         ? 2
-    : T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q2_K ? 4
+    : T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q2_K || T == GgmlType::Q3_K ? 4
     : T == GgmlType::Q8_0 || T == GgmlType::Q6_K ? 5
                                                  : 0;
 // Tiles of kLaneRows weight rows, each against every activation row in groups of up to kLaneM.
@@ -1040,6 +1102,7 @@ QTARGET inline void dot_lanes(const GemmArgs& a, size_t n0, size_t n1) {
       else if constexpr (T == GgmlType::Q6_K) lane_tile_q6_k<RM, I>(a, w, ldw, m, bias, y, out);
       else if constexpr (T == GgmlType::IQ4_XS) lane_tile_iq4_xs<RM, I>(a, w, ldw, m, bias, y, out);
       else if constexpr (T == GgmlType::Q2_K) lane_tile_q2_k<RM, I>(a, w, ldw, m, bias, y, out);
+      else if constexpr (T == GgmlType::Q3_K) lane_tile_q3_k<RM, I>(a, w, ldw, m, bias, y, out);
       else lane_tile<T, RM, I>(a, w, ldw, m, bias, y, out);
     };
     size_t m = 0;
