@@ -52,8 +52,8 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
 // all RM activation rows) and writes out[m · S + j]: a weight block is decoded once
 // and meets every activation row, and every (row, weight row) sum is its own chain (for the
 // 32-value formats split in two over consecutive blocks to keep FMA latency off the critical
-// path; the K-quants' one FMA per 256 values does not need it). Prefill and batches take RM = 4,
-// S = 1; decode RM = 1, S = 4 (dot_row1). Row: Q8Row, or Q8KRow for the K-quants (ActRow). d4
+// path; the K-quants' one FMA per 256 values does not need it). Batches below kLaneFrom rows take
+// RM ≤ 4, S = 1 (larger ones lane tiles); decode RM = 1, S = 4 (dot_row1). Row: Q8Row, or Q8KRow for the K-quants (ActRow). d4
 // and s4: the RM rows' block scales and code sums side by side (GemmArgs::xd4, xs4), for the
 // kernels that finish four rows' sums at once (rows4).
 template <int RM, class Row = Q8Row>
@@ -1057,7 +1057,7 @@ QTARGET inline void lane_tile_iq4_xs(const GemmArgs& a, const std::byte* w, size
 }
 
 // The batches that take lane tiles: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS from M = 2, Q4_K,
-// Q5_K, Q2_K and Q3_K from 4, Q8_0 and Q6_K from 5 (0: none). Below, a tile's two transpositions per block (Q8_0) or
+// Q5_K, Q2_K and Q3_K from 4, Q8_0 and Q6_K from 5. Below, a tile's two transpositions per block (Q8_0) or
 // sixteen read streams per thread (the K-quants, memory-bound at M = 2: median 0.92 against 0.83 ms
 // for a 10240 × 2560 Q4_K matrix on Zen 5, even at M = 3) cost more than the row kernels' passes of
 // up to four rows (Q8_0 at M = 2: 0.87 against 0.66 ms; Q6_K at M = 4, one thread from cache, 0.40
@@ -1071,7 +1071,7 @@ inline constexpr size_t kLaneFrom =
         ? 2
     : T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q2_K || T == GgmlType::Q3_K ? 4
     : T == GgmlType::Q8_0 || T == GgmlType::Q6_K ? 5
-                                                 : 0;
+                                                 : 0;  // none (quant_dot refuses to build)
 // Tiles of kLaneRows weight rows, each against every activation row in groups of up to kLaneM.
 // A range's last tile ends at n1, overlapping the one before it (whose rows it computes again,
 // to the same bits); a range of fewer rows is copied into a tile of its own, its last row repeated.
@@ -1772,22 +1772,14 @@ QTARGET inline void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
 // stay in L2 while every group of rows meets them.
 template <GgmlType T>
 QTARGET void quant_dot(const GemmArgs& a, size_t n0, size_t n1) {
+  // Below kLaneFrom the row kernels take the rows in groups of up to four.
+  static_assert(kLaneFrom<T> >= 2 && kLaneFrom<T> <= 5);
   if (a.M == 1) return dot_row1<T>(a, n0, n1);
-  if constexpr (kLaneFrom<T> != 0)
-    if (a.M >= kLaneFrom<T>) return dot_lanes<T>(a, n0, n1);
+  if (a.M >= kLaneFrom<T>) return dot_lanes<T>(a, n0, n1);
   const size_t slice = std::max<size_t>(1, (size_t(96) << 10) / std::max<size_t>(1, a.ldw_bytes));
   for (size_t s = n0; s < n1; s += slice) {
     const size_t e = std::min(n1, s + slice);
     size_t m = 0;
-    if constexpr (takes_q8k(T)) {
-      for (; m + 8 <= a.M; m += 8) dot_rows<T, 8>(a, m, s, e);
-      switch (a.M - m) {  // the rest in one group too
-        case 7: dot_rows<T, 7>(a, m, s, e); continue;
-        case 6: dot_rows<T, 6>(a, m, s, e); continue;
-        case 5: dot_rows<T, 5>(a, m, s, e); continue;
-        default: break;
-      }
-    }
     for (; m + 4 <= a.M; m += 4) dot_rows<T, 4>(a, m, s, e);
     switch (a.M - m) {
       case 3: dot_rows<T, 3>(a, m, s, e); break;
