@@ -738,6 +738,19 @@ struct KTileRows {
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) LaneOps<I>::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
   }
+  // Block i's finish where every code carries an offset 2^shift (Q3_K: 4, Q6_K: 32) that leaves
+  // through the 16-value sub-blocks' scale pairs against the bsums:
+  // acc = fma(f32(sum − 2^shift·Σ pairs·bsums), d·d_x, acc).
+  QTARGET void finish_offset(size_t i, const I* sum, const I (&pairs)[8], typename LaneOps<I>::F dw, int shift) {
+    using Ops = LaneOps<I>;
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      I off = Ops::set1(0);
+      VLM_UNROLL
+      for (int t = 0; t < 8; ++t) off = Ops::pair_dot(off, pairs[t], x[m].bsums + 16 * i + 2 * t);
+      acc[m] = Ops::fma(Ops::to_f32(Ops::sub(sum[m], Ops::slli(off, shift))), Ops::mul(dw, Ops::set1f(x[m].d[i])), acc[m]);
+    }
+  }
 };
 
 // Q4_K and Q5_K (Block) on lane tiles, as lane_tile takes the 32-value formats: per block, the
@@ -836,7 +849,6 @@ template <int RM, class I>
 QTARGET inline void lane_tile_q6_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias, float* y,
                                    int rows) {
   using Ops = LaneOps<I>;
-  using F = typename Ops::F;
   const size_t nb = a.K / 256;
   KTileRows<RM, I> r(a, m0);
   // The dword that ends with d (one at d would run past the block, and past the tensor at its end).
@@ -881,14 +893,7 @@ QTARGET inline void lane_tile_q6_k(const GemmArgs& a, const std::byte* w, size_t
     I pairs[8];
     VLM_UNROLL
     for (int t = 0; t < 8; ++t) pairs[t] = Ops::spair(sc[t / 2], t % 2);
-    const F dw = Ops::f16_half(Ops::gather(reinterpret_cast<const std::byte*>(b + i), doff), 16);
-    VLM_UNROLL
-    for (int m = 0; m < RM; ++m) {
-      I off = Ops::set1(0);
-      VLM_UNROLL
-      for (int t = 0; t < 8; ++t) off = Ops::pair_dot(off, pairs[t], r.x[m].bsums + 16 * i + 2 * t);
-      r.acc[m] = Ops::fma(Ops::to_f32(Ops::sub(sum[m], Ops::slli(off, 5))), Ops::mul(dw, Ops::set1f(r.x[m].d[i])), r.acc[m]);
-    }
+    r.finish_offset(i, sum, pairs, Ops::f16_half(Ops::gather(reinterpret_cast<const std::byte*>(b + i), doff), 16), 5);
   }
   r.store(a, bias, y, rows);
 }
@@ -961,7 +966,6 @@ template <int RM, class I>
 QTARGET inline void lane_tile_q3_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias,
                                    float* y, int rows) {
   using Ops = LaneOps<I>;
-  using F = typename Ops::F;
   const size_t nb = a.K / 256;
   KTileRows<RM, I> r(a, m0);
   const I doff = lane_offsets<I>(ldw, offsetof(BlockQ3_K, d) - 2);  // the dword that ends with d
@@ -997,14 +1001,7 @@ QTARGET inline void lane_tile_q3_k(const GemmArgs& a, const std::byte* w, size_t
           sum[m] = Ops::add_sub_blocks_scaled(sum[m], c, r.x[m].q + 256 * i + 128 * size_t(n) + 32 * size_t(j), pairs[4 * n + j]);
       }
     }
-    const F dw = Ops::f16_half(Ops::gather(reinterpret_cast<const std::byte*>(b + i), doff), 16);
-    VLM_UNROLL
-    for (int m = 0; m < RM; ++m) {
-      I off = Ops::set1(0);
-      VLM_UNROLL
-      for (int t = 0; t < 8; ++t) off = Ops::pair_dot(off, pairs[t], r.x[m].bsums + 16 * i + 2 * t);
-      r.acc[m] = Ops::fma(Ops::to_f32(Ops::sub(sum[m], Ops::slli(off, 2))), Ops::mul(dw, Ops::set1f(r.x[m].d[i])), r.acc[m]);
-    }
+    r.finish_offset(i, sum, pairs, Ops::f16_half(Ops::gather(reinterpret_cast<const std::byte*>(b + i), doff), 16), 2);
   }
   r.store(a, bias, y, rows);
 }
