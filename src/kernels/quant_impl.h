@@ -53,9 +53,9 @@ QTARGET inline void prefetch_ahead(const void* p, size_t n) {
 // and meets every activation row, and every (row, weight row) sum is its own chain (for the
 // 32-value formats split in two over consecutive blocks to keep FMA latency off the critical
 // path; the K-quants' one FMA per 256 values does not need it). Batches below kLaneFrom rows take
-// RM ≤ 4, S = 1 (larger ones lane tiles); decode RM = 1, S = 4 (dot_row1). Row: Q8Row, or Q8KRow for the K-quants (ActRow). d4
-// and s4: the RM rows' block scales and code sums side by side (GemmArgs::xd4, xs4), for the
-// kernels that finish four rows' sums at once (rows4).
+// RM ≤ 4, S = 1 (larger ones lane tiles); decode RM = 1, S = 4 (dot_row1). Row: Q8Row, or Q8KRow
+// for the K-quants (ActRow). d4 and s4: the RM rows' block scales and code sums side by side
+// (GemmArgs::xd4, xs4), for the kernels that finish four rows' sums at once (rows4).
 template <int RM, class Row = Q8Row>
 struct Acts {
   Row x[RM];
@@ -470,8 +470,13 @@ struct LaneOps {
   // of a signed byte (Q6_K's).
   template <int N, int Per>
   QTARGET static I scaled_sum(const I* c, const int8_t* x, I scale) {
-    if constexpr (sizeof(I) == 64) return _mm512_mullo_epi32(code_sum<N>(c, x, 0), scale);
+    if constexpr (sizeof(I) == 64) return mullo(code_sum<N>(c, x, 0), scale);
     else return widened_sum<N, Per>(c, x, scale);
+  }
+  // AVX512: acc + s·(low int16 of pairs) + t·(high int16) per lane, for sums s and t that each fit
+  // an int16: packed into a lane's halves for one vpdpwssd.
+  QTARGET static I dot_halves(I acc, I s, I t, I pairs) {
+    return _mm512_dpwssd_epi32(acc, _mm512_mask_blend_epi16(0xAAAAAAAA, s, _mm512_maskz_slli_epi32(0xFFFF, t, 16)), pairs);
   }
   // acc + the same sum where each of code_sum's two chains (the even and the odd j) fits in int16
   // (Q4_K: 16 products of at most 15·127) and scale is the int16 pair of either ISA (kLanePair):
@@ -483,7 +488,7 @@ struct LaneOps {
       I s = _mm512_setzero_si512(), t = _mm512_setzero_si512();
       VLM_UNROLL
       for (int j = 0; j < N; ++j) dpbusd(j % 2 ? t : s, c[j], x, j);
-      return _mm512_dpwssd_epi32(acc, _mm512_mask_blend_epi16(0xAAAAAAAA, s, _mm512_maskz_slli_epi32(0xFFFF, t, 16)), scale);
+      return dot_halves(acc, s, t, scale);
     } else {
       return add(acc, widened_sum<N, Per>(c, x, scale));
     }
@@ -497,7 +502,7 @@ struct LaneOps {
       I s = _mm512_setzero_si512(), t = _mm512_setzero_si512();
       VLM_UNROLL
       for (int j = 0; j < 8; ++j) dpbusd(j < 4 ? s : t, c[j], x, j);
-      return _mm512_dpwssd_epi32(acc, _mm512_mask_blend_epi16(0xAAAAAAAA, s, _mm512_maskz_slli_epi32(0xFFFF, t, 16)), scales);
+      return dot_halves(acc, s, t, scales);
     } else {
       I s = _mm256_setzero_si256(), t = _mm256_setzero_si256();
       VLM_UNROLL
@@ -738,6 +743,23 @@ struct KTileRows {
     VLM_UNROLL
     for (int m = 0; m < RM; ++m) LaneOps<I>::store(acc[m], bias, y + size_t(m) * a.ldy, rows);
   }
+  // Block i's finish for the formats with mins (Q2_K, Q4_K, Q5_K): the N pairs of sub-block mins
+  // against each row's activation sums (sums(m): the pairs of int16 at sums(m) + 2t), then
+  // acc = fma(f32(sum), d·d_x, acc), acc = fnmadd(f32(Σ m·bsum), dmin·d_x, acc).
+  template <int N, class Sums>
+  QTARGET void finish_mins(size_t i, const I* sum, const I (&mins)[N], Sums sums, typename LaneOps<I>::F dw,
+                           typename LaneOps<I>::F dmin) {
+    using Ops = LaneOps<I>;
+    VLM_UNROLL
+    for (int m = 0; m < RM; ++m) {
+      I ms = Ops::set1(0);
+      VLM_UNROLL
+      for (int t = 0; t < N; ++t) ms = Ops::pair_dot(ms, mins[t], sums(m) + 2 * t);
+      const auto dx = Ops::set1f(x[m].d[i]);
+      acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, dx), acc[m]);
+      acc[m] = Ops::fnmadd(Ops::to_f32(ms), Ops::mul(dmin, dx), acc[m]);
+    }
+  }
   // Block i's finish where every code carries an offset 2^shift (Q3_K: 4, Q6_K: 32) that leaves
   // through the 16-value sub-blocks' scale pairs against the bsums:
   // acc = fma(f32(sum − 2^shift·Σ pairs·bsums), d·d_x, acc).
@@ -767,7 +789,6 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
                                 int rows) {
   constexpr bool five = std::is_same_v<Block, BlockQ5_K>;
   using Ops = LaneOps<I>;
-  using F = typename Ops::F;
   const size_t nb = a.K / 256;
   KTileRows<RM, I> r(a, m0);
   NextTile next(w, kLaneRows<I> * ldw, nb);
@@ -823,16 +844,8 @@ QTARGET inline void lane_tile_k(const GemmArgs& a, const std::byte* w, size_t ld
     I mins[4];  // sub-blocks 2t and 2t + 1's mins in the halves of mins[t]
     VLM_UNROLL
     for (int t = 0; t < 4; ++t) mins[t] = Ops::pick(mn[t / 2], kLaneTwo[t % 2]);
-    const F dw = Ops::f16_half(h[0], 0), dmin = Ops::f16_half(h[0], 16);
-    VLM_UNROLL
-    for (int m = 0; m < RM; ++m) {
-      I ms = Ops::set1(0);
-      VLM_UNROLL
-      for (int t = 0; t < 4; ++t) ms = Ops::pair_dot(ms, mins[t], a.xs32 + (m0 + size_t(m)) * (a.K / 32) + 8 * i + 2 * t);
-      const F dx = Ops::set1f(r.x[m].d[i]);
-      r.acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, dx), r.acc[m]);
-      r.acc[m] = Ops::fnmadd(Ops::to_f32(ms), Ops::mul(dmin, dx), r.acc[m]);
-    }
+    r.finish_mins(i, sum, mins, [&](int m) { return a.xs32 + (m0 + size_t(m)) * (a.K / 32) + 8 * i; },
+                  Ops::f16_half(h[0], 0), Ops::f16_half(h[0], 16));
   }
   r.store(a, bias, y, rows);
 }
@@ -908,7 +921,6 @@ template <int RM, class I>
 QTARGET inline void lane_tile_q2_k(const GemmArgs& a, const std::byte* w, size_t ldw, size_t m0, const float* bias,
                                    float* y, int rows) {
   using Ops = LaneOps<I>;
-  using F = typename Ops::F;
   const size_t nb = a.K / 256;
   KTileRows<RM, I> r(a, m0);
   const I doff = lane_offsets<I>(ldw, offsetof(BlockQ2_K, d));  // d and dmin
@@ -942,16 +954,7 @@ QTARGET inline void lane_tile_q2_k(const GemmArgs& a, const std::byte* w, size_t
     VLM_UNROLL
     for (int t = 0; t < 8; ++t) mins[t] = Ops::band(Ops::srli(Ops::pick(sc[t / 2], kLaneTwo[t % 2]), 4), nib);
     const I dd = Ops::gather(reinterpret_cast<const std::byte*>(b + i), doff);
-    const F dw = Ops::f16_half(dd, 0), dmin = Ops::f16_half(dd, 16);
-    VLM_UNROLL
-    for (int m = 0; m < RM; ++m) {
-      I ms = Ops::set1(0);
-      VLM_UNROLL
-      for (int t = 0; t < 8; ++t) ms = Ops::pair_dot(ms, mins[t], r.x[m].bsums + 16 * i + 2 * t);
-      const F dx = Ops::set1f(r.x[m].d[i]);
-      r.acc[m] = Ops::fma(Ops::to_f32(sum[m]), Ops::mul(dw, dx), r.acc[m]);
-      r.acc[m] = Ops::fnmadd(Ops::to_f32(ms), Ops::mul(dmin, dx), r.acc[m]);
-    }
+    r.finish_mins(i, sum, mins, [&](int m) { return r.x[m].bsums + 16 * i; }, Ops::f16_half(dd, 0), Ops::f16_half(dd, 16));
   }
   r.store(a, bias, y, rows);
 }

@@ -254,9 +254,8 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
             // add the same exact integers as the 256-bit ones in another order and finish them with
             // the same f32 operations in the same order: the same bits, for every format. So do
             // the lane tiles of the batches of Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS (M >= 2), Q4_K,
-            // Q5_K, Q2_K, Q3_K (M >= 4), Q8_0 and Q6_K (M >= 5): 16 weight rows per tile against 8; N = 7
-            // and 33 take
-            // their copied and overlapping last tiles.
+            // Q5_K, Q2_K, Q3_K (M >= 4), Q8_0 and Q6_K (M >= 5): 16 weight rows per tile against 8;
+            // N = 7 and 33 take their copied and overlapping last tiles.
             if (isa == Isa::Avx2) y_avx2 = y;
             if (isa == Isa::Avx512 && !y_avx2.empty())
               for (size_t i = 0; i < y.size(); ++i)
