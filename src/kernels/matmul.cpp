@@ -461,14 +461,16 @@ Exec::Exec(ThreadPool& p, Isa i, Precision pr) : pool(&p), isa(i), precision(pr)
 }
 
 namespace {
+// Attention's products on the bf16 dot where it is the faster route (Exec::dot_gemm), else on the
+// f32 panels with rounded copies (docs/gguf.md, "Which kernels a bf16 product takes").
 bool bf16_pairs(const Exec& ex) {
-  return ex.precision == Precision::Bf16 && ex.isa == Isa::Avx512 && bf16_dot_supported();
+  return ex.precision == Precision::Bf16 && ex.isa == Isa::Avx512 && bf16_dot_supported() && ex.dot_gemm;
 }
 }  // namespace
 
 void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, PackedKv& kv, const Exec& ex) {
-  kv.n = n, kv.d = d, kv.isa = ex.isa, kv.precision = ex.precision;
-  if (bf16_pairs(ex)) {
+  kv.n = n, kv.d = d, kv.isa = ex.isa, kv.precision = ex.precision, kv.pairs = bf16_pairs(ex);
+  if (kv.pairs) {
     const size_t panels = (n + 63) / 64;
     kv.k_pairs.resize(panels * ((d + 1) / 2) * 64);
     kv.v_pairs.resize(panels * 32 * ((d + 15) / 16 * 16));
@@ -489,15 +491,15 @@ void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, Pack
 
 void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t k0, size_t k1, float scale,
             const float* mask, size_t ldm, float* out, size_t ldo, const Exec& ex) {
-  if (kv.isa != ex.isa || kv.precision != ex.precision)
-    fail("attend: keys and values packed for {} at another precision or ISA than {}", isa_name(kv.isa),
+  if (kv.isa != ex.isa || kv.precision != ex.precision || kv.pairs != bf16_pairs(ex))
+    fail("attend: keys and values packed for {} at another precision, ISA or route than {}", isa_name(kv.isa),
          isa_name(ex.isa));
   if (k0 >= k1 || k1 > kv.n) fail("attend: keys [{}, {}) outside the {} packed", k0, k1, kv.n);
   if (rows == 0) return;
   const bool round = ex.precision == Precision::Bf16;
   detail::AttendArgs a{q, ldq, rows, kv.k.data(), kv.v.data(), kv.k_pairs.data(), kv.v_pairs.data(), kv.n, kv.d,
-                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, round, !ex.dot_gemm, nullptr, 0};
-  if (bf16_pairs(ex)) return detail::attend_bf16(a);
+                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, round, nullptr, 0};
+  if (kv.pairs) return detail::attend_bf16(a);
   // The scores of whole panels in rows kScoresPad floats longer (4096 keys would put the six rows
   // of a register tile 16 KiB apart, all in one L1 set), and under Bf16 the queries rounded (the
   // probabilities are rounded in the kernel, after the softmax).

@@ -55,20 +55,22 @@ void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layou
 
 // Attention's products (nn/attention): the keys and values [n, d] of one KV head (rows ld floats
 // apart), packed once for every query row that reads them, in the form the Exec's kernels take:
-// bf16 pairs for the AVX512-BF16 dot (Precision::Bf16 there), else f32 panels of the Exec's
-// ISA, rounded to bf16 under Precision::Bf16. The f32 panels hold about as much as k and v.
+// bf16 pairs for the AVX512-BF16 dot (Precision::Bf16 where Exec::dot_gemm says the dot is the
+// faster route), else f32 panels of the Exec's ISA, rounded to bf16 under Precision::Bf16. The
+// f32 panels hold about as much as k and v.
 struct PackedKv {
   std::vector<float> k, v;               // f32 panels
   std::vector<uint32_t> k_pairs, v_pairs;  // bf16 pairs
   size_t n = 0, d = 0;
   Isa isa = Isa::Scalar;
   Precision precision = Precision::F32;
+  bool pairs = false;  // which of the two forms
 };
 void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, PackedKv& kv, const Exec& ex);
 // out[rows, d] = softmax(q·kᵀ · scale + mask) · v over the keys [k0, k1) of kv, for query rows
 // q (ldq apart), at the Exec's precision (Bf16: q and the probabilities rounded to bf16 as well),
 // f32 sums. mask: the additive [rows, k1 − k0] tile (rows ldm apart) or null. kv must be packed
-// for the same Exec (ISA and precision). Runs on the calling thread.
+// for the same Exec (ISA, precision and route). Runs on the calling thread.
 void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t k0, size_t k1, float scale,
             const float* mask, size_t ldm, float* out, size_t ldo, const Exec& ex);
 

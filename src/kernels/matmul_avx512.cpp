@@ -56,10 +56,9 @@ inline __m512 bf16_high(__m512i w) {
   return _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
 }
 
-// A's rows are lda words apart. A word of A holds a bf16 pair for the dot; for Wide (the same
-// products on the f32 FMAs: attend_bf16 with fma) it holds one value already
-// rounded to bf16, as f32, two words a pair, so that only B's words are widened here.
-template <bool Wide, int R, int NVv>
+// R rows of A (words [kp] each, lda apart; a word is a bf16 pair) × up to 64 columns of B
+// (words [kp][ldb]).
+template <int R, int NVv>
 void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* y, size_t ldy,
                 size_t cols, bool first, const float* bias) {
   __m512 acc[R][NVv];
@@ -72,63 +71,47 @@ void micro_bf16(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, siz
     __m512i bw[NVv];
     VLM_UNROLL
     for (int v = 0; v < NVv; ++v) bw[v] = _mm512_loadu_si512(B + p * ldb + v * 16);
-    if constexpr (Wide) {
-      __m512 b0[NVv], b1[NVv];
+    VLM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const __m512i x = _mm512_set1_epi32(int(A[r * lda + p]));
+      const __m512bh av = reinterpret_cast<const __m512bh&>(x);
       VLM_UNROLL
-      for (int v = 0; v < NVv; ++v) b0[v] = bf16_low(bw[v]), b1[v] = bf16_high(bw[v]);
-      VLM_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const float* ar = reinterpret_cast<const float*>(A + r * lda) + 2 * p;
-        const __m512 a0 = _mm512_set1_ps(ar[0]), a1 = _mm512_set1_ps(ar[1]);
-        VLM_UNROLL
-        for (int v = 0; v < NVv; ++v) acc[r][v] = _mm512_fmadd_ps(a1, b1[v], _mm512_fmadd_ps(a0, b0[v], acc[r][v]));
-      }
-    } else {
-      VLM_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const __m512i x = _mm512_set1_epi32(int(A[r * lda + p]));
-        const __m512bh av = reinterpret_cast<const __m512bh&>(x);
-        VLM_UNROLL
-        for (int v = 0; v < NVv; ++v)
-          acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, reinterpret_cast<const __m512bh&>(bw[v]));
-      }
+      for (int v = 0; v < NVv; ++v)
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, reinterpret_cast<const __m512bh&>(bw[v]));
     }
   }
   store_tile<S512, R, NVv>(acc, y, ldy, cols, first, bias);
 }
 
-// R rows of A (words [kp] each, lda apart) × up to 64 columns of B (words [kp][ldb]).
 using MicroBf16 = void (*)(size_t, const uint32_t*, size_t, const uint32_t*, size_t, float*, size_t, size_t,
                            bool, const float*);
 
-template <bool Wide, int R, size_t... V>
+template <int R, size_t... V>
 constexpr void fill_row_bf16(MicroBf16* row, std::index_sequence<V...>) {
-  ((row[V] = &micro_bf16<Wide, R, int(V) + 1>), ...);
+  ((row[V] = &micro_bf16<R, int(V) + 1>), ...);
 }
-template <bool Wide, size_t... R>
+template <size_t... R>
 constexpr void fill_table_bf16(MicroBf16 (*t)[4], std::index_sequence<R...>) {
-  (fill_row_bf16<Wide, int(R) + 1>(t[R], std::make_index_sequence<4>()), ...);
+  (fill_row_bf16<int(R) + 1>(t[R], std::make_index_sequence<4>()), ...);
 }
 
-// micro_bf16 for r rows and v vectors of columns: micro_table(wide).f[r - 1][v - 1].
+// micro_bf16 for r rows and v vectors of columns: micro_table().f[r - 1][v - 1].
 struct MicroTable {
   MicroBf16 f[kMR][4];
 };
-template <bool Wide>
-MicroTable make_micro_table() {
-  MicroTable m{};
-  fill_table_bf16<Wide>(m.f, std::make_index_sequence<kMR>());
-  return m;
-}
-const MicroTable& micro_table(bool wide) {
-  static const MicroTable dot = make_micro_table<false>(), fma = make_micro_table<true>();
-  return wide ? fma : dot;
+const MicroTable& micro_table() {
+  static const MicroTable table = [] {
+    MicroTable m{};
+    fill_table_bf16(m.f, std::make_index_sequence<kMR>());
+    return m;
+  }();
+  return table;
 }
 
 // pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does.
 template <class PackB>
 void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB pack_b) {
-  const MicroTable& table = micro_table(false);
+  const MicroTable& table = micro_table();
   auto* bpack = reinterpret_cast<uint32_t*>(pack);  // kNC × kKCb/2 words
   static_assert(kNC * (kKCb / 2) <= 2 * kNC * kKC, "pack buffer too small");
   // x is already bf16 (a.xq, matmul.cpp bf16_x): its rows are the A operand as they are, a
@@ -560,29 +543,24 @@ void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* d
 }
 
 void attend_bf16(const AttendArgs& a) {
-  const MicroTable& table = micro_table(a.fma);
+  const MicroTable& table = micro_table();
   const size_t d = a.d, dp = (d + 1) / 2, dv = (d + 15) / 16 * 16;
   // Scores over whole key panels [a0, a1); the keys outside [k0, k1) get probability 0.
   const size_t a0 = a.k0 / kNR * kNR, a1 = (a.k1 + kNR - 1) / kNR * kNR, w = a1 - a0, wp = w / 2;
-  // The A operands (queries, probabilities): a word per bf16 pair, or per rounded value for the
-  // FMA twin (micro_bf16).
-  const size_t words = a.fma ? 2 : 1, ldq = dp * words, ldp = wp * words;
+  // The A operands (queries, probabilities), a word per bf16 pair.
   thread_local std::vector<uint32_t> qa, pa;
   thread_local std::vector<float> scores;
-  qa.resize(a.rows * ldq);
-  pa.resize(a.rows * ldp);
+  qa.resize(a.rows * dp);
+  pa.resize(a.rows * wp);
   scores.resize(a.rows * w);
   for (size_t r = 0; r < a.rows; ++r) {
     const float* q = a.q + r * a.ldq;
-    uint32_t* row = qa.data() + r * ldq;
-    if (a.fma)
-      for (size_t i = 0; i < 2 * dp; ++i) row[i] = i < d ? uint32_t(f32_to_bf16(q[i])) << 16 : 0;
-    else
-      for (size_t i = 0; i < dp; ++i) row[i] = bf16_pair(q[2 * i], 2 * i + 1 < d ? q[2 * i + 1] : 0.f);
+    uint32_t* row = qa.data() + r * dp;
+    for (size_t i = 0; i < dp; ++i) row[i] = bf16_pair(q[2 * i], 2 * i + 1 < d ? q[2 * i + 1] : 0.f);
   }
   for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
     for (size_t m = 0; m < a.rows; m += kMR)
-      table.f[std::min(kMR, a.rows - m) - 1][3](dp, qa.data() + m * ldq, ldq, a.key_pairs + p * dp * kNR, kNR,
+      table.f[std::min(kMR, a.rows - m) - 1][3](dp, qa.data() + m * dp, dp, a.key_pairs + p * dp * kNR, kNR,
                                                  scores.data() + m * w + (p * kNR - a0), w, kNR, true, nullptr);
   const size_t n = a.k1 - a.k0;
   for (size_t r = 0; r < a.rows; ++r) {
@@ -591,16 +569,10 @@ void attend_bf16(const AttendArgs& a) {
     scaled_softmax(x, n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr, false, Isa::Avx512);
     std::fill(row, x, 0.f);
     std::fill(x + n, row + w, 0.f);
-    uint32_t* out = pa.data() + r * ldp;
+    uint32_t* out = pa.data() + r * wp;
     for (size_t j = 0; j < w; j += 32) {
       const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + j + 16), _mm512_loadu_ps(row + j));
-      const __m512i hw = reinterpret_cast<const __m512i&>(h);
-      if (a.fma) {  // the 32 rounded values back to f32, in key order
-        _mm512_storeu_si512(out + j, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hw)), 16));
-        _mm512_storeu_si512(out + j + 16, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hw, 1)), 16));
-      } else {
-        _mm512_storeu_si512(out + j / 2, hw);
-      }
+      _mm512_storeu_si512(out + j / 2, reinterpret_cast<const __m512i&>(h));
     }
   }
   // o = P·v, in blocks of kKCb keys so a block of values stays in L1 across the rows.
@@ -610,7 +582,7 @@ void attend_bf16(const AttendArgs& a) {
       const size_t cols = std::min(kNR, d - c0);
       for (size_t m = 0; m < a.rows; m += kMR)
         table.f[std::min(kMR, a.rows - m) - 1][(cols + 15) / 16 - 1](
-            kc, pa.data() + m * ldp + kb * words, ldp, a.value_pairs + (a0 / 2 + kb) * dv + c0, dv, a.out + m * a.ldo + c0,
+            kc, pa.data() + m * wp + kb, wp, a.value_pairs + (a0 / 2 + kb) * dv + c0, dv, a.out + m * a.ldo + c0,
             a.ldo, cols, kb == 0, nullptr);
     }
   }

@@ -369,6 +369,15 @@ const RegisterTiles<S>& register_tiles() {
   return table;
 }
 
+// The width of the panels nc columns split into: equal, in whole vectors, at most NR, so that 72
+// columns become 48 + 24 rather than 64 + 8, whose one-vector tile would be latency-bound.
+template <class S>
+inline size_t panel_width(size_t nc) {
+  constexpr size_t NR = S::W * S::NV;
+  const size_t np = (nc + NR - 1) / NR;
+  return ((nc + np - 1) / np + S::W - 1) / S::W * S::W;
+}
+
 template <class S, DType D>
 void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
   constexpr size_t NR = S::W * S::NV, MR = S::MR, MC = 8 * S::MR * 4;
@@ -376,10 +385,7 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
   const size_t step = column_block(ne - nb, NR);
   for (size_t n0 = nb; n0 < ne; n0 += step) {
     const size_t nc = ne - n0 < step ? ne - n0 : step;
-    // Panels of equal width (whole vectors, at most NR): 72 columns become 48 + 24
-    // rather than 64 + 8, whose one-vector tile would be latency-bound.
-    const size_t np = (nc + NR - 1) / NR;
-    const size_t pw = ((nc + np - 1) / np + S::W - 1) / S::W * S::W;
+    const size_t pw = panel_width<S>(nc);
     const size_t panels = (nc + pw - 1) / pw;
     for (size_t k0 = 0; k0 < a.K; k0 += kKC) {
       const size_t kc = a.K - k0 < kKC ? a.K - k0 : kKC;
@@ -407,8 +413,8 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
 
 // ---- attention's products (matmul.h, attend) on the f32 register tiles. Keys pack as a [n, d]
 // nk weight's panels ([d][NR] per NR keys, zero past n) and values as a [n, d] kn weight's
-// ([n][NR] per NR of the d columns), once for every query row; the sums run in gemm_typed's
-// order (K blocks of kKC), so the result is the packed path's.
+// ([n][NR] per panel_width of the d columns), once for every query row; the sums run in
+// gemm_typed's order (K blocks of kKC), so the result is the packed path's.
 template <class S>
 void pack_kv_f32(const float* k, const float* v, size_t ld, size_t n, size_t d, float* kp, float* vp) {
   constexpr size_t NR = S::W * S::NV;
@@ -418,8 +424,9 @@ void pack_kv_f32(const float* k, const float* v, size_t ld, size_t n, size_t d, 
   for (size_t p = 0; p * NR < n; ++p)
     pack_panel<S, DType::F32>(w, p * NR, n - p * NR < NR ? n - p * NR : NR, 0, d, kp + p * d * NR);
   w.w = reinterpret_cast<const std::byte*>(v), w.kn = true;
-  for (size_t c = 0; c * NR < d; ++c)
-    pack_panel<S, DType::F32>(w, c * NR, d - c * NR < NR ? d - c * NR : NR, 0, n, vp + c * n * NR);
+  const size_t pw = panel_width<S>(d);
+  for (size_t c = 0; c * pw < d; ++c)
+    pack_panel<S, DType::F32>(w, c * pw, d - c * pw < pw ? d - c * pw : pw, 0, n, vp + c * n * NR);
 }
 
 template <class S>
@@ -444,9 +451,10 @@ void attend_f32(const AttendArgs& a) {
   // o = P·v, one panel of values and K block at a time, which stays in L1 across the rows.
   GemmArgs pv{};
   pv.ldx = w, pv.ldy = a.ldo;
-  for (size_t c0 = 0; c0 < a.d; c0 += NR) {
-    const size_t cols = a.d - c0 < NR ? a.d - c0 : NR, nv = (cols + W - 1) / W;
-    const float* panel = a.values + c0 * a.n;
+  const size_t pw = panel_width<S>(a.d);
+  for (size_t c0 = 0; c0 < a.d; c0 += pw) {
+    const size_t cols = a.d - c0 < pw ? a.d - c0 : pw, nv = (cols + W - 1) / W;
+    const float* panel = a.values + c0 / pw * a.n * NR;
     for (size_t kb = 0; kb < n; kb += kKC) {
       const size_t kc = n - kb < kKC ? n - kb : kKC;
       for (size_t m = 0; m < a.rows; m += MR)

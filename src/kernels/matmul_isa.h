@@ -70,7 +70,6 @@ struct AttendArgs {
   size_t ldo;
   Isa isa;         // of softmax and the rounding
   bool round;      // f32 panels: the probabilities rounded to bf16 (q arrives rounded)
-  bool fma;        // bf16 pairs: the products on the f32 FMAs (Exec::dot_gemm off)
   float* scratch;  // f32 panels: the scores, rows lds floats apart (at least the whole panels
   size_t lds;      // spanning [k0, k1))
 };

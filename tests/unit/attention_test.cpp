@@ -131,7 +131,8 @@ const Case kCases[] = {
 void check_paths(bool masked) {
   ThreadPool pool(2);
   std::mt19937 rng(7);
-  // (ISA, Exec::dot_gemm): on AVX512-BF16 attend_bf16 runs on the dot or on its FMA twin.
+  // (ISA, Exec::dot_gemm): on AVX512-BF16 Bf16 attention runs on the bf16 pairs with the dot,
+  // on the f32 panels without.
   std::vector<std::pair<Isa, bool>> paths = {{Isa::Scalar, false}};
   if (kernels::isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, false});
   if (kernels::isa_supported(Isa::Avx512)) paths.push_back({Isa::Avx512, false});
@@ -203,7 +204,8 @@ TEST(Attention, SlidingWindowBlocksStartOffThePanels) {
 }
 
 // Packed keys and values hold one Exec's layout and rounding: attend refuses them under another
-// precision or ISA, and a key range outside the packed keys.
+// precision, ISA or route (the bf16 pairs or the f32 panels), and a key range outside the packed
+// keys.
 TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
   ThreadPool pool(1);
   const size_t n = 40, d = 8;
@@ -219,6 +221,13 @@ TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
   if (kernels::isa_supported(Isa::Avx2)) {
     const Exec avx2(pool, Isa::Avx2, Precision::F32);
     EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, avx2), Error);
+  }
+  if (kernels::bf16_dot_supported()) {
+    Exec dot(pool, Isa::Avx512, Precision::Bf16), fma(pool, Isa::Avx512, Precision::Bf16);
+    dot.dot_gemm = true, fma.dot_gemm = false;
+    kernels::pack_kv(k.data(), v.data(), d, n, d, kv, dot);
+    kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, dot);
+    EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, fma), Error);
   }
 }
 
