@@ -1547,8 +1547,10 @@ QTARGET inline void dot_q23_k(const std::byte* const* rows, const Acts<RM, Q8KRo
           const __m512i scz = _mm512_maskz_broadcast_i64x4(0xFF, sc[half]);
           VLM_UNROLL
           for (int c = 0; c < 2; ++c) {
-            __m512i codes = _mm512_and_si512(_mm512_mask_srli_epi16(_mm512_srli_epi16(qq, 4 * c), 0xFFFF0000u, qq, 4 * c + 2),
-                                             _mm512_set1_epi8(3));
+            // One 64-bit variable shift: the low half by 4c, the high one by 4c + 2.
+            const long long lo = 4 * c, hi = 4 * c + 2;
+            __m512i codes = _mm512_and_si512(
+                _mm512_maskz_srlv_epi64(0xFF, qq, _mm512_setr_epi64(lo, lo, lo, lo, hi, hi, hi, hi)), _mm512_set1_epi8(3));
             if constexpr (three)
               codes = _mm512_mask_add_epi8(codes, _mm512_test_epi8_mask(hz, _mm512_load_si512(&kHbitZ[2 * half + c])), codes,
                                            _mm512_set1_epi8(4));
