@@ -300,12 +300,13 @@ inline void store_tile(typename S::V (&acc)[R][NVv], float* y, size_t ldy, size_
   }
 }
 
-// One register tile: R rows × NVv vectors over kc, stored (first) or added into y.
-template <class S, int R, int NVv>
+// One register tile: R rows × NVv vectors over kc, stored (first) or added into y; b's rows are
+// LDB floats apart.
+template <class S, int R, int NVv, size_t LDB = size_t(S::W) * S::NV>
 void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* y, size_t cols,
            bool first, const float* bias) {
   using V = typename S::V;
-  constexpr size_t W = S::W, NR = S::W * S::NV;
+  constexpr size_t W = S::W;
   V acc[R][NVv];
   VLM_UNROLL
   for (int r = 0; r < R; ++r) {
@@ -330,7 +331,7 @@ void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* 
   for (size_t k = 0; k < kc; ++k) {
     V bv[NVv];
     VLM_UNROLL
-    for (int v = 0; v < NVv; ++v) bv[v] = S::load(b + k * NR + v * W);
+    for (int v = 0; v < NVv; ++v) bv[v] = S::load(b + k * LDB + v * W);
     VLM_UNROLL
     for (int r = 0; r < R; ++r) {
       const V av = S::bcast(xr[r] + k);
@@ -414,7 +415,17 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
 // ---- attention's products (matmul.h, attend) on the f32 register tiles. Keys pack as a [n, d]
 // nk weight's panels ([d][NR] per NR keys, zero past n) and values as a [n, d] kn weight's
 // ([n][NR] per panel_width of the d columns), once for every query row; the sums run in
-// gemm_typed's order (K blocks of kKC), so the result is the packed path's.
+// gemm_typed's order (K blocks of kKC).
+//
+// On AVX-512, values of 65–80 columns (SigLIP's heads of 72) are instead one panel of five vectors
+// a key ([n][80]) for a tile of four rows, taken 128 keys at a time (40 KiB, in L1): two panels of
+// 48 + 24 columns ran that product 1.15× slower (docs/gguf.md, "Which kernels a bf16 product takes").
+template <class S>
+inline bool wide_values(size_t d) {
+  return S::W == 16 && S::NV == 4 && d > 64 && d <= 80;
+}
+inline constexpr size_t kWideLd = 80, kWideKeys = 128;
+
 template <class S>
 void pack_kv_f32(const float* k, const float* v, size_t ld, size_t n, size_t d, float* kp, float* vp) {
   constexpr size_t NR = S::W * S::NV;
@@ -423,6 +434,13 @@ void pack_kv_f32(const float* k, const float* v, size_t ld, size_t n, size_t d, 
   w.w = reinterpret_cast<const std::byte*>(k);
   for (size_t p = 0; p * NR < n; ++p)
     pack_panel<S, DType::F32>(w, p * NR, n - p * NR < NR ? n - p * NR : NR, 0, d, kp + p * d * NR);
+  if (wide_values<S>(d)) {
+    for (size_t key = 0; key < n; ++key) {
+      std::memcpy(vp + key * kWideLd, v + key * ld, d * sizeof(float));
+      std::memset(vp + key * kWideLd + d, 0, (kWideLd - d) * sizeof(float));
+    }
+    return;
+  }
   w.w = reinterpret_cast<const std::byte*>(v), w.kn = true;
   const size_t pw = panel_width<S>(d);
   for (size_t c = 0; c * pw < d; ++c)
@@ -451,6 +469,25 @@ void attend_f32(const AttendArgs& a) {
   // o = P·v, one panel of values and K block at a time, which stays in L1 across the rows.
   GemmArgs pv{};
   pv.ldx = w, pv.ldy = a.ldo;
+  if constexpr (S::W == 16 && S::NV == 4) {
+    if (wide_values<S>(a.d)) {
+      for (size_t kb = 0; kb < n; kb += kWideKeys) {
+        const size_t kc = n - kb < kWideKeys ? n - kb : kWideKeys;
+        const float* b = a.values + (a.k0 + kb) * kWideLd;
+        for (size_t m = 0; m < a.rows; m += 4) {
+          const float* x = scores + m * w + (a.k0 - a0) + kb;
+          float* y = a.out + m * a.ldo;
+          switch (a.rows - m < 4 ? a.rows - m : 4) {
+            case 4: micro<S, 4, 5, kWideLd>(pv, kc, x, b, y, a.d, kb == 0, nullptr); break;
+            case 3: micro<S, 3, 5, kWideLd>(pv, kc, x, b, y, a.d, kb == 0, nullptr); break;
+            case 2: micro<S, 2, 5, kWideLd>(pv, kc, x, b, y, a.d, kb == 0, nullptr); break;
+            default: micro<S, 1, 5, kWideLd>(pv, kc, x, b, y, a.d, kb == 0, nullptr); break;
+          }
+        }
+      }
+      return;
+    }
+  }
   const size_t pw = panel_width<S>(a.d);
   for (size_t c0 = 0; c0 < a.d; c0 += pw) {
     const size_t cols = a.d - c0 < pw ? a.d - c0 : pw, nv = (cols + W - 1) / W;

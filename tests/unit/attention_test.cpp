@@ -124,6 +124,8 @@ std::vector<float> run(const Case& c, const std::vector<float>& q, const std::ve
 
 const Case kCases[] = {
     {37, 100, 4, 4, 72},    // vision-like heads, keys off the panels
+    {15, 300, 2, 2, 72},    // the same over several 128-key blocks of values, 4 + 4 + 4 + 3 rows
+    {6, 130, 1, 1, 72},     // 4 + 2 rows
     {300, 300, 2, 1, 256},  // decoder-like GQA, rows across a 256-row block
     {5, 64, 3, 3, 16},      // one panel, fewer rows than a register tile
 };
