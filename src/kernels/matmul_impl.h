@@ -421,10 +421,12 @@ void gemm_typed(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, f
 // a key ([n][80]) for a tile of four rows, taken 128 keys at a time (40 KiB, in L1): two panels of
 // 48 + 24 columns ran that product 1.15× slower (docs/gguf.md, "Which kernels a bf16 product takes").
 template <class S>
-inline bool wide_values(size_t d) {
-  return S::W == 16 && S::NV == 4 && d > 64 && d <= 80;
-}
+inline constexpr bool kWideValues = S::W == 16 && S::NV == 4;  // the AVX-512 tiles
 inline constexpr size_t kWideLd = 80, kWideKeys = 128;
+template <class S>
+inline bool wide_values(size_t d) {
+  return kWideValues<S> && d > kWideLd - S::W && d <= kWideLd;
+}
 
 template <class S>
 void pack_kv_f32(const float* k, const float* v, size_t ld, size_t n, size_t d, float* kp, float* vp) {
@@ -469,7 +471,7 @@ void attend_f32(const AttendArgs& a) {
   // o = P·v, one panel of values and K block at a time, which stays in L1 across the rows.
   GemmArgs pv{};
   pv.ldx = w, pv.ldy = a.ldo;
-  if constexpr (S::W == 16 && S::NV == 4) {
+  if constexpr (kWideValues<S>) {
     if (wide_values<S>(a.d)) {
       for (size_t kb = 0; kb < n; kb += kWideKeys) {
         const size_t kc = n - kb < kWideKeys ? n - kb : kWideKeys;
