@@ -49,7 +49,7 @@ inline typename S::V exp_v(typename S::V x) {
   p = S::fma(p, r, S::set1(0.5f));
   p = S::fma(p, r, S::set1(1.f));
   p = S::fma(p, r, S::set1(1.f));
-  return S::select(tiny, S::zero(), S::mul(p, S::pow2i(n)));
+  return S::select(tiny, S::zero(), S::times_pow2(p, n));
 }
 
 // tanh(z) = (e^{2|z|} − 1) / (e^{2|z|} + 1) with the sign of z. Below 2|z| = 0.75 the

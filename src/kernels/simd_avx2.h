@@ -78,10 +78,10 @@ struct S256 {
   static M lt(V a, V b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
   static V select(M m, V a, V b) { return _mm256_blendv_ps(b, a, m); }  // m ? a : b
   static V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  // 2^n for integer-valued n in [-126, 127]
-  static V pow2i(V n) {
+  // p · 2^n for integer-valued n in [-126, 127] (2^n built from its exponent bits)
+  static V times_pow2(V p, V n) {
     const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
   }
   // f32 → bf16 (nearest even) → f32, as vlm::round_bf16: NaN stays NaN (quieted).
   static V round_bf16(V v) {

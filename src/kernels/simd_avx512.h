@@ -76,11 +76,8 @@ struct S512 {
   static M lt(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
   static V select(M m, V a, V b) { return _mm512_mask_blend_ps(m, b, a); }  // m ? a : b
   static V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  // 2^n for integer-valued n in [-126, 127]
-  static V pow2i(V n) {
-    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
-  }
+  // p · 2^n for integer-valued n in [-126, 127] (one vscalefps: the product's rounding, one operation)
+  static V times_pow2(V p, V n) { return _mm512_scalef_ps(p, n); }
   // f32 → bf16 (nearest even) → f32, as vlm::round_bf16: NaN stays NaN (quieted).
   static V round_bf16(V v) {
     const __m512i u = _mm512_castps_si512(v), hi = _mm512_set1_epi32(int(0xffff0000u));

@@ -38,7 +38,7 @@ struct S1 {
   static M lt(V a, V b) { return a < b; }
   static V select(M m, V a, V b) { return m ? a : b; }
   static V round(V a) { return std::nearbyint(a); }
-  static V pow2i(V n) { return bits_to_f32(uint32_t(int32_t(n) + 127) << 23); }
+  static V times_pow2(V p, V n) { return p * bits_to_f32(uint32_t(int32_t(n) + 127) << 23); }
   static V round_bf16(V v) { return vlm::round_bf16(v); }
 };
 }  // namespace
