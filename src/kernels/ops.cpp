@@ -45,6 +45,8 @@ void scaled_softmax(float* x, size_t n, float scale, const float* mask, bool rou
 
 void round_to_bf16(const float* x, float* y, size_t n, Isa isa) { ops(isa).round_to_bf16(x, y, n); }
 
+void to_bf16(const float* x, uint16_t* y, size_t n, Isa isa) { ops(isa).to_bf16(x, y, n); }
+
 void attend_chunk(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride, size_t n,
                   size_t d, float scale, float* p, float* m, float* l, float* o, Isa isa) {
   ops(isa).attend_chunk(q, H, G, k, v, stride, n, d, scale, p, m, l, o);

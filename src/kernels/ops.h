@@ -29,6 +29,8 @@ void gelu_tanh_mul(float* gate, const float* up, size_t n, Isa isa = best_isa())
 
 // y[i] = x[i] rounded to bf16 (nearest even) and back to f32, as vlm::round_bf16; y may be x.
 void round_to_bf16(const float* x, float* y, size_t n, Isa isa = best_isa());
+// y[i] = x[i] as bf16 (nearest even), the bits of vlm::f32_to_bf16.
+void to_bf16(const float* x, uint16_t* y, size_t n, Isa isa = best_isa());
 
 // In-place softmax over one row of n entries, with max subtraction. Finite for any
 // finite input (all entries equal to the lowest f32 give a uniform row; entries at the

@@ -6,6 +6,7 @@
 #pragma once
 #include <cmath>  // INFINITY only: library calls would not be compiled for the ISA
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/simd.h"
@@ -23,6 +24,7 @@ struct OpsKernels {
   void (*attend_chunk)(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride,
                        size_t n, size_t d, float scale, float* p, float* m, float* l, float* o);
   void (*round_to_bf16)(const float* x, float* y, size_t n);
+  void (*to_bf16)(const float* x, uint16_t* y, size_t n);
 };
 extern const OpsKernels kScalarOps;
 extern const OpsKernels kAvx2Ops;
@@ -349,9 +351,19 @@ void round_bf16_k(const float* x, float* y, size_t n) {
 }
 
 template <class S>
+void to_bf16_k(const float* x, uint16_t* y, size_t n) {
+  size_t i = 0;
+  for (; i + S::W <= n; i += S::W) S::store_bf16(y + i, S::round_bf16(S::load(x + i)));
+  if (i == n) return;
+  uint16_t tail[S::W];
+  S::store_bf16(tail, S::round_bf16(load_part<S>(x + i, n - i)));
+  for (size_t j = 0; i + j < n; ++j) y[i + j] = tail[j];
+}
+
+template <class S>
 constexpr OpsKernels make_ops() {
   return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>,
-                    &scaled_softmax_k<S>, &attend_chunk_k<S>, &round_bf16_k<S>};
+                    &scaled_softmax_k<S>, &attend_chunk_k<S>, &round_bf16_k<S>, &to_bf16_k<S>};
 }
 
 }  // namespace vlm::kernels::detail

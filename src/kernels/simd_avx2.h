@@ -91,6 +91,13 @@ struct S256 {
     const __m256i nan = _mm256_and_si256(_mm256_or_si256(u, _mm256_set1_epi32(0x400000)), hi);
     return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(nan), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   }
+  // The high halves of round_bf16's words, as 8 bf16 values at p (each below 2^16, so the
+  // signed-to-unsigned pack keeps it).
+  static void store_bf16(uint16_t* p, V rounded) {
+    const __m256i h = _mm256_srli_epi32(_mm256_castps_si256(rounded), 16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  }
 };
 
 }  // namespace

@@ -86,6 +86,11 @@ struct S512 {
     const __m512i nan = _mm512_and_si512(_mm512_or_si512(u, _mm512_set1_epi32(0x400000)), hi);
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, nan));
   }
+  // The high halves of round_bf16's words, as 16 bf16 values at p.
+  static void store_bf16(uint16_t* p, V rounded) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rounded), 16)));
+  }
 };
 
 }  // namespace

@@ -40,6 +40,7 @@ struct S1 {
   static V round(V a) { return std::nearbyint(a); }
   static V times_pow2(V p, V n) { return p * bits_to_f32(uint32_t(int32_t(n) + 127) << 23); }
   static V round_bf16(V v) { return vlm::round_bf16(v); }
+  static void store_bf16(uint16_t* p, V rounded) { *p = uint16_t(f32_to_bits(rounded) >> 16); }
 };
 }  // namespace
 }  // namespace vlm::kernels::detail

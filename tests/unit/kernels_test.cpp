@@ -366,8 +366,9 @@ TEST(Matmul, IsaSelection) {
 
 // ---- ops ----
 
-// round_to_bf16 on every path: bit for bit vlm::round_bf16, ties to even included, NaN kept NaN,
-// infinities and values that round up to infinity, subnormals, and a tail shorter than a vector.
+// round_to_bf16 and to_bf16 on every path: bit for bit vlm::round_bf16 and f32_to_bf16, ties to
+// even included, NaN kept NaN, infinities and values that round up to infinity, subnormals, and a
+// tail shorter than a vector (to_bf16 writing nothing past it).
 TEST(Ops, RoundToBf16IsRoundBf16OnEveryPath) {
   std::vector<float> x = {0.f, -0.f, 1.f, -1.5f, INFINITY, -INFINITY, NAN, -NAN, 3.4028235e38f, 1e-40f, -1e-45f};
   // Halfway with an even bf16 (stays) and an odd one (rounds up), just below and above halfway, and
@@ -381,6 +382,10 @@ TEST(Ops, RoundToBf16IsRoundBf16OnEveryPath) {
     round_to_bf16(x.data(), y.data(), x.size(), isa);
     for (size_t i = 0; i < x.size(); ++i)
       EXPECT_EQ(f32_to_bits(y[i]), f32_to_bits(round_bf16(x[i]))) << isa_name(isa) << " x " << x[i];
+    std::vector<uint16_t> h(x.size() + 1, 0x1234);
+    to_bf16(x.data(), h.data(), x.size(), isa);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(h[i], f32_to_bf16(x[i])) << isa_name(isa) << " x " << x[i];
+    EXPECT_EQ(h.back(), 0x1234) << isa_name(isa);
   }
 }
 
