@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
-#include "nn/attention.h"
 
 namespace vlm::vision {
 
@@ -147,6 +146,8 @@ SiglipTower::Pass SiglipTower::begin(const float* pixels, int n, const kernels::
   Pass pass;
   pass.n = n;
   pass.x.resize(M * D);
+  for (auto* a : {&pass.h, &pass.q, &pass.k, &pass.v, &pass.att}) a->resize(M * D);
+  pass.f.resize(M * size_t(inter_));
   std::vector<float>& x = pass.x;
   kernels::matmul_bias(patches.data(), M, patch_w_, patch_b_.data(), x.data(), ex);
   patches = {};
@@ -172,10 +173,9 @@ size_t SiglipTower::advance(Pass& pass, size_t layers, const kernels::Exec& ex) 
   const size_t P = size_t(num_patches()), D = size_t(hidden_), F = size_t(inter_), H = size_t(heads_), hd = D / H;
   const size_t n = size_t(pass.n), M = n * P;
   float* x = pass.x.data();
-  std::vector<float> h(M * D), q(M * D), k(M * D), v(M * D), att(M * D), f(M * F);
+  auto &h = pass.h, &q = pass.q, &k = pass.k, &v = pass.v, &att = pass.att, &f = pass.f;
   const float scale = float(1.0 / std::sqrt(double(hd)));
   const nn::AttnShape shape{H, H, hd, 1.f};  // q carries the scale already
-  nn::AttnScratch work;
   for (; pass.next < end; ++pass.next) {
     const Layer& L = layers_[pass.next];
     layer_norm(x, L.ln1_w, L.ln1_b, h.data(), M, ex);
@@ -190,7 +190,7 @@ size_t SiglipTower::advance(Pass& pass, size_t layers, const kernels::Exec& ex) 
     // Every patch attends to every patch of its own image (no mask).
     for (size_t img = 0; img < n; ++img)
       nn::attention(&q[img * P * D], P, &k[img * P * D], &v[img * P * D], P, nullptr, shape, &att[img * P * D],
-                    work, ex);
+                    pass.work, ex);
     kernels::matmul_bias(att.data(), M, L.o, L.o_b.data(), h.data(), ex);
     rows_parallel(pool, M, [&](size_t m) {
       for (size_t i = 0; i < D; ++i) x[m * D + i] += h[m * D + i];
