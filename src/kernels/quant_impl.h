@@ -1282,6 +1282,9 @@ struct alignas(64) ShuffleBytes64 {
 };
 constexpr ShuffleBytes64 kPickZ[4] = {
     {kPick[0], kPick[1]}, {kPick[2], kPick[3]}, {kPick[4], kPick[5]}, {kPick[6], kPick[7]}};
+// For 64 Q4_K code bytes (sub-blocks 4p .. 4p + 3): the low nibbles hold sub-blocks 4p and 4p + 2,
+// the high ones 4p + 1 and 4p + 3; kPickK4[2p + h] takes their scales to the two 256-bit halves.
+constexpr ShuffleBytes64 kPickK4[4] = {{kPick[0], kPick[2]}, {kPick[1], kPick[3]}, {kPick[4], kPick[6]}, {kPick[5], kPick[7]}};
 constexpr ShuffleBytes64 kPickPairZ[2] = {{kPickPair[0], kPickPair[1]}, {kPickPair[2], kPickPair[3]}};
 // The kZmm loops' steps, templates so that only the AVX512 file instantiates them: sum += the
 // pair sums of codes × 64 activations x, times scale (int16 pairs by vpmaddubsw, then vpdpwssd:
@@ -1323,6 +1326,16 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const __m128i pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (size_t i = 0; i < nb; ++i) {
+    // One activation row: its 256 values regrouped once for the S weight rows, so that each 64
+    // code bytes (two pairs of sub-blocks) meet x as two 512-bit vectors, low nibbles and high.
+    [[maybe_unused]] __m512i xz[4];
+    if constexpr (kZmm && !five && RM == 1) {
+      const int8_t* x = a.x[0].q + 256 * i;
+      VLM_UNROLL
+      for (int h = 0; h < 4; ++h)  // h = 2p + (high nibbles): values 128p + 32·(h & 1) + {0..31, 64..95}
+        xz[h] = _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(load32(x + 128 * (h / 2) + 32 * (h % 2))),
+                                   load32(x + 128 * (h / 2) + 32 * (h % 2) + 64), 1);
+    }
     VLM_UNROLL
     for (int j = 0; j < S; ++j) {
       const auto* b = reinterpret_cast<const Block*>(rows[j]) + i;
@@ -1335,7 +1348,19 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
       __m256i sum[RM];
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) sum[m] = _mm256_setzero_si256();
-      if constexpr (kZmm && !five) {
+      if constexpr (kZmm && !five && RM == 1) {
+        const __m512i scz = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_cvtepu8_epi16(sm));
+        const __m512i m4z = _mm512_set1_epi8(0x0F);
+        __m512i sumz = _mm512_setzero_si512();
+        VLM_UNROLL
+        for (int p = 0; p < 2; ++p) {
+          const __m512i q = _mm512_loadu_si512(b->qs + 64 * p);
+          add_scaled_pairs(sumz, _mm512_and_si512(q, m4z), xz[2 * p], _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickK4[2 * p])));
+          add_scaled_pairs(sumz, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4z), xz[2 * p + 1],
+                           _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickK4[2 * p + 1])));
+        }
+        sum[0] = fold_halves(sumz);
+      } else if constexpr (kZmm && !five) {
         // Sub-blocks 2c (low nibbles) and 2c + 1 (high) side by side in one 512-bit register, as
         // their 64 activations lie in x: half the operations of the loop below, the same exact sums.
         // (Q5_K stays on that loop: joining its two fifth-bit vectors cost more than it saved, one
