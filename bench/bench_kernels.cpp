@@ -150,9 +150,8 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
       const Layer& ly = layers[l];
       timed(Norms, [&] { rms_norm(x.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });
       timed(QKV, [&] {
-        matmul(a.data(), B, ly.q, q.data(), ex);
-        matmul(a.data(), B, ly.k, kk.data(), ex);
-        matmul(a.data(), B, ly.v, vv.data(), ex);
+        const Product qkv[] = {{ly.q, q.data()}, {ly.k, kk.data()}, {ly.v, vv.data()}};
+        matmul_each(a.data(), B, qkv, ex);
       });
       timed(Norms, [&] {
         rms_norm(q.data(), norm_w.data(), q.data(), B * nH, d, 1e-6f, ex.isa);
@@ -168,8 +167,8 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
       timed(O, [&] { matmul(att.data(), B, ly.o, a.data(), ex); });
       timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });
       timed(GateUp, [&] {
-        matmul(a.data(), B, ly.gate, g.data(), ex);
-        matmul(a.data(), B, ly.up, u.data(), ex);
+        const Product gate_up[] = {{ly.gate, g.data()}, {ly.up, u.data()}};
+        matmul_each(a.data(), B, gate_up, ex);
         gelu_tanh_mul(g.data(), u.data(), B * I, ex.isa);
       });
       timed(Down, [&] { matmul(g.data(), B, ly.down, a.data(), ex); });

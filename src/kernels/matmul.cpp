@@ -3,10 +3,12 @@
 #include <cpuid.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -282,18 +284,17 @@ void convert_x(GemmArgs& a, const Format& act) {
   a.xs4 = sums ? s4.data() : nullptr;
 }
 
-void run(GemmArgs a, const Exec& ex) {
-  ThreadPool& pool = ex.threads();
-  if (a.M == 0 || a.N == 0) return;
-  if (a.K == 0) {
-    for (size_t m = 0; m < a.M; ++m)
-      for (size_t n = 0; n < a.N; ++n) a.y[m * a.ldy + n] = a.bias ? a.bias[n] : 0.f;
-    return;
-  }
+// Which kernels a product takes: its format's kernels on the Exec's ISA, the dot route or the GEMM,
+// and on AVX512-BF16 the native bf16 kernels or their FMA twin.
+struct Route {
+  const FormatKernels* fk;
+  bool use_dot, native, fma_dot;
+};
+
+Route route_of(const GemmArgs& a, const Exec& ex) {
   const Format& f = format_of(a.dtype);
   const FormatKernels& fk = f.isa[int(ex.isa)];
   if (!fk.dot) fail("matmul: no {} kernels for {} weights", isa_name(ex.isa), f.name);
-  const IsaKernels& k = detail::kernels_for(ex.isa);
   // The AVX512-BF16 kernels take x as bf16, rounded here once (bf16_x). Otherwise, under Precision::Bf16, f32-activation
   // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
   // and block formats quantize x per block as at f32.
@@ -313,24 +314,56 @@ void run(GemmArgs a, const Exec& ex) {
   const bool fma_dot = use_dot && fk.dot_bf16_fma &&
                        (native ? !ex.dot_gemm && a.M > 4
                                : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2 && a.M > 1);
-  if (fma_dot) {
+  return Route{&fk, use_dot, native, fma_dot};
+}
+
+// x in the form the route's kernels take.
+void prepare_x(GemmArgs& a, const Route& r, const Exec& ex) {
+  const Format& f = format_of(a.dtype);
+  if (r.fma_dot) {
     wide_x(a, ex);
-  } else if (native) {
-    bf16_x(a, pool);
+  } else if (r.native) {
+    bf16_x(a, ex.threads());
   } else if (f.act != DType::F32) {
     convert_x(a, format_of(f.act));
   } else if (ex.precision == Precision::Bf16) {
     a.x = rounded_x(a, ex);
     a.ldx = a.K;
   }
-  if (use_dot) {
-    auto* dot = fma_dot ? fk.dot_bf16_fma : native ? fk.dot_bf16 : fk.dot;
-    // Chunks of at least 64 rows keep a thread's reads one long sequential stream.
-    const size_t grain = std::max<size_t>(64, a.N / (4 * size_t(pool.size())));
-    pool.parallel_for(a.N, [&](size_t n0, size_t n1) { dot(a, n0, n1); }, grain);
+}
+
+// The dot route over the rows of one or more products that share x (prepared once), numbered
+// one after another, in chunks over the pool.
+void run_dots(std::span<const GemmArgs> parts, const Route& r, const Exec& ex) {
+  auto* dot = r.fma_dot ? r.fk->dot_bf16_fma : r.native ? r.fk->dot_bf16 : r.fk->dot;
+  ThreadPool& pool = ex.threads();
+  size_t rows = 0;
+  for (const GemmArgs& p : parts) rows += p.N;
+  // Chunks of at least 64 rows keep a thread's reads one long sequential stream.
+  const size_t grain = std::max<size_t>(64, rows / (4 * size_t(pool.size())));
+  pool.parallel_for(rows, [&](size_t n0, size_t n1) {
+    size_t first = 0;  // the parts' first rows in the numbering
+    for (const GemmArgs& p : parts) {
+      const size_t b = std::max(n0, first), e = std::min(n1, first + p.N);
+      if (b < e) dot(p, b - first, e - first);
+      first += p.N;
+    }
+  }, grain);
+}
+
+void run(GemmArgs a, const Exec& ex) {
+  if (a.M == 0 || a.N == 0) return;
+  if (a.K == 0) {
+    for (size_t m = 0; m < a.M; ++m)
+      for (size_t n = 0; n < a.N; ++n) a.y[m * a.ldy + n] = a.bias ? a.bias[n] : 0.f;
     return;
   }
-  auto* gemm = native ? fk.gemm_bf16 : fk.gemm;
+  const Route r = route_of(a, ex);
+  prepare_x(a, r, ex);
+  if (r.use_dot) return run_dots({&a, 1}, r, ex);
+  const IsaKernels& k = detail::kernels_for(ex.isa);
+  auto* gemm = r.native ? r.fk->gemm_bf16 : r.fk->gemm;
+  ThreadPool& pool = ex.threads();
   const size_t threads = size_t(pool.size());
   const size_t panels = (a.N + k.panel - 1) / k.panel;
   const size_t tiles = (a.M + k.row_tile - 1) / k.row_tile;
@@ -349,10 +382,9 @@ void run(GemmArgs a, const Exec& ex) {
   }
 }
 
-}  // namespace
-
-void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout,
-                    const float* bias, float* y, size_t ldy, const Exec& ex) {
+// A product's arguments, its shapes and strides checked.
+GemmArgs args_of(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout, const float* bias, float* y,
+                 size_t ldy) {
   const bool kn = layout == Layout::KN;
   const Format& f = format_of(w.dtype);
   const size_t K = kn ? w.rows : w.cols, N = kn ? w.cols : w.rows;
@@ -362,7 +394,43 @@ void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layou
   if (w.stride_bytes() < dense || (M > 1 && ldx < K) || (M > 1 && ldy < N))
     fail("matmul: row stride below row length (w {} < {} bytes, x {} < {} or y {} < {})", w.stride_bytes(),
          dense, ldx, K, ldy, N);
-  run(GemmArgs{x, ldx, M, w.data, w.dtype, w.stride_bytes(), kn, K, N, bias, y, ldy}, ex);
+  return GemmArgs{x, ldx, M, w.data, w.dtype, w.stride_bytes(), kn, K, N, bias, y, ldy};
+}
+
+}  // namespace
+
+void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layout layout,
+                    const float* bias, float* y, size_t ldy, const Exec& ex) {
+  run(args_of(x, ldx, M, w, layout, bias, y, ldy), ex);
+}
+
+void matmul_each(const float* x, size_t M, std::span<const Product> products, const Exec& ex) {
+  // One loop needs one route and one prepared x: the same format, K and offset in a 64-byte line
+  // (bf16_x and wide_x place x by the weights' offset), on the dot route.
+  constexpr size_t kMaxParts = 4;
+  std::array<GemmArgs, kMaxParts> parts;
+  const size_t n = products.size();
+  bool together = n >= 2 && n <= kMaxParts && M > 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Weight& w = products[i].w;
+    const GemmArgs a = args_of(x, w.cols, M, w, Layout::NK, nullptr, products[i].y, w.rows);
+    if (i < kMaxParts) parts[i] = a;
+    together = together && a.K > 0 && a.N > 0 && (i == 0 || (a.dtype == parts[0].dtype && a.K == parts[0].K &&
+                                                       (reinterpret_cast<uintptr_t>(a.w) & 63) ==
+                                                           (reinterpret_cast<uintptr_t>(parts[0].w) & 63)));
+  }
+  const Route r = together ? route_of(parts[0], ex) : Route{};
+  if (!together || !r.use_dot) {
+    for (const Product& p : products) matmul(x, M, p.w, p.y, ex);
+    return;
+  }
+  prepare_x(parts[0], r, ex);
+  for (size_t i = 1; i < n; ++i) {
+    GemmArgs& a = parts[i];
+    a.x = parts[0].x, a.ldx = parts[0].ldx, a.xq = parts[0].xq, a.ldxq = parts[0].ldxq;
+    a.xd4 = parts[0].xd4, a.xs4 = parts[0].xs4, a.xs32 = parts[0].xs32;
+  }
+  run_dots({parts.data(), n}, r, ex);
 }
 
 void matmul(const float* x, size_t M, const Weight& w, float* y, const Exec& ex) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/dtype.h"
@@ -38,6 +39,16 @@ void matmul(const float* x, size_t M, const Weight& w, float* y, const Exec& ex)
 // The plain loop the tests compare against; with Precision::Bf16 it rounds each x to bf16.
 void matmul_ref(const float* x, size_t M, const Weight& w, float* y,
                 Precision precision = Precision::F32);
+
+// Products of one x with several weights of its K columns (q, k and v; gate and up): y[M, w.rows]
+// = x · wᵀ for each. Up to four products of one format, on the dot route (small M), run as one
+// loop over all their rows with x converted once, so the threads meet once instead of once per
+// product; otherwise each runs as matmul(). The results are matmul()'s to the bit.
+struct Product {
+  Weight w;
+  float* y;
+};
+void matmul_each(const float* x, size_t M, std::span<const Product> products, const Exec& ex);
 
 // y[M, N] = x[M, K] · Wᵀ + bias (bias has N entries).
 void matmul_bias(const float* x, size_t M, const Weight& w, const float* bias, float* y,

@@ -192,6 +192,37 @@ inline size_t aligning_lead(const GemmArgs& a) {
   return std::min(a.K, (64 - (reinterpret_cast<uintptr_t>(a.w) & 63)) % 64 / 2);
 }
 
+// Rows n0 + j · part + i of R streams (the tail of a range: R = 1); a row's sums do not depend on
+// R, as in dot_row1_streams (matmul_impl.h).
+template <int R>
+void dot_bf16_row1_streams(const GemmArgs& a, size_t n0, size_t part, size_t i, size_t lead) {
+  const std::byte* w[R];
+  __m512 c[2][R];
+  VLM_UNROLL
+  for (int j = 0; j < R; ++j) {
+    w[j] = a.w + (n0 + j * part + i) * a.ldw_bytes;
+    c[0][j] = c[1][j] = _mm512_setzero_ps();
+    if (lead) c[1][j] = _mm512_dpbf16_ps(c[1][j], load_bf16_range(a.xq, 0, lead), load_bf16_range(w[j], 0, lead));
+  }
+  size_t k = lead;
+  for (; k + 64 <= a.K; k += 64) {
+    VLM_UNROLL
+    for (int j = 0; j < R; ++j)
+      for (int h = 0; h < 2; ++h) _mm_prefetch(reinterpret_cast<const char*>(w[j] + 2 * k + 64 * h + kRowAhead), _MM_HINT_T0);
+    VLM_UNROLL
+    for (int h = 0; h < 2; ++h) {  // each x vector against every stream, then the next
+      const __m512bh xv = load_bf16x32(a.xq + 2 * k + 64 * h);
+      VLM_UNROLL
+      for (int j = 0; j < R; ++j) c[h][j] = _mm512_dpbf16_ps(c[h][j], xv, load_bf16x32(w[j] + 2 * k + 64 * h));
+    }
+  }
+  VLM_UNROLL
+  for (int j = 0; j < R; ++j) {
+    const size_t n = n0 + j * part + i;
+    a.y[n] = finish_row(a, w[j], k, c[0][j], c[1][j]) + (a.bias ? a.bias[n] : 0.f);
+  }
+}
+
 // M = 1: kStreams rows at a time, one from each of kStreams equal parts of the range, so a
 // thread keeps that many sequential streams in flight (with one, the step reached 52–61 % of
 // the bandwidth probe; with four 74–86 %; docs/gguf.md, "Decode streams"), each asked for
@@ -199,36 +230,8 @@ inline size_t aligning_lead(const GemmArgs& a) {
 constexpr int kStreams = 4;
 void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
   const size_t part = (n1 - n0) / kStreams, lead = aligning_lead(a);
-  for (size_t i = 0; i < part; ++i) {
-    const std::byte* w[kStreams];
-    __m512 c[2][kStreams];
-    VLM_UNROLL
-    for (int j = 0; j < kStreams; ++j) {
-      w[j] = a.w + (n0 + j * part + i) * a.ldw_bytes;
-      c[0][j] = c[1][j] = _mm512_setzero_ps();
-      if (lead) c[1][j] = _mm512_dpbf16_ps(c[1][j], load_bf16_range(a.xq, 0, lead), load_bf16_range(w[j], 0, lead));
-    }
-    size_t k = lead;
-    for (; k + 64 <= a.K; k += 64) {
-      VLM_UNROLL
-      for (int j = 0; j < kStreams; ++j)
-        for (int h = 0; h < 2; ++h) _mm_prefetch(reinterpret_cast<const char*>(w[j] + 2 * k + 64 * h + kRowAhead), _MM_HINT_T0);
-      VLM_UNROLL
-      for (int h = 0; h < 2; ++h) {  // each x vector against every stream, then the next
-        const __m512bh xv = load_bf16x32(a.xq + 2 * k + 64 * h);
-        VLM_UNROLL
-        for (int j = 0; j < kStreams; ++j) c[h][j] = _mm512_dpbf16_ps(c[h][j], xv, load_bf16x32(w[j] + 2 * k + 64 * h));
-      }
-    }
-    VLM_UNROLL
-    for (int j = 0; j < kStreams; ++j) {
-      const size_t n = n0 + j * part + i;
-      a.y[n] = finish_row(a, w[j], k, c[0][j], c[1][j]) + (a.bias ? a.bias[n] : 0.f);
-    }
-  }
-  for (size_t n = n0 + kStreams * part; n < n1; ++n)
-    a.y[n] = finish_row(a, a.w + n * a.ldw_bytes, 0, _mm512_setzero_ps(), _mm512_setzero_ps()) +
-             (a.bias ? a.bias[n] : 0.f);
+  for (size_t i = 0; i < part; ++i) dot_bf16_row1_streams<kStreams>(a, n0, part, i, lead);
+  for (size_t n = n0 + kStreams * part; n < n1; ++n) dot_bf16_row1_streams<1>(a, n, 0, 0, lead);
 }
 
 // RM activation rows from m0 × the RN weight rows at wr over columns [k0, k1) of K, each

@@ -139,39 +139,43 @@ float dot_one_row(const GemmArgs& a, const std::byte* wr, size_t k, typename S::
   return S::hsum(S::add(c0, c1));
 }
 
-template <class S, DType D>
-void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
+// Rows n0 + j · part + i of R streams (the tail of a range: R = 1). A row's sums do not depend on
+// R, so its output does not depend on how the rows were split into ranges (threads, matmul_each).
+template <class S, DType D, int R>
+void dot_row1_streams(const GemmArgs& a, size_t n0, size_t part, size_t i) {
   using V = typename S::V;
-  constexpr int kStreams = 4;
   constexpr size_t W = S::W, es = kElemSize<D>;
   // Vectors per stream per turn: a whole 64-byte line of weights where that is 2 to 4 vectors.
   constexpr size_t U = 64 / (W * es) < 2 ? 2 : 64 / (W * es) > 4 ? 4 : 64 / (W * es);
-  const size_t part = (n1 - n0) / kStreams;
-  for (size_t i = 0; i < part; ++i) {
-    const std::byte* wr[kStreams];
-    V c[kStreams][2];
+  const std::byte* wr[R];
+  V c[R][2];
+  VLM_UNROLL
+  for (int j = 0; j < R; ++j) wr[j] = a.w + (n0 + j * part + i) * a.ldw_bytes, c[j][0] = c[j][1] = S::zero();
+  size_t k = 0;
+  for (; k + U * W <= a.K; k += U * W) {
     VLM_UNROLL
-    for (int j = 0; j < kStreams; ++j) wr[j] = a.w + (n0 + j * part + i) * a.ldw_bytes, c[j][0] = c[j][1] = S::zero();
-    size_t k = 0;
-    for (; k + U * W <= a.K; k += U * W) {
-      VLM_UNROLL
-      for (int j = 0; j < kStreams; ++j)
-        for (size_t b = 0; b < U * W * es; b += 64) __builtin_prefetch(wr[j] + k * es + b + kRowAhead, 0, 3);
-      VLM_UNROLL
-      for (size_t u = 0; u < U; ++u) {
-        const V xv = S::load(a.x + k + u * W);
-        VLM_UNROLL
-        for (int j = 0; j < kStreams; ++j) c[j][u % 2] = S::fma(xv, load_w<S, D>(wr[j] + (k + u * W) * es), c[j][u % 2]);
-      }
-    }
+    for (int j = 0; j < R; ++j)
+      for (size_t b = 0; b < U * W * es; b += 64) __builtin_prefetch(wr[j] + k * es + b + kRowAhead, 0, 3);
     VLM_UNROLL
-    for (int j = 0; j < kStreams; ++j) {
-      const size_t n = n0 + j * part + i;
-      a.y[n] = dot_one_row<S, D>(a, wr[j], k, c[j][0], c[j][1]) + (a.bias ? a.bias[n] : 0.f);
+    for (size_t u = 0; u < U; ++u) {
+      const V xv = S::load(a.x + k + u * W);
+      VLM_UNROLL
+      for (int j = 0; j < R; ++j) c[j][u % 2] = S::fma(xv, load_w<S, D>(wr[j] + (k + u * W) * es), c[j][u % 2]);
     }
   }
-  for (size_t n = n0 + kStreams * part; n < n1; ++n)
-    a.y[n] = dot_one_row<S, D>(a, a.w + n * a.ldw_bytes, 0, S::zero(), S::zero()) + (a.bias ? a.bias[n] : 0.f);
+  VLM_UNROLL
+  for (int j = 0; j < R; ++j) {
+    const size_t n = n0 + j * part + i;
+    a.y[n] = dot_one_row<S, D>(a, wr[j], k, c[j][0], c[j][1]) + (a.bias ? a.bias[n] : 0.f);
+  }
+}
+
+template <class S, DType D>
+void dot_row1(const GemmArgs& a, size_t n0, size_t n1) {
+  constexpr int kStreams = 4;
+  const size_t part = (n1 - n0) / kStreams;
+  for (size_t i = 0; i < part; ++i) dot_row1_streams<S, D, kStreams>(a, n0, part, i);
+  for (size_t n = n0 + kStreams * part; n < n1; ++n) dot_row1_streams<S, D, 1>(a, n, 0, 0);
 }
 
 template <class S, DType D>

@@ -21,6 +21,7 @@
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
+#include "kernels/quant.h"
 
 namespace vlm::kernels {
 namespace {
@@ -297,6 +298,59 @@ TEST(Matmul, Bf16PrecisionOnEveryPathRoundsX) {
           EXPECT_GT(differ, 0u) << what << ": x was not rounded";
         }
     }
+}
+
+// matmul_each: the same outputs as one matmul() per product, to the bit, whether it runs them
+// as one loop (one format, the dot route) or one by one (mixed formats, a large M, a weight at
+// another offset in its 64-byte line), on every ISA path and precision.
+TEST(Matmul, EachEqualsOneMatmulPerProduct) {
+  ThreadPool pool(2);
+  std::mt19937 rng(29);
+  const size_t K = 512;
+  struct Stored {
+    std::vector<std::byte> bytes;
+    Weight w;
+  };
+  // rows × K of format dt, at `offset` bytes past a 64-byte line.
+  auto make = [&](DType dt, GgmlType gt, size_t rows, size_t offset) {
+    Stored s;
+    const size_t rb = quant_row_bytes(gt, K);
+    s.bytes.resize(rows * rb + 64 + offset);
+    const uintptr_t line = (reinterpret_cast<uintptr_t>(s.bytes.data()) + 63) & ~uintptr_t(63);
+    auto* p = reinterpret_cast<std::byte*>(line + offset);
+    const auto v = random_vec(rows * K, rng);
+    for (size_t r = 0; r < rows; ++r) quantize_row(gt, v.data() + r * K, p + r * rb, K);
+    s.w = Weight{p, dt, rows, K};
+    return s;
+  };
+  const std::pair<DType, GgmlType> formats[] = {
+      {DType::F32, GgmlType::F32},   {DType::BF16, GgmlType::BF16},     {DType::Q8_0, GgmlType::Q8_0},
+      {DType::F16, GgmlType::F16},   {DType::Q4_0, GgmlType::Q4_0},     {DType::Q4_1, GgmlType::Q4_1},
+      {DType::Q5_0, GgmlType::Q5_0}, {DType::Q5_1, GgmlType::Q5_1},     {DType::Q2_K, GgmlType::Q2_K},
+      {DType::Q3_K, GgmlType::Q3_K}, {DType::Q4_K, GgmlType::Q4_K},     {DType::Q5_K, GgmlType::Q5_K},
+      {DType::Q6_K, GgmlType::Q6_K}, {DType::IQ4_NL, GgmlType::IQ4_NL}, {DType::IQ4_XS, GgmlType::IQ4_XS}};
+  for (Isa isa : isas())
+    for (Precision pr : {Precision::F32, Precision::Bf16})
+      for (size_t M : {1, 3, 8, 40})
+        for (int mix = 0; mix < 3; ++mix)  // one format; v in another; v at another offset
+          for (size_t f = 0; f < std::size(formats); ++f) {
+            const Exec ex(pool, isa, pr);
+            const auto [dt, gt] = formats[f];
+            const auto [vdt, vgt] = mix != 1 ? formats[f] : formats[f == 2 ? 1 : 2];
+            const Stored q = make(dt, gt, 300, 0), k = make(dt, gt, 70, 0), v = make(vdt, vgt, 130, mix == 2 ? 32 : 0);
+            const auto x = random_vec(M * K, rng);
+            std::vector<float> yq(M * 300), yk(M * 70), yv(M * 130), eq(yq.size()), ek(yk.size()), ev(yv.size());
+            matmul(x.data(), M, q.w, eq.data(), ex);
+            matmul(x.data(), M, k.w, ek.data(), ex);
+            matmul(x.data(), M, v.w, ev.data(), ex);
+            const Product ps[] = {{q.w, yq.data()}, {k.w, yk.data()}, {v.w, yv.data()}};
+            matmul_each(x.data(), M, ps, ex);
+            const std::string what = std::string(isa_name(isa)) + " " + precision_name(pr) + " " +
+                                     format_of(dt).name + " M=" + std::to_string(M) + " mix " + std::to_string(mix);
+            EXPECT_EQ(0, std::memcmp(yq.data(), eq.data(), 4 * eq.size())) << what << " q";
+            EXPECT_EQ(0, std::memcmp(yk.data(), ek.data(), 4 * ek.size())) << what << " k";
+            EXPECT_EQ(0, std::memcmp(yv.data(), ev.data(), 4 * ev.size())) << what << " v";
+          }
 }
 
 TEST(Matmul, FormatTableRows) {

@@ -201,9 +201,8 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
   // Attention sublayer: x += post_attn_norm(o(attention(rope(norm(q)), rope(norm(k)), v))).
   kernels::rms_norm(x, L.input_norm.data(), a, n, H, eps_, ex_.isa);
   observe("attn_norm", a, H);
-  kernels::matmul(a, n, L.q, act.q.data(), ex_);
-  kernels::matmul(a, n, L.k, act.k.data(), ex_);
-  kernels::matmul(a, n, L.v, act.v.data(), ex_);
+  const kernels::Product qkv[] = {{L.q, act.q.data()}, {L.k, act.k.data()}, {L.v, act.v.data()}};
+  kernels::matmul_each(a, n, qkv, ex_);
   kernels::rms_norm(act.q.data(), L.q_norm.data(), act.q.data(), n * nH, d, eps_, ex_.isa);
   kernels::rms_norm(act.k.data(), L.k_norm.data(), act.k.data(), n * nKV, d, eps_, ex_.isa);
   const int f = L.sliding ? 0 : 1;
@@ -226,8 +225,8 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
 
   // MLP sublayer: x += post_ff_norm(down(gelu_tanh(gate(norm(x))) · up(norm(x)))).
   kernels::rms_norm(x, L.pre_ff_norm.data(), a, n, H, eps_, ex_.isa);
-  kernels::matmul(a, n, L.gate, act.gate.data(), ex_);
-  kernels::matmul(a, n, L.up, act.up.data(), ex_);
+  const kernels::Product gate_up[] = {{L.gate, act.gate.data()}, {L.up, act.up.data()}};
+  kernels::matmul_each(a, n, gate_up, ex_);
   kernels::gelu_tanh_mul(act.gate.data(), act.up.data(), n * I, ex_.isa);
   kernels::matmul(act.gate.data(), n, L.down, t, ex_);
   kernels::rms_norm(t, L.post_ff_norm.data(), t, n, H, eps_, ex_.isa);
