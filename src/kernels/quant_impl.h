@@ -1327,9 +1327,10 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
   const __m128i pairs = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
   for (size_t i = 0; i < nb; ++i) {
     // One activation row: its 256 values regrouped once for the S weight rows, so that each 64
-    // code bytes (two pairs of sub-blocks) meet x as two 512-bit vectors, low nibbles and high.
+    // code bytes (two pairs of sub-blocks) meet x as two 512-bit vectors, low nibbles and high
+    // (docs/gguf.md, "Products on the blocks").
     [[maybe_unused]] __m512i xz[4];
-    if constexpr (kZmm && !five && RM == 1) {
+    if constexpr (kZmm && RM == 1) {
       const int8_t* x = a.x[0].q + 256 * i;
       VLM_UNROLL
       for (int h = 0; h < 4; ++h)  // h = 2p + (high nibbles): values 128p + 32·(h & 1) + {0..31, 64..95}
@@ -1348,23 +1349,36 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
       __m256i sum[RM];
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) sum[m] = _mm256_setzero_si256();
-      if constexpr (kZmm && !five && RM == 1) {
+      if constexpr (kZmm && RM == 1) {
         const __m512i scz = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_cvtepu8_epi16(sm));
         const __m512i m4z = _mm512_set1_epi8(0x0F);
+        // Q5_K: qh in both halves; sub-block k's fifth bits (bit k of each byte) rotate to bit 4 in
+        // the half that holds k (a 64-bit rotate moves every byte's bit k alike).
+        [[maybe_unused]] __m512i qhz;
+        if constexpr (five) qhz = _mm512_maskz_broadcast_i64x4(0xFF, qh);
+        auto codes = [&](__m512i nibbles, int h, int p) {
+          if constexpr (!five) return nibbles;
+          const int lo = 4 * p + h, hi = lo + 2;  // the sub-blocks in the two halves
+          const __m512i turn = _mm512_setr_epi64((4 - lo) & 63, (4 - lo) & 63, (4 - lo) & 63, (4 - lo) & 63,
+                                                 (4 - hi) & 63, (4 - hi) & 63, (4 - hi) & 63, (4 - hi) & 63);
+          return _mm512_ternarylogic_epi32(nibbles, _mm512_maskz_rolv_epi64(0xFF, qhz, turn), _mm512_set1_epi8(0x10), 0xF8);
+        };
         __m512i sumz = _mm512_setzero_si512();
         VLM_UNROLL
         for (int p = 0; p < 2; ++p) {
           const __m512i q = _mm512_loadu_si512(b->qs + 64 * p);
-          add_scaled_pairs(sumz, _mm512_and_si512(q, m4z), xz[2 * p], _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickK4[2 * p])));
-          add_scaled_pairs(sumz, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4z), xz[2 * p + 1],
+          add_scaled_pairs(sumz, codes(_mm512_and_si512(q, m4z), 0, p), xz[2 * p],
+                           _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickK4[2 * p])));
+          add_scaled_pairs(sumz, codes(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4z), 1, p), xz[2 * p + 1],
                            _mm512_shuffle_epi8(scz, _mm512_load_si512(&kPickK4[2 * p + 1])));
         }
         sum[0] = fold_halves(sumz);
       } else if constexpr (kZmm && !five) {
         // Sub-blocks 2c (low nibbles) and 2c + 1 (high) side by side in one 512-bit register, as
         // their 64 activations lie in x: half the operations of the loop below, the same exact sums.
-        // (Q5_K stays on that loop: joining its two fifth-bit vectors cost more than it saved, one
-        // thread from L2 at M = 1 0.097 against 0.081 ms for a 1024 × 2560 matrix, Emerald Rapids.)
+        // (Q5_K stays on that loop here: joining its two fifth-bit vectors cost more than it saved,
+        // one thread from L2 0.097 against 0.081 ms for a 1024 × 2560 matrix, Emerald Rapids; at
+        // M = 1 the branch above takes it.)
         const __m512i scz = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_cvtepu8_epi16(sm));
         __m512i sumz[RM];
         VLM_UNROLL
