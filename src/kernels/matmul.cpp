@@ -410,14 +410,13 @@ void matmul_each(const float* x, size_t M, std::span<const Product> products, co
   constexpr size_t kMaxParts = 4;
   std::array<GemmArgs, kMaxParts> parts;
   const size_t n = products.size();
+  auto line_offset = [](const std::byte* p) { return reinterpret_cast<uintptr_t>(p) & 63; };
   bool together = n >= 2 && n <= kMaxParts && M > 0;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; together && i < n; ++i) {
     const Weight& w = products[i].w;
-    const GemmArgs a = args_of(x, w.cols, M, w, Layout::NK, nullptr, products[i].y, w.rows);
-    if (i < kMaxParts) parts[i] = a;
-    together = together && a.K > 0 && a.N > 0 && (i == 0 || (a.dtype == parts[0].dtype && a.K == parts[0].K &&
-                                                       (reinterpret_cast<uintptr_t>(a.w) & 63) ==
-                                                           (reinterpret_cast<uintptr_t>(parts[0].w) & 63)));
+    const GemmArgs& a = parts[i] = args_of(x, w.cols, M, w, Layout::NK, nullptr, products[i].y, w.rows);
+    together = a.K > 0 && a.N > 0 && a.dtype == parts[0].dtype && a.K == parts[0].K &&
+               line_offset(a.w) == line_offset(parts[0].w);
   }
   const Route r = together ? route_of(parts[0], ex) : Route{};
   if (!together || !r.use_dot) {

@@ -336,7 +336,7 @@ TEST(Matmul, EachEqualsOneMatmulPerProduct) {
           for (size_t f = 0; f < std::size(formats); ++f) {
             const Exec ex(pool, isa, pr);
             const auto [dt, gt] = formats[f];
-            const auto [vdt, vgt] = mix != 1 ? formats[f] : formats[f == 2 ? 1 : 2];
+            const auto [vdt, vgt] = mix != 1 ? formats[f] : formats[f == 2 ? 1 : 2];  // Q8_0, or BF16 beside Q8_0
             const Stored q = make(dt, gt, 300, 0), k = make(dt, gt, 70, 0), v = make(vdt, vgt, 130, mix == 2 ? 32 : 0);
             const auto x = random_vec(M * K, rng);
             std::vector<float> yq(M * 300), yk(M * 70), yv(M * 130), eq(yq.size()), ek(yk.size()), ev(yv.size());
