@@ -38,6 +38,7 @@ Model::Model(Checkpoint ck, const ModelOptions& opt) : ck_(std::move(ck)), opt_(
   pool_ = std::make_unique<ThreadPool>(opt.threads > 0 ? opt.threads : default_threads());
   exec_ = std::make_unique<const kernels::Exec>(*pool_, opt.isa.value_or(kernels::best_isa()), precision);
   decoder_ = std::make_unique<const models::gemma3::Decoder>(ck_, *exec_, opt.embed_scaling);
+  ck_.map_pages();  // every request reads them: map them in one call, not one fault per page
 }
 
 bool Model::has_chat_template() const { return tok_ && text::is_gemma3_chat_template(tok_->chat_template()); }

@@ -1,5 +1,8 @@
 #include "io/checkpoint.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -506,6 +509,22 @@ const TensorView& Checkpoint::get(std::string_view canonical, const std::vector<
     fail("{}: tensor '{}' has shape {}, expected {}", dir_.string(), canonical, shape_str(t.shape),
          shape_str(shape));
   return t;
+}
+
+void Checkpoint::map_pages() const {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // whole pages, merged where they meet
+  for (const auto& [name, t] : tensors_) {
+    if (t.nbytes == 0) continue;
+    const auto b = reinterpret_cast<uintptr_t>(t.data);
+    spans.emplace_back(b / page * page, (b + t.nbytes + page - 1) / page * page);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 0; i < spans.size();) {
+    auto [b, e] = spans[i];
+    for (++i; i < spans.size() && spans[i].first <= e; ++i) e = std::max(e, spans[i].second);
+    ::madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_READ);  // a hint: failure leaves faults
+  }
 }
 
 const TensorView& Checkpoint::lm_head() const {

@@ -83,6 +83,12 @@ class Checkpoint {
   // The output head: lm_head.weight when present, else the tied embedding.
   const TensorView& lm_head() const;
 
+  // Maps the loaded tensors' pages into this process now, where the kernel can
+  // (MADV_POPULATE_READ, Linux 5.14): from the page cache that takes a tenth of the time the
+  // first step's page faults do (docs/performance.md, "2026-12-03, night: start"); elsewhere the pages fault in
+  // on first use as before.
+  void map_pages() const;
+
   // All tensors of the loaded parts, by canonical name.
   const std::map<std::string, TensorView, std::less<>>& tensors() const { return tensors_; }
   // File names of tensors that no part uses (reported, not an error), sorted.
