@@ -189,7 +189,7 @@ TEST(Checkpoint, TextOnlyLeavesVisionShardUnmapped) {
 }
 
 // map_pages maps every loaded tensor's pages at once; opening touches only the header and the
-// fingerprint's windows. The 4 MiB embedding is the tensor opening leaves mostly unmapped.
+// fingerprint's windows. The 8 MiB embedding is the tensor opening leaves mostly unmapped.
 TEST(Checkpoint, MapPagesMapsTheLoadedTensors) {
   {  // kernels before 5.14 refuse the advice, and the pages fault in as before
     void* p = ::mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
