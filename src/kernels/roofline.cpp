@@ -25,12 +25,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-double huge_page_share(std::span<const std::span<const std::byte>> regions) {
+MappedKb mapped_kb(std::span<const std::span<const std::byte>> regions) {
   std::ifstream f("/proc/self/smaps");
-  if (!f) return -1;
+  if (!f) return {};
   // Each mapping is a range line ("begin-end perms ...") followed by "Key: N kB" lines.
   bool holds = false;
-  double rss = 0, pmd = 0;
+  MappedKb kb{0, 0};
   std::string line;
   while (std::getline(f, line)) {
     unsigned long b = 0, e = 0;
@@ -41,11 +41,16 @@ double huge_page_share(std::span<const std::span<const std::byte>> regions) {
       });
       continue;
     }
-    double kb = 0;
-    if (holds && line.starts_with("Rss:") && std::sscanf(line.c_str() + 4, "%lf", &kb) == 1) rss += kb;
-    if (holds && line.starts_with("FilePmdMapped:") && std::sscanf(line.c_str() + 14, "%lf", &kb) == 1) pmd += kb;
+    double n = 0;
+    if (holds && line.starts_with("Rss:") && std::sscanf(line.c_str() + 4, "%lf", &n) == 1) kb.rss += n;
+    if (holds && line.starts_with("FilePmdMapped:") && std::sscanf(line.c_str() + 14, "%lf", &n) == 1) kb.file_pmd += n;
   }
-  return rss > 0 ? pmd / rss : 0;
+  return kb;
+}
+
+double huge_page_share(std::span<const std::span<const std::byte>> regions) {
+  const MappedKb kb = mapped_kb(regions);
+  return kb.rss < 0 ? -1 : kb.rss > 0 ? kb.file_pmd / kb.rss : 0;
 }
 
 double measure_read_bandwidth(int threads, size_t bytes, Isa isa) {

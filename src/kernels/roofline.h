@@ -25,9 +25,16 @@ double measure_read_bandwidth(int threads, size_t bytes = size_t(1) << 30, Isa i
 double measure_regions_bandwidth(std::span<const std::span<const std::byte>> regions, int threads, int passes = 2,
                                  Isa isa = best_isa());
 
-// The share of the resident pages of the mappings that hold `regions` that are mapped as
-// 2 MiB pages (FilePmdMapped / Rss over those mappings in /proc/self/smaps), or a negative
-// number where smaps cannot be read. Such pages stream faster (docs/gguf.md, "Decode streams").
+// This process's resident KiB of the mappings that hold any of `regions`, all (Rss in
+// /proc/self/smaps) and those mapped as 2 MiB pages (FilePmdMapped); negative where smaps
+// cannot be read.
+struct MappedKb {
+  double rss = -1, file_pmd = -1;
+};
+MappedKb mapped_kb(std::span<const std::span<const std::byte>> regions);
+
+// The share of those resident pages that are 2 MiB (file_pmd / rss), or a negative number
+// where smaps cannot be read. Such pages stream faster (docs/gguf.md, "Decode streams").
 double huge_page_share(std::span<const std::span<const std::byte>> regions);
 
 // Peak FLOP/s (a multiply-add counts 2) of an ISA path: a register-resident loop run on

@@ -4,12 +4,11 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
-#include <cctype>
 #include <cstdlib>
-#include <fstream>
 
 #include "core/error.h"
 #include "io/identity.h"
+#include "kernels/roofline.h"
 #include "model_folder.h"
 
 namespace vlm {
@@ -201,26 +200,15 @@ TEST(Checkpoint, MapPagesMapsTheLoadedTensors) {
   json cfg = test::small_text_config();
   cfg["vocab_size"] = 131072;  // 131072 x 16 f32
   write_model(tmp.path, cfg, model_tensors(cfg, Naming::CausalLM, DType::F32));
-  auto resident_kb = [](const fs::path& p) {  // this process's pages of the file's mappings
-    std::ifstream smaps("/proc/self/smaps");
-    const std::string file = fs::canonical(p).string();
-    size_t kb = 0;
-    bool ours = false;
-    for (std::string line; std::getline(smaps, line);) {
-      if (line.empty()) continue;
-      if (std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < line.find(' '))
-        ours = line.ends_with(file);  // a mapping's first line: its range and its file
-      else if (ours && line.starts_with("Rss:"))
-        kb += std::stoul(line.substr(4));
-    }
-    return kb;
-  };
   const Checkpoint ck = models::gemma3::open_checkpoint(tmp.path);
-  const size_t embed_kb = ck.get("text.embed_tokens.weight").nbytes >> 10;
-  const size_t before = resident_kb(tmp / "model.safetensors");
+  const TensorView& embed = ck.get("text.embed_tokens.weight");
+  const std::span<const std::byte> region(embed.data, embed.nbytes);
+  const double embed_kb = double(embed.nbytes >> 10);
+  const double before = kernels::mapped_kb({&region, 1}).rss;  // the file's mapping, this process
+  ASSERT_GE(before, 0) << "no /proc/self/smaps";
   EXPECT_LT(before, embed_kb / 2);
   ck.map_pages();
-  EXPECT_GE(resident_kb(tmp / "model.safetensors"), embed_kb);
+  EXPECT_GE(kernels::mapped_kb({&region, 1}).rss, embed_kb);
 }
 
 TEST(Checkpoint, MissingTensor) {
