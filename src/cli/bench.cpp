@@ -38,6 +38,7 @@
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 #include "kernels/format.h"
 #include "kernels/roofline.h"
 #include "models/gemma3/registry.h"
@@ -48,12 +49,26 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::shared_ptr<engine::Sequence> make_seq(const engine::Model& m, std::vector<int32_t> prompt, int max_tokens) {
+std::shared_ptr<engine::Sequence> make_seq(const engine::Model& m, std::vector<int32_t> prompt, int max_tokens,
+                                           engine::Callbacks cb = {}) {
   engine::Request req;
   req.prompt = std::move(prompt);
   req.max_tokens = max_tokens;
   req.stop_ids.emplace();  // none: every run produces exactly max_tokens
-  return std::make_shared<engine::Sequence>(m, std::move(req), engine::Callbacks{});
+  return std::make_shared<engine::Sequence>(m, std::move(req), std::move(cb));
+}
+
+// Milliseconds that Sampler::sample takes on a copy of `logits` under p, best of five.
+double sample_ms(const SamplingParams& p, std::span<const float> logits) {
+  Sampler s(p);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    std::vector<float> l(logits.begin(), logits.end());
+    const auto t0 = Clock::now();
+    s.sample(l);
+    best = std::min(best, seconds_since(t0));
+  }
+  return best * 1e3;
 }
 
 // Prompt ids: <bos> then ids spread over the ordinary vocabulary.
@@ -195,9 +210,14 @@ int cmd_bench(int argc, char** argv) {
   int64_t rss = 0;
   const double bw_before = probe_bandwidth(threads, rss);
   std::vector<double> step_s;
+  std::vector<float> logits;  // the prompt step's, for the sampling figures below
   {
     engine::Engine eng(m);
-    auto s = make_seq(m, {2}, tg + 1);
+    engine::Callbacks keep_first;
+    keep_first.on_logits = [&](std::span<const float> l) {
+      if (logits.empty()) logits.assign(l.begin(), l.end());
+    };
+    auto s = make_seq(m, {2}, tg + 1, std::move(keep_first));
     eng.add(s);
     while (s->tokens().empty() && !eng.idle()) eng.step();  // the prompt step
     while (!eng.idle()) {
@@ -221,6 +241,18 @@ int cmd_bench(int argc, char** argv) {
                   bw_before * 1e-9, bw_after * 1e-9, step_bytes * 1e-9, roofline));
   say(fmt::format("decode: {} tokens in {:.3f} s = {:.3f} tok/s = {:.1f}% of the roofline (best step {:.1f}%)",
                   step_s.size(), tg_s, tg_tok_s, pct(tg_tok_s, roofline), pct(1.0 / best_step, roofline)));
+  // What sampling adds to each step, on those logits (only the ids the tokenizer can produce).
+  const std::span<const float> row = std::span<const float>(logits).first(size_t(m.vocab_limit()));
+  SamplingParams warm;
+  warm.temperature = 1.f;
+  const double greedy_ms = sample_ms({}, row), t1_ms = sample_ms(warm, row);
+  warm.top_k = 64, warm.top_p = 0.95f;  // Gemma 3's generation_config
+  const double gemma_ms = sample_ms(warm, row);
+  const double step_ms = 1e3 * tg_s / double(step_s.size());
+  say(fmt::format("sampling {} logits: greedy {:.3f} ms, temperature 1 {:.3f} ms, top-k 64 + top-p 0.95 {:.3f} ms "
+                  "({:.1f}% / {:.1f}% / {:.1f}% of a decode step)",
+                  row.size(), greedy_ms, t1_ms, gemma_ms, pct(greedy_ms, step_ms), pct(t1_ms, step_ms),
+                  pct(gemma_ms, step_ms)));
   const double huge = kernels::huge_page_share(step_regions);
   // On some VMs the plain read loop over the mapped pages is slower than the decode kernels (a Zen 5
   // VM: 40-42 GB/s against decode's 52-66; docs/performance.md): then this rate is no limit.
@@ -308,6 +340,7 @@ int cmd_bench(int argc, char** argv) {
         {"pp_gflops", pp_flops / pp_s * 1e-9},
         {"tg_tok_s", tg_tok_s},
         {"tg_best_step_s", best_step},
+        {"sample_ms", {{"greedy", greedy_ms}, {"temperature_1", t1_ms}, {"top_k_64_top_p_0.95", gemma_ms}}},
         {"batch_tok_s", batch_tok_s},
         {"batch_speedup", batch_tok_s / tg_tok_s},
         {"image_s", image ? nlohmann::json(image_s) : nlohmann::json(nullptr)},

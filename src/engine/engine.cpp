@@ -400,7 +400,7 @@ void Engine::sample(Sequence& s) {
   ev.id = id;
   if (!raw.empty()) {
     // log-softmax of the raw row, in double.
-    const float mx = *std::max_element(raw.begin(), raw.end());
+    const float mx = raw[size_t(argmax(raw))];
     double sum = 0;
     for (float x : raw) sum += std::exp(double(x) - double(mx));
     const double lse = double(mx) + std::log(sum);

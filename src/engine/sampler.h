@@ -1,7 +1,9 @@
 // Next-token choice from one row of logits. Order: repetition penalty (HF: over the
 // prompt and everything generated), presence/frequency penalties (OpenAI: over
 // generated tokens), masking of ids ≥ vocab_limit, then greedy argmax when
-// temperature is 0, else temperature → top-k → top-p → min-p → draw.
+// temperature is 0, else temperature → top-k → top-p → min-p → draw. The rules and the draw
+// take the tokens ranked by logit, highest first (ties: lower id first); the draw walks the kept
+// ones against u · (their mass). Only the ranked prefix they reach is sorted (sampler.cpp).
 // The draw uses its own 64-bit generator, so a seed gives the same tokens everywhere.
 #pragma once
 #include <cstdint>
@@ -27,6 +29,10 @@ struct SamplingParams {
 // Throws Error naming the parameter when out of range.
 void validate(const SamplingParams& p);
 
+// The index of the first largest value, as numpy/torch argmax (NaN is never largest unless
+// x[0] is NaN; then 0). Throws on no values.
+int32_t argmax(std::span<const float> x);
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
@@ -37,6 +43,7 @@ class Sampler {
 
  private:
   double uniform();  // [0, 1)
+  int32_t draw(std::span<const float> logits);  // temperature > 0
 
   SamplingParams p_;
   std::mt19937_64 rng_;

@@ -39,9 +39,12 @@ class TestBench(unittest.TestCase):
         # The roofline is the probe's bandwidth over the bytes one step reads.
         self.assertAlmostEqual(j["roofline_tg_tok_s"], j["read_gb_s"] * 1e9 / j["weight_bytes_per_token"],
                                delta=1e-6 * j["roofline_tg_tok_s"])
-        for word in ("start:", "prefill:", "decode:", "weights read where they are mapped:", "batched decode:",
-                     "image:", "peak RSS:"):
+        for word in ("start:", "prefill:", "decode:", "sampling", "weights read where they are mapped:",
+                     "batched decode:", "image:", "peak RSS:"):
             self.assertIn(word, log)
+        # What sampling one token takes, greedy and drawn (no timing judged).
+        for f in ("greedy", "temperature_1", "top_k_64_top_p_0.95"):
+            self.assertTrue(math.isfinite(j["sample_ms"][f]) and j["sample_ms"][f] > 0, f)
 
     def test_gguf_model_and_mmproj(self):
         sys.path.insert(0, os.path.join(SRC, "tools"))

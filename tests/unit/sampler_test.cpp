@@ -1,8 +1,12 @@
 // Sampler rules on hand-made logits, stop-string streaming, and seeds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <numeric>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
@@ -120,6 +124,106 @@ TEST(Sampler, SameSeedSameTokensOtherSeedDiffers) {
   };
   EXPECT_EQ(run(42), run(42));
   EXPECT_NE(run(42), run(43));
+}
+
+// The draw as sampler.h states it, with every id sorted: probabilities exp(l/T - max/T) over the
+// top-k (logit descending, ties by id), normalised; the shortest prefix reaching top_p; those of
+// at least min_p times the first; then u·(their mass) walked in that order, u drawn as the
+// Sampler draws it. The Sampler sorts only the prefix it reaches.
+int32_t reference_draw(const std::vector<float>& l, const SamplingParams& p, std::mt19937_64& rng) {
+  std::vector<int32_t> idx(l.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+    const float x = l[size_t(a)], y = l[size_t(b)];
+    return x > y || (x == y && a < b);
+  });
+  size_t n = p.top_k > 0 ? std::min(l.size(), size_t(p.top_k)) : l.size();
+  const double mx = double(l[size_t(idx[0])]) / p.temperature;
+  std::vector<double> prob(n);
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp(double(l[size_t(idx[i])]) / p.temperature - mx);
+  for (double& x : prob) x /= sum;
+  if (p.top_p < 1.f) {
+    double acc = 0;
+    size_t keep = 0;
+    while (keep < n && acc < double(p.top_p)) acc += prob[keep++];
+    n = keep;
+  }
+  if (p.min_p > 0.f) {
+    size_t keep = 1;
+    while (keep < n && prob[keep] >= double(p.min_p) * prob[0]) ++keep;
+    n = keep;
+  }
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += prob[i];
+  double r = double(rng() >> 11) * 0x1.0p-53 * total;
+  for (size_t i = 0; i + 1 < n; ++i) {
+    if (r < prob[i]) return idx[i];
+    r -= prob[i];
+  }
+  return idx[n - 1];
+}
+
+TEST(Sampler, DrawsAsTheFullySortedReferenceDoes) {
+  // Flat (most of the mass far down the ranking), peaked, tied (logits in steps of 1/2) and
+  // partly masked (-inf) rows of 20000 logits.
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<std::vector<float>> rows(4, std::vector<float>(20000));
+  for (auto& r : rows)
+    for (float& x : r) x = normal(gen);
+  for (size_t i = 0; i < 20; ++i) rows[1][i * 997] = 25.f - float(i);
+  for (float& x : rows[2]) x = std::round(2.f * x) / 2.f;
+  for (size_t i = 0; i < rows[3].size(); i += 3) rows[3][i] = -std::numeric_limits<float>::infinity();
+  int configs = 0;
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (float t : {0.4f, 1.f, 1.8f})
+      for (int k : {0, 1, 40, 3000})
+        for (float top_p : {1.f, 0.9f, 0.3f})
+          for (float min_p : {0.f, 0.02f}) {
+            SamplingParams p;
+            p.temperature = t, p.top_k = k, p.top_p = top_p, p.min_p = min_p;
+            p.seed = uint64_t(1000 + configs++);
+            Sampler s(p);
+            std::mt19937_64 rng(p.seed);
+            for (int draw = 0; draw < 3; ++draw) {
+              std::vector<float> l = rows[r];
+              const int32_t got = s.sample(l), want = reference_draw(rows[r], p, rng);
+              EXPECT_EQ(got, want) << "row " << r << " T " << t << " top_k " << k << " top_p " << top_p
+                                   << " min_p " << min_p << " draw " << draw;
+              if (got != want) return;
+            }
+          }
+  EXPECT_EQ(configs, 288);
+}
+
+TEST(Sampler, ArgmaxIsTheFirstMaximumPastNaN) {
+  std::vector<float> x(37, 1.f);
+  x[20] = x[33] = 2.f;
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(argmax(x), 20);
+  x[36] = 3.f;  // in the tail past the last whole group of 16
+  EXPECT_EQ(argmax(x), 36);
+  x[0] = std::numeric_limits<float>::quiet_NaN();  // as max_element: a NaN first stays first
+  EXPECT_EQ(argmax(x), 0);
+  EXPECT_THROW(argmax(std::span<const float>{}), Error);
+}
+
+TEST(Sampler, TinyTemperatureAndNonFiniteLogitsStillDraw) {
+  SamplingParams p;
+  p.temperature = 1e-30f;
+  Sampler s(p);
+  std::vector<float> l(5000, 0.f);
+  l[1234] = 1e-3f;
+  EXPECT_EQ(s.sample(l), 1234);
+  p.temperature = 1.f;
+  Sampler t(p);
+  std::vector<float> m(5000, -std::numeric_limits<float>::infinity());
+  m[7] = std::numeric_limits<float>::infinity();
+  m[9] = std::numeric_limits<float>::quiet_NaN();
+  const int32_t id = t.sample(m);  // meaningless weights, but an id and no hang
+  EXPECT_GE(id, 0);
+  EXPECT_LT(id, 5000);
 }
 
 TEST(Sampler, InvalidParametersAreErrors) {
