@@ -128,6 +128,8 @@ const Case kCases[] = {
     {6, 130, 1, 1, 72},     // 4 + 2 rows
     {300, 300, 2, 1, 256},  // decoder-like GQA, rows across a 256-row block
     {5, 64, 3, 3, 16},      // one panel, fewer rows than a register tile
+    {9, 70, 2, 2, 20},      // 4 value columns past the last whole vector of 16 (8 for d = 72)
+    {7, 80, 1, 1, 26},      // 10 past it: more than the two-pair tail of the bf16 values holds
 };
 
 void check_paths(bool masked) {
