@@ -3,8 +3,10 @@
 // bf16 weights, and the GEMM for block-quantized weights dequantized into it.
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "io/gguf.h"
@@ -521,18 +523,24 @@ void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, siz
 // ---- attention's products on the bf16 dot (matmul.h, attend): keys, values, queries
 // and probabilities as bf16, f32 sums, on micro_bf16.
 
-// Two bf16 values (nearest even) in one word, a in the low half.
-inline uint32_t bf16_pair(float a, float b) { return uint32_t(f32_to_bf16(a)) | uint32_t(f32_to_bf16(b)) << 16; }
+// A row of d values as bf16 (to_bf16), d rounded up to even with a zero: word i is the pair
+// (2i, 2i + 1). Converting each pair on its own took 5 % of SigLIP's attention (`perf`).
+const uint32_t* bf16_row(const float* r, size_t d, std::vector<uint16_t>& buf) {
+  buf.resize((d + 1) / 2 * 2);
+  buf.back() = 0;
+  to_bf16(r, buf.data(), d, Isa::Avx512);
+  return reinterpret_cast<const uint32_t*>(buf.data());
+}
 
 void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst) {
   const size_t dp = (d + 1) / 2, panels = (n + kNR - 1) / kNR;
+  thread_local std::vector<uint16_t> buf;
   for (size_t p = 0; p < panels; ++p) {
     uint32_t* panel = dst + p * dp * kNR;
     for (size_t j = 0; j < kNR; ++j) {
       const size_t key = p * kNR + j;
-      const float* r = k + key * ld;
-      for (size_t i = 0; i < dp; ++i)
-        panel[i * kNR + j] = key >= n ? 0 : bf16_pair(r[2 * i], 2 * i + 1 < d ? r[2 * i + 1] : 0.f);
+      const uint32_t* words = key < n ? bf16_row(k + key * ld, d, buf) : nullptr;
+      for (size_t i = 0; i < dp; ++i) panel[i * kNR + j] = words ? words[i] : 0;
     }
   }
 }
@@ -544,21 +552,27 @@ void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst
 inline size_t interleaved_tail(size_t d) { return d % 16 <= 8 ? d % 16 : 0; }
 
 void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst) {
-  const size_t dv = (d + 15) / 16 * 16, pairs = (n + kNR - 1) / kNR * kNR / 2;
+  const size_t dv = (d + 15) / 16 * 16, pairs = (n + kNR - 1) / kNR * kNR / 2;  // pairs: whole panels, even
   const size_t tail = interleaved_tail(d), full = d - tail;
-  // Keys 2p and 2p + 1 of column j (zeros past n).
-  auto pair = [&](size_t p, size_t j) {
-    const float* r0 = v + 2 * p * ld;
-    return bf16_pair(2 * p < n ? r0[j] : 0.f, 2 * p + 1 < n ? r0[ld + j] : 0.f);
-  };
-  for (size_t p = 0; p < pairs; ++p) {
-    uint32_t* row = dst + p * dv;
-    for (size_t j = 0; j < dv; ++j) row[j] = j < full ? pair(p, j) : 0;
-    // The tail of pairs p and p + 1 (p even; pairs is even) in row p: word 2t + s holds pair p + s
-    // of column full + t.
-    if (tail && p % 2 == 0)
-      for (size_t t = 0; t < tail; ++t)
-        for (size_t s = 0; s < 2; ++s) row[full + 2 * t + s] = pair(p + s, full + t);
+  thread_local std::vector<uint16_t> buf[4];
+  for (size_t p = 0; p < pairs; p += 2) {
+    const uint16_t* key[4];  // keys 2p .. 2p + 3 as bf16, zeros past n
+    for (size_t i = 0; i < 4; ++i) {
+      if (2 * p + i < n) {
+        key[i] = reinterpret_cast<const uint16_t*>(bf16_row(v + (2 * p + i) * ld, d, buf[i]));
+      } else {
+        buf[i].assign(d, 0);
+        key[i] = buf[i].data();
+      }
+    }
+    for (size_t h = 0; h < 2; ++h) {
+      uint32_t* row = dst + (p + h) * dv;
+      for (size_t j = 0; j < dv; ++j) row[j] = j < full ? uint32_t(key[2 * h][j]) | uint32_t(key[2 * h + 1][j]) << 16 : 0;
+    }
+    // The tail of pairs p and p + 1 in row p: word 2t + s holds pair p + s of column full + t.
+    for (size_t t = 0; t < tail; ++t)
+      for (size_t s = 0; s < 2; ++s)
+        dst[p * dv + full + 2 * t + s] = uint32_t(key[2 * s][full + t]) | uint32_t(key[2 * s + 1][full + t]) << 16;
   }
 }
 
@@ -603,32 +617,41 @@ void attend_bf16(const AttendArgs& a) {
   const size_t d = a.d, dp = (d + 1) / 2, dv = (d + 15) / 16 * 16;
   // Scores over whole key panels [a0, a1); the keys outside [k0, k1) get probability 0.
   const size_t a0 = a.k0 / kNR * kNR, a1 = (a.k1 + kNR - 1) / kNR * kNR, w = a1 - a0, wp = w / 2;
-  // The A operands (queries, probabilities), a word per bf16 pair.
-  thread_local std::vector<uint32_t> qa, pa;
+  // The A operands, a word per bf16 pair: the queries, and the probabilities, which replace the
+  // first half of their own score row (a separate 96 × 4096-pair buffer missed on every store:
+  // 70 % of this function's samples, `perf annotate`).
+  thread_local std::vector<uint32_t> qa;
   thread_local std::vector<float> scores;
   qa.resize(a.rows * dp);
-  pa.resize(a.rows * wp);
   scores.resize(a.rows * w);
-  for (size_t r = 0; r < a.rows; ++r) {
-    const float* q = a.q + r * a.ldq;
-    uint32_t* row = qa.data() + r * dp;
-    for (size_t i = 0; i < dp; ++i) row[i] = bf16_pair(q[2 * i], 2 * i + 1 < d ? q[2 * i + 1] : 0.f);
-  }
-  for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
-    for (size_t m = 0; m < a.rows; m += kMR)
-      table.f[std::min(kMR, a.rows - m) - 1][3](dp, qa.data() + m * dp, dp, a.key_pairs + p * dp * kNR, kNR,
-                                                 scores.data() + m * w + (p * kNR - a0), w, kNR, true, nullptr);
+  const auto* pa = reinterpret_cast<const uint32_t*>(scores.data());
+  thread_local std::vector<uint16_t> buf;
+  for (size_t r = 0; r < a.rows; ++r) std::memcpy(qa.data() + r * dp, bf16_row(a.q + r * a.ldq, d, buf), dp * 4);
+  // A register tile of rows at a time: its scores over every key panel, then their softmax while
+  // they are in L2. With the panels outside and every tile inside, the keys stayed in L1 but the
+  // softmax read all 96 rows of scores back from L3 (one SigLIP layer's attention 183–193 ms,
+  // against 169–173 ms this way; docs/performance.md, "2026-12-04").
   const size_t n = a.k1 - a.k0;
-  for (size_t r = 0; r < a.rows; ++r) {
-    float* row = scores.data() + r * w;
-    float* x = row + (a.k0 - a0);
-    scaled_softmax(x, n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr, false, Isa::Avx512);
-    std::fill(row, x, 0.f);
-    std::fill(x + n, row + w, 0.f);
-    uint32_t* out = pa.data() + r * wp;
-    for (size_t j = 0; j < w; j += 32) {
-      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + j + 16), _mm512_loadu_ps(row + j));
-      _mm512_storeu_si512(out + j / 2, reinterpret_cast<const __m512i&>(h));
+  for (size_t m = 0; m < a.rows; m += kMR) {
+    const size_t rm = std::min(kMR, a.rows - m);
+    for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
+      table.f[rm - 1][3](dp, qa.data() + m * dp, dp, a.key_pairs + p * dp * kNR, kNR,
+                         scores.data() + m * w + (p * kNR - a0), w, kNR, true, nullptr);
+    for (size_t r = m; r < m + rm; ++r) {
+      float* row = scores.data() + r * w;
+      float* x = row + (a.k0 - a0);
+      // softmax's division folded into the conversion to bf16 (the same products: scaled_exp).
+      const float sum = scaled_exp(x, n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr, Isa::Avx512);
+      const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);
+      std::fill(row, x, 0.f);
+      std::fill(x + n, row + w, 0.f);
+      // In place: pairs j / 2 .. j / 2 + 15 take the bytes of scores j / 2 .. j / 2 + 15, which are
+      // read before (j = 0) or were read by an earlier step.
+      for (size_t j = 0; j < w; j += 32) {
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16), inv),
+                                               _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+        _mm512_storeu_si512(row + j / 2, reinterpret_cast<const __m512i&>(h));
+      }
     }
   }
   // o = P·v, in blocks of kKCb keys so a block of values stays in L1 across the rows; the blocks
@@ -642,12 +665,12 @@ void attend_bf16(const AttendArgs& a) {
       const size_t cols = std::min(kNR, full - c0);
       for (size_t m = 0; m < a.rows; m += kMR)
         table.f[std::min(kMR, a.rows - m) - 1][(cols + 15) / 16 - 1](
-            kc, pa.data() + m * wp + kb, wp, vb + c0, dv, a.out + m * a.ldo + c0, a.ldo, cols, kb == 0, nullptr);
+            kc, pa + m * w + kb, w, vb + c0, dv, a.out + m * a.ldo + c0, a.ldo, cols, kb == 0, nullptr);
     }
     if (tail)
       for (size_t m = 0; m < a.rows; m += kMR)
-        tails[std::min(kMR, a.rows - m) - 1](kc, pa.data() + m * wp + kb, wp, vb + full, dv, a.out + m * a.ldo + full,
-                                             a.ldo, tail, kb == 0);
+        tails[std::min(kMR, a.rows - m) - 1](kc, pa + m * w + kb, w, vb + full, dv, a.out + m * a.ldo + full, a.ldo,
+                                             tail, kb == 0);
   }
 }
 

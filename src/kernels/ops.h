@@ -41,6 +41,10 @@ void softmax(float* x, size_t n, Isa isa = best_isa());
 // values, or null), each then rounded to bf16 when round is set. The f32 operations of the
 // scaling, softmax() and round_to_bf16() one after the other, in three passes over x, not five.
 void scaled_softmax(float* x, size_t n, float scale, const float* mask, bool round, Isa isa = best_isa());
+// scaled_softmax before its division: x ← e^(x · scale + mask − max) in place; returns the sum
+// (0 for a row with no allowed entry, which becomes zeros). Multiplying by 1/sum gives
+// scaled_softmax's probabilities to the bit.
+float scaled_exp(float* x, size_t n, float scale, const float* mask, Isa isa = best_isa());
 
 // One chunk of a decode row's attention (docs/gemma3/decoder.md#decode-attention): H query
 // heads q[H, d], each G sharing a KV head, against n positions of keys and values k/v (a

@@ -21,6 +21,7 @@ struct OpsKernels {
   void (*gelu_tanh_mul)(float* gate, const float* up, size_t n);
   void (*softmax)(float* x, size_t n);
   void (*scaled_softmax)(float* x, size_t n, float scale, const float* mask, bool round);
+  float (*scaled_exp)(float* x, size_t n, float scale, const float* mask);
   void (*attend_chunk)(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride,
                        size_t n, size_t d, float scale, float* p, float* m, float* l, float* o);
   void (*round_to_bf16)(const float* x, float* y, size_t n);
@@ -163,11 +164,12 @@ void softmax_k(float* x, size_t n) {
   normalize<S>(x, n, exp_shifted<S>(x, n, &mx), false);
 }
 
-// softmax(x · scale + mask) with the scaling and the max in one pass (ops.h, scaled_softmax).
+// e^(x · scale + mask − max) in place with the scaling and the max in one pass; returns Σ (ops.h,
+// scaled_exp).
 template <class S>
-void scaled_softmax_k(float* x, size_t n, float scale, const float* mask, bool round) {
+float scaled_exp_k(float* x, size_t n, float scale, const float* mask) {
   using V = typename S::V;
-  if (n == 0) return;
+  if (n == 0) return 0.f;
   const float ninf = -INFINITY;
   const V sv = S::set1(scale);
   V vm = S::set1(ninf);
@@ -183,7 +185,13 @@ void scaled_softmax_k(float* x, size_t n, float scale, const float* mask, bool r
     store_part<S>(x + i, mask ? S::add(t, load_part<S>(mask + i, n - i)) : t, n - i);
     vm = S::max(vm, load_part<S>(x + i, n - i, ninf));
   }
-  normalize<S>(x, n, exp_sum<S>(x, n, shift_of(S::hmax(vm))), round);
+  return exp_sum<S>(x, n, shift_of(S::hmax(vm)));
+}
+
+// softmax(x · scale + mask) (ops.h, scaled_softmax).
+template <class S>
+void scaled_softmax_k(float* x, size_t n, float scale, const float* mask, bool round) {
+  if (n > 0) normalize<S>(x, n, scaled_exp_k<S>(x, n, scale, mask), round);
 }
 
 // Σ (v[i] − c) and Σ (v[i] − c)² over one row, in f32 lanes.
@@ -363,7 +371,7 @@ void to_bf16_k(const float* x, uint16_t* y, size_t n) {
 template <class S>
 constexpr OpsKernels make_ops() {
   return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>,
-                    &scaled_softmax_k<S>, &attend_chunk_k<S>, &round_bf16_k<S>, &to_bf16_k<S>};
+                    &scaled_softmax_k<S>, &scaled_exp_k<S>, &attend_chunk_k<S>, &round_bf16_k<S>, &to_bf16_k<S>};
 }
 
 }  // namespace vlm::kernels::detail

@@ -525,7 +525,7 @@ TEST(Ops, GeluTanhMatchesFormula) {
 
 // scaled_softmax is the scaling (x · scale, then + mask, two f32 roundings), softmax() and
 // round_to_bf16() one after the other, bit for bit, on every ISA: rows with tails, a mask with
-// blocked (−inf, lowest) entries, and a row the mask blocks entirely.
+// blocked (−inf, lowest) entries, and a row the mask blocks entirely; scaled_exp times 1/sum too.
 TEST(Ops, ScaledSoftmaxIsScaleThenSoftmaxThenRounding) {
   for (Isa isa : isas()) {
     SCOPED_TRACE(isa_name(isa));
@@ -548,6 +548,13 @@ TEST(Ops, ScaledSoftmaxIsScaleThenSoftmaxThenRounding) {
           scaled_softmax(got.data(), n, 0.37f, m ? m->data() : nullptr, round, isa);
           for (size_t i = 0; i < n; ++i)
             ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i])) << n << "," << i << "," << round;
+          if (round) continue;
+          // scaled_exp is the same before the division: times 1/sum (0 for a blocked row), the bits again.
+          std::vector<float> e = x;
+          const float sum = scaled_exp(e.data(), n, 0.37f, m ? m->data() : nullptr, isa);
+          const float inv = sum > 0.f ? 1.f / sum : 0.f;
+          for (size_t i = 0; i < n; ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(e[i] * inv), std::bit_cast<uint32_t>(want[i])) << n << "," << i;
         }
     }
   }
