@@ -630,7 +630,7 @@ void attend_bf16(const AttendArgs& a) {
   // A register tile of rows at a time: its scores over every key panel, then their softmax while
   // they are in L2. With the panels outside and every tile inside, the keys stayed in L1 but the
   // softmax read all 96 rows of scores back from L3 (one SigLIP layer's attention 183–193 ms,
-  // against 169–173 ms this way; docs/performance.md, "2026-12-04").
+  // against 169–173 ms this way; docs/performance.md, "2026-12-04: SigLIP's attention").
   const size_t n = a.k1 - a.k0;
   for (size_t m = 0; m < a.rows; m += kMR) {
     const size_t rm = std::min(kMR, a.rows - m);
