@@ -523,14 +523,15 @@ void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, siz
 // ---- attention's products on the bf16 dot (matmul.h, attend): keys, values, queries
 // and probabilities as bf16, f32 sums, on micro_bf16.
 
-// A row of d values as bf16 (to_bf16), d rounded up to even with a zero: word i is the pair
-// (2i, 2i + 1). Converting each pair on its own took 5 % of SigLIP's attention (`perf`).
-const uint32_t* bf16_row(const float* r, size_t d, std::vector<uint16_t>& buf) {
+// A row of d values as bf16 (to_bf16), d rounded up to even with a zero, so that values 2i and
+// 2i + 1 make pair i. Converting each pair on its own took 5 % of SigLIP's attention (`perf`).
+const uint16_t* bf16_row(const float* r, size_t d, std::vector<uint16_t>& buf) {
   buf.resize((d + 1) / 2 * 2);
   buf.back() = 0;
   to_bf16(r, buf.data(), d, Isa::Avx512);
-  return reinterpret_cast<const uint32_t*>(buf.data());
+  return buf.data();
 }
+inline uint32_t pair_word(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
 void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst) {
   const size_t dp = (d + 1) / 2, panels = (n + kNR - 1) / kNR;
@@ -539,8 +540,8 @@ void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst
     uint32_t* panel = dst + p * dp * kNR;
     for (size_t j = 0; j < kNR; ++j) {
       const size_t key = p * kNR + j;
-      const uint32_t* words = key < n ? bf16_row(k + key * ld, d, buf) : nullptr;
-      for (size_t i = 0; i < dp; ++i) panel[i * kNR + j] = words ? words[i] : 0;
+      const uint16_t* h = key < n ? bf16_row(k + key * ld, d, buf) : nullptr;
+      for (size_t i = 0; i < dp; ++i) panel[i * kNR + j] = h ? pair_word(h[2 * i], h[2 * i + 1]) : 0;
     }
   }
 }
@@ -559,7 +560,7 @@ void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* d
     const uint16_t* key[4];  // keys 2p .. 2p + 3 as bf16, zeros past n
     for (size_t i = 0; i < 4; ++i) {
       if (2 * p + i < n) {
-        key[i] = reinterpret_cast<const uint16_t*>(bf16_row(v + (2 * p + i) * ld, d, buf[i]));
+        key[i] = bf16_row(v + (2 * p + i) * ld, d, buf[i]);
       } else {
         buf[i].assign(d, 0);
         key[i] = buf[i].data();
@@ -567,12 +568,12 @@ void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* d
     }
     for (size_t h = 0; h < 2; ++h) {
       uint32_t* row = dst + (p + h) * dv;
-      for (size_t j = 0; j < dv; ++j) row[j] = j < full ? uint32_t(key[2 * h][j]) | uint32_t(key[2 * h + 1][j]) << 16 : 0;
+      for (size_t j = 0; j < dv; ++j) row[j] = j < full ? pair_word(key[2 * h][j], key[2 * h + 1][j]) : 0;
     }
     // The tail of pairs p and p + 1 in row p: word 2t + s holds pair p + s of column full + t.
     for (size_t t = 0; t < tail; ++t)
       for (size_t s = 0; s < 2; ++s)
-        dst[p * dv + full + 2 * t + s] = uint32_t(key[2 * s][full + t]) | uint32_t(key[2 * s + 1][full + t]) << 16;
+        dst[p * dv + full + 2 * t + s] = pair_word(key[2 * s][full + t], key[2 * s + 1][full + t]);
   }
 }
 
