@@ -84,18 +84,23 @@ def main():
             print(f"{n:2d} concurrent streams: {toks / wall:7.2f} generated tokens/s aggregate "
                   f"({toks} tokens in {wall:.1f} s; mean time to first token {sum(o['ttft'] for o in out) / n:.2f} s)")
 
+        alone = []
+        stream(port, dict(text, max_tokens=4), alone)
+        print(f"text request alone: time to first token {alone[0]['ttft']:.2f} s")
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("GET", "/v1/models")
+        if not json.loads(c.getresponse().read())["data"][0]["capabilities"]["vision"]:
+            print("no vision tower: no image request")
+            return
         image = {"messages": [{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": png_data_uri(896, 896)}},
             {"type": "text", "text": "Describe this."}]}], "max_tokens": 4, "temperature": 0}
-        alone = []
-        stream(port, dict(text, max_tokens=4), alone)
         img_out, txt_out = [], []
         ti = threading.Thread(target=stream, args=(port, image, img_out))
         ti.start()
         time.sleep(0.3)  # the image request is admitted and its encode has started
         stream(port, dict(text, max_tokens=4), txt_out)
         ti.join()
-        print(f"text request alone: time to first token {alone[0]['ttft']:.2f} s")
         print(f"text request sent while an image is encoded: time to first token {txt_out[0]['ttft']:.2f} s "
               f"(the image request's own first token: {img_out[0]['ttft']:.2f} s)")
     finally:
