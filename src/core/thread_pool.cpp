@@ -67,8 +67,12 @@ void ThreadPool::run_chunks(uint32_t generation) {
     // state_) are the ones read here, and the caller waits for this range before it
     // writes the next loop's.
     const size_t n = job_n_.load(std::memory_order_relaxed), g = job_grain_.load(std::memory_order_relaxed);
+    const size_t* bounds = job_bounds_.load(std::memory_order_relaxed);
     try {
-      (*job_.load(std::memory_order_relaxed))(i * g, std::min(n, i * g + g));
+      if (bounds)
+        (*job_.load(std::memory_order_relaxed))(bounds[i], bounds[i + 1]);
+      else
+        (*job_.load(std::memory_order_relaxed))(i * g, std::min(n, i * g + g));
     } catch (...) {
       // Keep the first error for the caller; the other ranges still run.
       std::lock_guard lock(error_mu_);
@@ -78,16 +82,30 @@ void ThreadPool::run_chunks(uint32_t generation) {
   }
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain) {
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain, Split split) {
   if (n == 0) return;
-  if (grain == 0) grain = std::max<size_t>(1, (n + 4 * size_t(size()) - 1) / (4 * size_t(size())));
-  grain = std::max(grain, n / kMaxChunks + 1);  // at most kMaxChunks ranges
+  const size_t T = size_t(size());
+  if (grain == 0) grain = std::max<size_t>(1, (n + 4 * T - 1) / (4 * T));
+  grain = std::max(grain, n / kMaxChunks + 1);  // at most kMaxChunks even ranges
   if (workers_.empty() || grain >= n) {
     fn(0, n);
     return;
   }
-  const size_t chunks = (n + grain - 1) / grain;
+  size_t chunks = (n + grain - 1) / grain;
+  const size_t* bounds = nullptr;
+  if (split == Split::Guided) {
+    bounds_.assign(1, 0);
+    for (size_t at = 0; at < n && bounds_.size() < kMaxChunks;) {
+      const size_t share = std::max(grain, (n - at) / (2 * T) / grain * grain);
+      for (size_t t = 0; t < T && at < n && bounds_.size() <= kMaxChunks; ++t)
+        bounds_.push_back(at = std::min(n, at + share));
+    }
+    bounds_.back() = n;  // where kMaxChunks cut the rounds short, the last range takes the rest
+    chunks = bounds_.size() - 1;
+    bounds = bounds_.data();
+  }
   job_.store(&fn, std::memory_order_relaxed);
+  job_bounds_.store(bounds, std::memory_order_relaxed);
   job_n_.store(n, std::memory_order_relaxed);
   job_grain_.store(grain, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);

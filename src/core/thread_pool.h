@@ -32,12 +32,21 @@ class ThreadPool {
   // The most threads a pool accepts: 4× the hardware concurrency, at least 256.
   static int max_threads();
 
-  // Calls fn(begin, end) over disjoint ranges covering [0, n) and waits. Ranges are
-  // `grain` long (the last may be shorter), or longer where n / grain would exceed
-  // kMaxChunks; grain 0 picks about 4 ranges per thread.
+  // How a loop's ranges are cut. Even: every range `grain` long (the last may be shorter).
+  // Guided: ranges shrink as the loop goes (OpenMP's schedule(guided)): each round gives every
+  // thread a range of 1 / (2 × threads) of what is left, a multiple of `grain` and at least
+  // `grain`, so the thread that finishes first waits at most one short range for the others.
+  // Even ranges of 1/8 of a decode product kept one of two threads idle for 11 % of each
+  // product's time (docs/performance.md, "Guided ranges").
+  enum class Split { Even, Guided };
+
+  // Calls fn(begin, end) over disjoint ranges covering [0, n) and waits. Ranges are cut as
+  // `split` says, from `grain` (longer where n / grain would exceed kMaxChunks; grain 0 picks
+  // about 4 even ranges per thread).
   // fn may be called several times on one thread, and from any thread of the pool; the
   // first exception it throws is rethrown here once every thread has left the loop.
-  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 0);
+  void parallel_for(size_t n, const std::function<void(size_t, size_t)>& fn, size_t grain = 0,
+                    Split split = Split::Even);
 
  private:
   void worker();
@@ -56,6 +65,11 @@ class ThreadPool {
   // done_ count then skips the caller's target and the caller waits forever).
   std::atomic<const std::function<void(size_t, size_t)>*> job_{nullptr};
   std::atomic<size_t> job_n_{0}, job_grain_{1};
+  // A guided loop's range bounds (range i is [bounds_[i], bounds_[i + 1])), written by the caller
+  // before it publishes state_; null for an even loop. The vector keeps its capacity, so a
+  // steady run of loops allocates nothing.
+  std::atomic<const size_t*> job_bounds_{nullptr};
+  std::vector<size_t> bounds_;
   std::atomic<uint64_t> state_{0};
   // 32 bits: a futex-sized atomic, so wait/notify are direct futex calls (libstdc++ 12 routes
   // wider types through a shared proxy, where a notify can be lost).

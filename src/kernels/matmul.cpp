@@ -339,8 +339,8 @@ void run_dots(std::span<const GemmArgs> parts, const Route& r, const Exec& ex) {
   ThreadPool& pool = ex.threads();
   size_t rows = 0;
   for (const GemmArgs& p : parts) rows += p.N;
-  // Chunks of at least 64 rows keep a thread's reads one long sequential stream.
-  const size_t grain = std::max<size_t>(64, rows / (4 * size_t(pool.size())));
+  // Guided ranges of at least 64 rows: each a long sequential stream, and the threads finish
+  // a product together (docs/performance.md, "Guided ranges").
   pool.parallel_for(rows, [&](size_t n0, size_t n1) {
     size_t first = 0;  // the parts' first rows in the numbering
     for (const GemmArgs& p : parts) {
@@ -348,7 +348,7 @@ void run_dots(std::span<const GemmArgs> parts, const Route& r, const Exec& ex) {
       if (b < e) dot(p, b - first, e - first);
       first += p.N;
     }
-  }, grain);
+  }, 64, ThreadPool::Split::Guided);
 }
 
 void run(GemmArgs a, const Exec& ex) {

@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -30,6 +33,37 @@ TEST(ThreadPool, RangeCountIsBounded) {
   }, 1);
   EXPECT_EQ(covered.load(), n);
   EXPECT_LE(calls.load(), ThreadPool::kMaxChunks);
+}
+
+// Guided ranges cover the loop once, shrink from 1 / (2 × threads) of the loop down to the
+// grain, and stay whole multiples of it (the decode products' 64-row streams).
+TEST(ThreadPool, GuidedRangesShrinkToTheGrain) {
+  for (size_t n : {size_t(1), size_t(63), size_t(64), size_t(1000), size_t(10240), size_t(262208)}) {
+    ThreadPool pool(3);
+    std::mutex mu;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    pool.parallel_for(n, [&](size_t b, size_t e) {
+      std::lock_guard lock(mu);
+      ranges.emplace_back(b, e);
+    }, 64, ThreadPool::Split::Guided);
+    std::sort(ranges.begin(), ranges.end());
+    size_t at = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto [b, e] = ranges[i];
+      EXPECT_EQ(b, at) << "n " << n;
+      EXPECT_LT(b, e) << "n " << n;
+      if (e < n) EXPECT_EQ((e - b) % 64, 0u) << "n " << n << " range " << i;
+      if (i > 0 && e < n) EXPECT_LE(e - b, ranges[i - 1].second - ranges[i - 1].first) << "n " << n;
+      at = e;
+    }
+    EXPECT_EQ(at, n);
+    if (n >= 6 * 64) {
+      EXPECT_LE(ranges[0].second, n / 6) << "n " << n;  // a first range of at most 1 / (2 × 3)
+      EXPECT_LE(ranges.back().second - ranges.back().first, 64u) << "n " << n;
+      // About three ranges per halving of the rest (even ranges of 64 would be n / 64).
+      EXPECT_LE(ranges.size(), 3 * (size_t(std::log2(double(n) / 64)) + 3)) << "n " << n;
+    }
+  }
 }
 
 // Many short loops back to back with more threads than cores, as a decode step issues them
