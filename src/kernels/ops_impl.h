@@ -272,38 +272,42 @@ void layer_norm_k(const float* x, const float* g, const float* b, float* y, size
   }
 }
 
-// p[g·pn + t] = q_g·k_t · scale for NG query heads (rows d apart) and NT key rows (`stride`
-// apart): each load serves NG or NT products, and NG·NT sums are in flight.
+// p[g·pn + t·step] = q_g·k_t · scale for NG query heads (rows d apart) and NT key rows
+// (`step` positions of `stride` floats apart): each load serves NG or NT products, and NG·NT
+// sums are in flight.
 template <class S, int NG, int NT>
-inline void chunk_dots(const float* q, const float* k, size_t stride, size_t d, float scale, float* p, size_t pn) {
+inline void chunk_dots(const float* q, const float* k, size_t stride, size_t step, size_t d, float scale, float* p,
+                       size_t pn) {
   using V = typename S::V;
   V a[NT][NG];
   VLM_UNROLL for (int t = 0; t < NT; ++t) VLM_UNROLL for (int g = 0; g < NG; ++g) a[t][g] = S::zero();
   for (size_t i = 0; i < d; i += S::W) {
     const size_t w = d - i < size_t(S::W) ? d - i : 0;  // a partial last vector
     V x[NT];
-    VLM_UNROLL for (int t = 0; t < NT; ++t) x[t] = w ? load_part<S>(k + t * stride + i, w) : S::load(k + t * stride + i);
+    VLM_UNROLL for (int t = 0; t < NT; ++t)
+      x[t] = w ? load_part<S>(k + t * step * stride + i, w) : S::load(k + t * step * stride + i);
     VLM_UNROLL for (int g = 0; g < NG; ++g) {
       const V qg = w ? load_part<S>(q + g * d + i, w) : S::load(q + g * d + i);
       VLM_UNROLL for (int t = 0; t < NT; ++t) a[t][g] = S::fma(qg, x[t], a[t][g]);
     }
   }
-  VLM_UNROLL for (int t = 0; t < NT; ++t) VLM_UNROLL for (int g = 0; g < NG; ++g) p[g * pn + t] = S::hsum(a[t][g]) * scale;
+  VLM_UNROLL for (int t = 0; t < NT; ++t) VLM_UNROLL for (int g = 0; g < NG; ++g) p[g * pn + t * step] = S::hsum(a[t][g]) * scale;
 }
 
-// o[g, :] += Σ_t p[g·pn + t]·v[t, :] over the NT keys at v for NG heads (rows of o d apart;
-// first: o starts at zero). Each value load serves NG heads; the sums go back to o, in L1, so the
+// o[g, :] += Σ_t p[g·pn + t·step]·v[t·step, :] over the NT keys at v for NG heads (rows of o d
+// apart; first: o starts at zero). Each value load serves NG heads; the sums go back to o, in L1, so the
 // value rows are read from start to end. (Sums held in registers over all of a chunk's keys
 // meant walking a column strip down rows 4 KiB apart: every load in one or two L1 sets.)
 template <class S, int NG, int NT>
-void values_block(const float* p, size_t pn, const float* v, size_t stride, float* o, size_t d, bool first) {
+void values_block(const float* p, size_t pn, const float* v, size_t stride, size_t step, float* o, size_t d,
+                  bool first) {
   using V = typename S::V;
   V e[NG][NT];
-  VLM_UNROLL for (int g = 0; g < NG; ++g) VLM_UNROLL for (int t = 0; t < NT; ++t) e[g][t] = S::set1(p[g * pn + t]);
+  VLM_UNROLL for (int g = 0; g < NG; ++g) VLM_UNROLL for (int t = 0; t < NT; ++t) e[g][t] = S::set1(p[g * pn + t * step]);
   size_t c = 0;
   for (; c + S::W <= d; c += S::W) {
     V x[NT];
-    VLM_UNROLL for (int t = 0; t < NT; ++t) x[t] = S::load(v + t * stride + c);
+    VLM_UNROLL for (int t = 0; t < NT; ++t) x[t] = S::load(v + t * step * stride + c);
     VLM_UNROLL for (int g = 0; g < NG; ++g) {
       V acc = first ? S::zero() : S::load(o + g * d + c);
       VLM_UNROLL for (int t = 0; t < NT; ++t) acc = S::fma(e[g][t], x[t], acc);
@@ -313,7 +317,7 @@ void values_block(const float* p, size_t pn, const float* v, size_t stride, floa
   for (; c < d; ++c)
     for (int g = 0; g < NG; ++g) {
       float sum = first ? 0.f : o[g * d + c];
-      for (int t = 0; t < NT; ++t) sum += p[g * pn + t] * v[t * stride + c];
+      for (int t = 0; t < NT; ++t) sum += p[g * pn + t * step] * v[t * step * stride + c];
       o[g * d + c] = sum;
     }
 }
@@ -329,24 +333,26 @@ void attend_chunk_k(const float* q, size_t H, size_t G, const float* k, const fl
       else fn(std::integral_constant<int, 1>(), h), h += 1;
     }
   };
-  // Positions four at a time, every head of each: a position's keys (and values) for all KV
-  // heads lie together, so the chunk is read front to back, a stream the hardware prefetchers
-  // follow. Taken one head at a time, the reads were 1 KiB pieces 4 KiB apart (Gemma 3's rows)
-  // and ran at 5 GB/s on one thread whether the cache was in L3 or not.
-  auto by_fours = [&](auto fn) {  // fn(std::integral_constant<int, NT>(), t) for positions t .. t + NT
-    size_t t = 0;
-    for (; t + 4 <= n; t += 4) fn(std::integral_constant<int, 4>(), t);
-    for (; t < n; ++t) fn(std::integral_constant<int, 1>(), t);
+  // Four positions at a time, one from each quarter of the chunk (t, t + q, t + 2q, t + 3q), every
+  // head of each: a position's keys (and values) for all KV heads lie together, so each quarter
+  // is read front to back, four long streams as the decode products read (matmul_isa.h). Taken
+  // one head at a time, the reads were 1 KiB pieces 4 KiB apart (Gemma 3's rows) and ran at 5
+  // GB/s on one thread; four adjacent positions at a time, each stream a page then a jump, at
+  // 21.5 GB/s from memory against 70 GB/s from L2 (docs/gemma3/decoder.md, "Decode attention").
+  const size_t quarter = n / 4;
+  auto by_fours = [&](auto fn) {  // fn(std::integral_constant<int, NT>(), t, step): positions t + j·step
+    for (size_t t = 0; t < quarter; ++t) fn(std::integral_constant<int, 4>(), t, quarter);
+    for (size_t t = 4 * quarter; t < n; ++t) fn(std::integral_constant<int, 1>(), t, size_t(1));
   };
-  by_fours([&](auto nt, size_t t) {
+  by_fours([&](auto nt, size_t t, size_t step) {
     pairs([&](auto ng, size_t h) {
-      chunk_dots<S, ng, nt>(q + h * d, k + t * stride + h / G * d, stride, d, scale, p + h * n + t, n);
+      chunk_dots<S, ng, nt>(q + h * d, k + t * stride + h / G * d, stride, step, d, scale, p + h * n + t, n);
     });
   });
   for (size_t h = 0; h < H; ++h) l[h] = exp_shifted<S>(p + h * n, n, m + h);
-  by_fours([&](auto nt, size_t t) {
+  by_fours([&](auto nt, size_t t, size_t step) {
     pairs([&](auto ng, size_t h) {
-      values_block<S, ng, nt>(p + h * n + t, n, v + t * stride + h / G * d, stride, o + h * d, d, t == 0);
+      values_block<S, ng, nt>(p + h * n + t, n, v + t * stride + h / G * d, stride, step, o + h * d, d, t == 0);
     });
   });
 }

@@ -236,8 +236,8 @@ TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
 }
 
 // attention_decode: several rows of one step, each against its own cache, with key counts
-// inside one 64-key chunk, on a chunk edge (256) and across several (the merge), in f32 on
-// every path.
+// inside one 64-key chunk, on a chunk edge (256) and across several (the merge), last chunks of
+// 1 to 60 keys (read in quarters and a tail), in f32 on every path.
 TEST(Attention, DecodeRowsMatchTheDefinitionOnEveryPath) {
   ThreadPool pool(2);
   std::mt19937 rng(11);
@@ -248,7 +248,7 @@ TEST(Attention, DecodeRowsMatchTheDefinitionOnEveryPath) {
     size_t heads, kv_heads, d;
   };
   const Shape shapes[] = {{8, 4, 256}, {4, 1, 256}, {6, 2, 72}, {3, 3, 20}};
-  const size_t lengths[] = {1, 37, 256, 257, 700};
+  const size_t lengths[] = {1, 3, 37, 67, 256, 257, 700};  // chunks of 1-3 keys take no quarters
   for (const Shape& sh : shapes) {
     const float scale = 1.f / std::sqrt(float(sh.d));
     const nn::AttnShape shape{sh.heads, sh.kv_heads, sh.d, scale};
