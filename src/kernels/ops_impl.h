@@ -291,19 +291,22 @@ inline void chunk_dots(const float* q, const float* k, size_t stride, size_t ste
       VLM_UNROLL for (int t = 0; t < NT; ++t) a[t][g] = S::fma(qg, x[t], a[t][g]);
     }
   }
-  VLM_UNROLL for (int t = 0; t < NT; ++t) VLM_UNROLL for (int g = 0; g < NG; ++g) p[g * pn + t * step] = S::hsum(a[t][g]) * scale;
+  VLM_UNROLL for (int t = 0; t < NT; ++t) VLM_UNROLL for (int g = 0; g < NG; ++g)
+    p[g * pn + t * step] = S::hsum(a[t][g]) * scale;
 }
 
 // o[g, :] += Σ_t p[g·pn + t·step]·v[t·step, :] over the NT keys at v for NG heads (rows of o d
-// apart; first: o starts at zero). Each value load serves NG heads; the sums go back to o, in L1, so the
-// value rows are read from start to end. (Sums held in registers over all of a chunk's keys
-// meant walking a column strip down rows 4 KiB apart: every load in one or two L1 sets.)
+// apart; first: o starts at zero). Each value load serves NG heads; the sums go back to o, in
+// L1, so the value rows are read from start to end. (Sums held in registers over all of a
+// chunk's keys meant walking a column strip down rows 4 KiB apart: every load in one or two L1
+// sets.)
 template <class S, int NG, int NT>
 void values_block(const float* p, size_t pn, const float* v, size_t stride, size_t step, float* o, size_t d,
                   bool first) {
   using V = typename S::V;
   V e[NG][NT];
-  VLM_UNROLL for (int g = 0; g < NG; ++g) VLM_UNROLL for (int t = 0; t < NT; ++t) e[g][t] = S::set1(p[g * pn + t * step]);
+  VLM_UNROLL for (int g = 0; g < NG; ++g) VLM_UNROLL for (int t = 0; t < NT; ++t)
+    e[g][t] = S::set1(p[g * pn + t * step]);
   size_t c = 0;
   for (; c + S::W <= d; c += S::W) {
     V x[NT];
