@@ -30,8 +30,9 @@ Isa parse_isa(std::string_view name, std::string_view what);
 //         handed (nn/attention.h): the vision tower's at Bf16, the decoder's at F32 (exact()).
 //   Block-quantized weights (Q8_0 ...) take x quantized per block to int8 (32 values; 256 for
 //   the K-quants) under either mode (quant.h); under Bf16 where vdpbf16ps is the faster route
-//   (dot_gemm), a product of more than 32 rows (a prefill) instead dequantizes the weights
-//   exactly and rounds them and x to bf16 for vdpbf16ps (docs/gguf.md, "Prefill on the bf16 dot").
+//   (dot_gemm), a product of more rows than the format's dot_rows (a prefill; format.h) instead
+//   dequantizes the weights exactly and rounds them and x to bf16 for vdpbf16ps (docs/gguf.md,
+//   "Prefill on the bf16 dot").
 enum class Precision { F32, Bf16 };
 const char* precision_name(Precision p);  // "f32", "bf16"
 Precision parse_precision(std::string_view name, std::string_view what);

@@ -58,16 +58,16 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
 // ggml's block formats: integer dot kernels on activations quantized per block (Q8Act, per 32;
 // the K-quants Q8KAct, per 256), [N, K] layout only. Without AVX512-VNNI the Avx512 row runs
 // the AVX2 kernels. Where vdpbf16ps is the faster route (Exec::dot_gemm), a Precision::Bf16
-// product of more than kDotMaxM rows dequantizes the weights into the bf16 GEMM instead
+// product of more than dot_rows rows dequantizes the weights into the bf16 GEMM instead
 // (gemm_bf16dot_blocks).
 template <GgmlType G>
-Format block_format(const char* name, FormatKernels detail::QuantKernels::*member) {
+Format block_format(const char* name, FormatKernels detail::QuantKernels::*member, size_t dot_rows) {
   using namespace detail;
   FormatKernels wide = (quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2).*member;
   if (bf16_dot_supported()) wide.gemm_bf16 = &gemm_bf16dot_blocks;
   return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
                 &dequantize<G>, takes_q8k(G) ? DType::Q8KAct : DType::Q8Act, nullptr, false,
-                {kQuantScalar.*member, kQuantAvx2.*member, wide}};
+                {kQuantScalar.*member, kQuantAvx2.*member, wide}, dot_rows};
 }
 
 // An activation row's values d·q: per 32 (Q8Act) or 256 (Q8KAct) values one scale.
@@ -87,18 +87,21 @@ const Format& format_of(DType type) {
   static const Format f32 = plain_format<DType::F32>("f32", &K::f32);
   static const Format f16 = plain_format<DType::F16>("f16", &K::f16);
   static const Format bf16 = plain_format<DType::BF16>("bf16", &K::bf16);
-  static const Format q8_0 = block_format<GgmlType::Q8_0>("q8_0", &Q::q8_0);
-  static const Format q4_0 = block_format<GgmlType::Q4_0>("q4_0", &Q::q4_0);
-  static const Format q4_1 = block_format<GgmlType::Q4_1>("q4_1", &Q::q4_1);
-  static const Format q5_0 = block_format<GgmlType::Q5_0>("q5_0", &Q::q5_0);
-  static const Format q5_1 = block_format<GgmlType::Q5_1>("q5_1", &Q::q5_1);
-  static const Format q2_k = block_format<GgmlType::Q2_K>("q2_k", &Q::q2_k);
-  static const Format q3_k = block_format<GgmlType::Q3_K>("q3_k", &Q::q3_k);
-  static const Format q4_k = block_format<GgmlType::Q4_K>("q4_k", &Q::q4_k);
-  static const Format q5_k = block_format<GgmlType::Q5_K>("q5_k", &Q::q5_k);
-  static const Format q6_k = block_format<GgmlType::Q6_K>("q6_k", &Q::q6_k);
-  static const Format iq4_nl = block_format<GgmlType::IQ4_NL>("iq4_nl", &Q::iq4_nl);
-  static const Format iq4_xs = block_format<GgmlType::IQ4_XS>("iq4_xs", &Q::iq4_xs);
+  // The rows up to which each format's int8 kernels ran at least 5 % faster than dequantizing
+  // into the bf16 GEMM: one 10240 x 2560 product, both routes in turn, Zen 5 (docs/gguf.md,
+  // "Prefill on the bf16 dot").
+  static const Format q8_0 = block_format<GgmlType::Q8_0>("q8_0", &Q::q8_0, 96);
+  static const Format q4_0 = block_format<GgmlType::Q4_0>("q4_0", &Q::q4_0, 128);
+  static const Format q4_1 = block_format<GgmlType::Q4_1>("q4_1", &Q::q4_1, 128);
+  static const Format q5_0 = block_format<GgmlType::Q5_0>("q5_0", &Q::q5_0, 96);
+  static const Format q5_1 = block_format<GgmlType::Q5_1>("q5_1", &Q::q5_1, 96);
+  static const Format q2_k = block_format<GgmlType::Q2_K>("q2_k", &Q::q2_k, 384);
+  static const Format q3_k = block_format<GgmlType::Q3_K>("q3_k", &Q::q3_k, 256);
+  static const Format q4_k = block_format<GgmlType::Q4_K>("q4_k", &Q::q4_k, 512);
+  static const Format q5_k = block_format<GgmlType::Q5_K>("q5_k", &Q::q5_k, 192);
+  static const Format q6_k = block_format<GgmlType::Q6_K>("q6_k", &Q::q6_k, 128);
+  static const Format iq4_nl = block_format<GgmlType::IQ4_NL>("iq4_nl", &Q::iq4_nl, 192);
+  static const Format iq4_xs = block_format<GgmlType::IQ4_XS>("iq4_xs", &Q::iq4_xs, 256);
   // Activations only: no weight kernels.
   static const Format q8act{DType::Q8Act, "q8_act", 32, kQ8BlockBytes, &act_to_f32<32>, DType::F32,
                             &quantize_activations, false, {}};
@@ -159,9 +162,6 @@ namespace {
 
 using detail::GemmArgs;
 using detail::IsaKernels;
-
-// Up to this many rows, dot products that stream each weight row once beat packing.
-constexpr size_t kDotMaxM = 32;
 
 float* pack_buffer(size_t floats) {
   struct Free {
@@ -299,13 +299,13 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
   // and block formats quantize x per block as at f32.
   const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
-  // Past kDotMaxM rows the bf16 GEMM runs only where vdpbf16ps is the faster route
+  // Past the format's dot_rows the bf16 GEMM runs only where vdpbf16ps is the faster route
   // (Exec::dot_gemm). Elsewhere f32/f16/bf16 weights widen into the f32 GEMM and the block
   // formats, which have none, stay on their int8 kernels: against the bf16 GEMM's FMA twin
   // those ran 1.2-1.65x faster, Q6_K 8 % slower before its lane tiles (M = 512, an Intel VM;
   // docs/gguf.md, "Prefill on the bf16 dot").
   const bool gemm_bf16 = hw_bf16 && ex.dot_gemm && fk.gemm_bf16 != nullptr;
-  const bool use_dot = !a.kn && (a.M <= kDotMaxM || !(fk.gemm || gemm_bf16));
+  const bool use_dot = !a.kn && (a.M <= f.dot_rows || !(fk.gemm || gemm_bf16));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : gemm_bf16);
   // The dot's FMA twin: past four rows where vdpbf16ps is the slower (the dot is compute-bound
   // there), and on AVX2 from two rows, where the generic tile widens each weight vector again

@@ -282,10 +282,11 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
   if (!missing.empty()) GTEST_SKIP() << "this CPU lacks the " << missing << " path: not tested";
 }
 
-// More than 32 rows at Precision::Bf16 on AVX512-BF16 whose vdpbf16ps is the faster route: the
-// weights are dequantized exactly and rounded to bf16 with x, then summed in f32 on vdpbf16ps; so
-// within (K + 2)·u·Σ|x̂·ŵ| of the double product of the rounded values, and not the Q8-activation
-// result of Precision::F32. Where the FMAs are the faster route, that result bit for bit.
+// More rows than the format's dot_rows at Precision::Bf16 on AVX512-BF16 whose vdpbf16ps is the
+// faster route: the weights are dequantized exactly and rounded to bf16 with x, then summed in
+// f32 on vdpbf16ps; so within (K + 2)·u·Σ|x̂·ŵ| of the double product of the rounded values, and
+// not the Q8-activation result of Precision::F32. Up to dot_rows, and at any M where the FMAs are
+// the faster route, that result bit for bit.
 TEST(Quant, Bf16PrecisionPrefillRoundsDequantizedWeights) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   std::mt19937 rng(9);
@@ -294,9 +295,10 @@ TEST(Quant, Bf16PrecisionPrefillRoundsDequantizedWeights) {
   constexpr double kU = 1.0 / (1 << 24);
   for (GgmlType t : kBlockTypes) {
     const size_t be = size_t(ggml_traits(t).block_elems);
+    const size_t rows = format_of(dtype_of(t)).dot_rows;  // up to these the int8 kernels stay
     for (size_t K : {be, 3 * be, (be == 32 ? 13 : 5) * be})  // K blocks of 256 and their remainders
       for (size_t N : {1, 70, 130})
-        for (size_t M : {33, 50, 200}) {
+        for (size_t M : {size_t(50), rows, rows + 1, rows + 40}) {
           const std::vector<std::byte> wb = random_rows(t, N, K, rng);
           std::vector<float> wr(N * K), x(M * K);
           for (size_t n = 0; n < N; ++n) dequantize_row(t, wb.data() + n * quant_row_bytes(t, K), &wr[n * K], K);
@@ -305,11 +307,12 @@ TEST(Quant, Bf16PrecisionPrefillRoundsDequantizedWeights) {
           const Weight w{wb.data(), dtype_of(t), N, K};
           std::vector<float> y(M * N, NAN), y32(M * N, NAN);
           Exec bf(pool, Isa::Avx512, Precision::Bf16);
-          // M = 50: a CPU whose vdpbf16ps is the slower route keeps the int8 kernels
+          // M = 50: a CPU whose vdpbf16ps is the slower route keeps the int8 kernels, and so
+          // does any CPU up to the format's dot_rows
           bf.dot_gemm = M != 50;
           matmul(x.data(), M, w, y.data(), bf);
           matmul(x.data(), M, w, y32.data(), Exec(pool, Isa::Avx512, Precision::F32));
-          if (!bf.dot_gemm) {
+          if (!bf.dot_gemm || M <= rows) {
             for (size_t i = 0; i < y.size(); ++i)
               ASSERT_EQ(y[i], y32[i]) << ggml_type_name(t) << " M" << M << " N" << N << " K" << K << ": not the int8 kernels";
             continue;
