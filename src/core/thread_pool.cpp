@@ -94,13 +94,13 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t, size_t)
   size_t chunks = (n + grain - 1) / grain;
   const size_t* bounds = nullptr;
   if (split == Split::Guided) {
+    // Every range but the last is at least `grain` long, so there are no more than the even
+    // loop's `chunks`, within kMaxChunks.
     bounds_.assign(1, 0);
-    for (size_t at = 0; at < n && bounds_.size() < kMaxChunks;) {
+    for (size_t at = 0; at < n;) {
       const size_t share = std::max(grain, (n - at) / (2 * T) / grain * grain);
-      for (size_t t = 0; t < T && at < n && bounds_.size() <= kMaxChunks; ++t)
-        bounds_.push_back(at = std::min(n, at + share));
+      for (size_t t = 0; t < T && at < n; ++t) bounds_.push_back(at = std::min(n, at + share));
     }
-    bounds_.back() = n;  // where kMaxChunks cut the rounds short, the last range takes the rest
     chunks = bounds_.size() - 1;
     bounds = bounds_.data();
   }
