@@ -34,6 +34,9 @@ using namespace vlm::kernels;
 
 namespace {
 
+// 2 threads (the machines these figures are compared on), or VLM_THREADS when it is set.
+int bench_threads() { return std::getenv("VLM_THREADS") ? default_threads() : std::min(2, default_threads()); }
+
 struct Buffer {
   std::vector<std::byte> bytes;
   Weight w;
@@ -83,7 +86,7 @@ std::string load_average() {
 
 // One decode step replayed on the kernels, op by op (see the usage note at the top).
 int decode_profile(const char* dir, int context, int steps, int batch) {
-  const int threads = default_threads() > 2 ? 2 : default_threads();
+  const int threads = bench_threads();
   ThreadPool pool(threads);
   Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false});
   // The precision the engine runs this checkpoint at by default.
@@ -215,7 +218,7 @@ int main(int argc, char** argv) {
     }
   }
   const bool quick = argc > 1 && std::string_view(argv[1]) == "--quick";
-  const int threads = default_threads() > 2 ? 2 : default_threads();
+  const int threads = bench_threads();
   ThreadPool pool(threads);
   const Isa best = best_isa();
   const Exec scalar(pool, Isa::Scalar);

@@ -366,20 +366,26 @@ void run(GemmArgs a, const Exec& ex) {
   ThreadPool& pool = ex.threads();
   const size_t threads = size_t(pool.size());
   const size_t panels = (a.N + k.panel - 1) / k.panel;
-  const size_t tiles = (a.M + k.row_tile - 1) / k.row_tile;
-  // Split columns when there are enough panels to balance; otherwise split rows (each
-  // thread then packs the whole weight itself).
-  if (panels >= 4 * threads || tiles < 2 * threads) {
-    pool.parallel_for(panels, [&](size_t p0, size_t p1) {
-      const size_t n1 = p1 * k.panel < a.N ? p1 * k.panel : a.N;
-      gemm(a, p0 * k.panel, n1, 0, a.M, pack_buffer(k.pack_floats));
-    });
-  } else {
-    pool.parallel_for(tiles, [&](size_t t0, size_t t1) {
-      const size_t m1 = t1 * k.row_tile < a.M ? t1 * k.row_tile : a.M;
-      gemm(a, 0, a.N, t0 * k.row_tile, m1, pack_buffer(k.pack_floats));
-    });
-  }
+  // Tasks are column panels × row blocks; a task packs the weight of its own panels only, so a
+  // block keeps at least kBlockRows rows to spread that packing over. Row blocks are added
+  // (halving the rows) until there are 4 tasks per thread: a 256-row prefill with 32 panels
+  // (q: N = 2048) ran at 16 threads on 2 × 16 tasks of 128 rows, where splitting rows alone
+  // had every thread pack the whole weight for 16 rows, slower than 8 threads
+  // (docs/performance.md, "Threads: 4 to 16").
+  constexpr size_t kBlockRows = 64;
+  size_t blocks = 1;
+  while (panels * blocks < 4 * threads && a.M / (2 * blocks) >= kBlockRows) blocks *= 2;
+  const size_t tile = k.row_tile, rows = (a.M + blocks - 1) / blocks;
+  const size_t block_rows = (rows + tile - 1) / tile * tile;  // whole register tiles
+  pool.parallel_for(panels * blocks, [&](size_t j0, size_t j1) {
+    float* pack = pack_buffer(k.pack_floats);
+    for (size_t j = j0; j < j1;) {  // task j: block j / panels, panel j % panels
+      const size_t b = j / panels, p0 = j % panels, p1 = std::min(panels, p0 + (j1 - j));
+      const size_t m0 = b * block_rows, m1 = std::min(a.M, m0 + block_rows);
+      if (m0 < m1) gemm(a, p0 * k.panel, std::min(p1 * k.panel, a.N), m0, m1, pack);
+      j += p1 - p0;
+    }
+  });
 }
 
 // A product's arguments, its shapes and strides checked.

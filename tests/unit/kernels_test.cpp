@@ -137,6 +137,42 @@ TEST(Matmul, EveryPathMatchesReferenceOnOddShapes) {
   }
 }
 
+// A prefill's products split into column panels × row blocks by the thread count (16 threads: 4
+// blocks of 64 rows for 3 panels). Every output is one task's sum in the same K order, so any
+// pool gives the same bits.
+TEST(Matmul, ThreadCountDoesNotChangeTheBits) {
+  std::mt19937 rng(11);
+  ThreadPool one(1), two(2), five(5), sixteen(16);
+  struct Shape {
+    size_t M, N, K;
+  };
+  const Shape shapes[] = {{256, 130, 70}, {200, 64, 300}, {999, 1100, 40}, {130, 2048, 33}};
+  for (Isa isa : isas())
+    for (Precision pr : {Precision::F32, Precision::Bf16})
+      for (DType dt : {DType::F32, DType::BF16})
+        for (const Shape& s : shapes) {
+          const StoredWeight w = make_weight(dt, s.N, s.K, rng);
+          const auto x = random_vec(s.M * s.K, rng);
+          std::vector<float> want(s.M * s.N, NAN);
+          matmul(x.data(), s.M, w.w, want.data(), Exec(one, isa, pr));
+          // Every output written, near the exact product (bf16 inputs: relative 2^-8 each).
+          std::vector<float> ref(s.M * s.N);
+          matmul_ref(x.data(), s.M, w.w, ref.data());
+          for (size_t i = 0; i < ref.size(); ++i) {
+            double mag = 0;
+            for (size_t k = 0; k < s.K; ++k) mag += std::fabs(x[i / s.N * s.K + k] * w.values[i % s.N * s.K + k]);
+            ASSERT_NEAR(want[i], ref[i], 1e-2 * mag + 1e-6) << "M=" << s.M << " N=" << s.N << " at " << i;
+          }
+          for (ThreadPool* pool : {&two, &five, &sixteen}) {
+            std::vector<float> y(s.M * s.N, NAN);
+            matmul(x.data(), s.M, w.w, y.data(), Exec(*pool, isa, pr));
+            ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+                << isa_name(isa) << " " << precision_name(pr) << " " << dtype_name(dt) << " M=" << s.M
+                << " N=" << s.N << " K=" << s.K << " threads=" << pool->size();
+          }
+        }
+}
+
 TEST(Matmul, BiasStridesAndKnLayout) {
   ThreadPool pool(2);
   std::mt19937 rng(11);
