@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <numeric>
@@ -208,6 +209,24 @@ TEST_F(DecoderTest, ChunkedPrefillEqualsOnePrefill) {
       const std::vector<float> la = model_->decode_step({&x, 1}), lc = model_->decode_step({&y, 1});
       for (size_t i = 0; i < V; ++i) ASSERT_LE(std::fabs(la[i] - lc[i]), 1e-5f * scale) << step;
     }
+  }
+}
+
+// The layer's row-wise work and the products split by the pool's size (ranges of 16 rows; panels ×
+// row blocks); every value is still one thread's work in one order, so any pool gives the same bits.
+TEST_F(DecoderTest, ThreadCountDoesNotChangeThePrefillBits) {
+  const std::vector<int32_t> ids = prompt_of(70, 9);
+  PrefillOptions all;
+  all.all_logits = true;
+  std::vector<float> want;
+  for (int threads : {1, 3, 16}) {
+    ThreadPool pool(threads);
+    Decoder model(*ckpt_, pool);
+    KvCache c = model.new_cache(128);
+    const std::vector<float> got = model.prefill_from_embeddings(text_input(ids, 70), c, all);
+    if (want.empty()) want = got;
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << threads << " threads";
   }
 }
 

@@ -39,9 +39,9 @@ class SpecTiles final : public nn::MaskTiles {
   int64_t base_;
 };
 
-void add_rows(float* x, const float* t, size_t n) {
-  for (size_t i = 0; i < n; ++i) x[i] += t[i];
-}
+// Rows per range of the layer's row-wise work: a decode step (up to a batch of 16 rows) runs it
+// inline rather than waking the pool for microseconds of work.
+constexpr size_t kRowGrain = 16;
 
 }  // namespace
 
@@ -197,41 +197,55 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
   float* x = act.x.data();
   float* a = act.normed.data();
   float* t = act.proj.data();
+  // The row-wise work (norms, RoPE, the GELU product, residual adds) over the pool in ranges of
+  // rows: serial, it held a 512-row prefill at 16 threads to 2.7x its 4-thread speed
+  // (docs/performance.md, "Threads: 4 to 16"). A decode step's few rows stay on this thread.
+  auto rows = [&](auto&& f) {
+    ex_.threads().parallel_for(n, [&](size_t r0, size_t r1) { f(r0, r1 - r0); }, kRowGrain);
+  };
+  // t ← norm(t); x += t, row by row.
+  auto norm_add = [&](const std::vector<float>& w) {
+    rows([&](size_t r, size_t m) {
+      kernels::rms_norm(t + r * H, w.data(), t + r * H, m, H, eps_, ex_.isa);
+      for (size_t i = r * H; i < (r + m) * H; ++i) x[i] += t[i];
+    });
+  };
 
   // Attention sublayer: x += post_attn_norm(o(attention(rope(norm(q)), rope(norm(k)), v))).
-  kernels::rms_norm(x, L.input_norm.data(), a, n, H, eps_, ex_.isa);
+  rows([&](size_t r, size_t m) { kernels::rms_norm(x + r * H, L.input_norm.data(), a + r * H, m, H, eps_, ex_.isa); });
   observe("attn_norm", a, H);
   const kernels::Product qkv[] = {{L.q, act.q.data()}, {L.k, act.k.data()}, {L.v, act.v.data()}};
   kernels::matmul_each(a, n, qkv, ex_);
-  kernels::rms_norm(act.q.data(), L.q_norm.data(), act.q.data(), n * nH, d, eps_, ex_.isa);
-  kernels::rms_norm(act.k.data(), L.k_norm.data(), act.k.data(), n * nKV, d, eps_, ex_.isa);
   const int f = L.sliding ? 0 : 1;
-  for (size_t r = 0; r < n; ++r) {
-    const float* cs = act.rope_cos[f].data() + r * (d / 2);
-    const float* sn = act.rope_sin[f].data() + r * (d / 2);
-    kernels::rope_rotate_half(act.q.data() + r * nH * d, nH, d, cs, sn);
-    kernels::rope_rotate_half(act.k.data() + r * nKV * d, nKV, d, cs, sn);
-  }
+  rows([&](size_t r0, size_t m) {
+    float *q = act.q.data() + r0 * nH * d, *k = act.k.data() + r0 * nKV * d;
+    kernels::rms_norm(q, L.q_norm.data(), q, m * nH, d, eps_, ex_.isa);
+    kernels::rms_norm(k, L.k_norm.data(), k, m * nKV, d, eps_, ex_.isa);
+    for (size_t r = r0; r < r0 + m; ++r) {
+      const float* cs = act.rope_cos[f].data() + r * (d / 2);
+      const float* sn = act.rope_sin[f].data() + r * (d / 2);
+      kernels::rope_rotate_half(act.q.data() + r * nH * d, nH, d, cs, sn);
+      kernels::rope_rotate_half(act.k.data() + r * nKV * d, nKV, d, cs, sn);
+    }
+  });
   act.decode_rows.clear();
   for (size_t s = 0; s < slots.size(); ++s)
     if (act.runs[2 * s] != kNoRow) attend(l, b, slots[s], act.runs[2 * s], act.runs[2 * s + 1], act);
   if (!act.decode_rows.empty()) nn::attention_decode(act.decode_rows, attn_, act.attn_work, ex_);
   kernels::matmul(act.attn.data(), n, L.o, t, ex_);
   observe("attn_out", t, H);
-  kernels::rms_norm(t, L.post_attn_norm.data(), t, n, H, eps_, ex_.isa);
+  norm_add(L.post_attn_norm);
   observe("attn_post_norm", t, H);
-  add_rows(x, t, n * H);
   observe("ffn_inp", x, H);
 
   // MLP sublayer: x += post_ff_norm(down(gelu_tanh(gate(norm(x))) · up(norm(x)))).
-  kernels::rms_norm(x, L.pre_ff_norm.data(), a, n, H, eps_, ex_.isa);
+  rows([&](size_t r, size_t m) { kernels::rms_norm(x + r * H, L.pre_ff_norm.data(), a + r * H, m, H, eps_, ex_.isa); });
   const kernels::Product gate_up[] = {{L.gate, act.gate.data()}, {L.up, act.up.data()}};
   kernels::matmul_each(a, n, gate_up, ex_);
-  kernels::gelu_tanh_mul(act.gate.data(), act.up.data(), n * I, ex_.isa);
+  rows([&](size_t r, size_t m) { kernels::gelu_tanh_mul(act.gate.data() + r * I, act.up.data() + r * I, m * I, ex_.isa); });
   kernels::matmul(act.gate.data(), n, L.down, t, ex_);
-  kernels::rms_norm(t, L.post_ff_norm.data(), t, n, H, eps_, ex_.isa);
+  norm_add(L.post_ff_norm);
   observe("ffn_out", t, H);
-  add_rows(x, t, n * H);
   observe("l_out", x, H);
 }
 
