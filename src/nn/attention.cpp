@@ -114,27 +114,37 @@ void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnS
   sc.tasks.clear();  // a row's chunks are adjacent, for the merge
   for (size_t r = 0; r < rows.size(); ++r)
     for (size_t t0 = 0; t0 < rows[r].n; t0 += kDecodeChunk) sc.tasks.push_back({r, t0});
-  const size_t part = H * (d + 2);  // per task: m[H], l[H], o[H, d]
+  const size_t part = H * (d + 2);  // per chunk: m[H], l[H], o[H, d]
   ensure_decode(sc, s, sc.tasks.size());
+  // Fewer chunks than threads (512 keys are 8 chunks: none for 8 of 16 threads): a chunk's KV
+  // heads split into groups until every thread has a piece, as far as the heads divide. A group's
+  // reads are then pieces of each position's row rather than the whole row (the 4B at 16 threads:
+  // 2 KiB of 4 KiB); each head's sums are the same either way.
+  const size_t chunks = sc.tasks.size(), threads = size_t(ex.threads().size());
+  size_t splits = 1;
+  while (chunks * splits < threads && s.n_kv_heads % (2 * splits) == 0) splits *= 2;
   struct Job {
     const DecodeRow* rows;
     const DecodeTask* tasks;
     float *p, *part;
-    size_t H, G, d, krow, part_size;
+    size_t H, G, d, krow, part_size, splits, kv_heads;  // kv_heads: per piece
     float scale;
     kernels::Isa isa;
   } job{rows.data(), sc.tasks.data(), sc.scores.data(), sc.part.data(), H, H / s.n_kv_heads, d,
-        s.n_kv_heads * d, part, s.scale, ex.isa};
+        s.n_kv_heads * d, part, splits, s.n_kv_heads / splits, s.scale, ex.isa};
   // The loop body sees one small struct, so handing it to the pool allocates nothing.
-  ex.threads().parallel_for(sc.tasks.size(), [&job](size_t i0, size_t i1) {
+  ex.threads().parallel_for(chunks * splits, [&job](size_t i0, size_t i1) {
     const Job& j = job;
-    for (size_t i = i0; i < i1; ++i) {
+    for (size_t piece = i0; piece < i1; ++piece) {
+      const size_t i = piece / j.splits, g = piece % j.splits * j.kv_heads, h = g * j.G;  // chunk, heads
       const DecodeTask& t = j.tasks[i];
       const DecodeRow& r = j.rows[t.row];
       const size_t n = std::min(r.n - t.t0, kDecodeChunk);
       float* out = j.part + i * j.part_size;
-      kernels::attend_chunk(r.q, j.H, j.G, r.k + t.t0 * j.krow, r.v + t.t0 * j.krow, j.krow, n, j.d, j.scale,
-                            j.p + i * j.H * kDecodeChunk, out, out + j.H, out + 2 * j.H, j.isa);
+      const size_t at = t.t0 * j.krow + g * j.d;
+      kernels::attend_chunk(r.q + h * j.d, j.kv_heads * j.G, j.G, r.k + at, r.v + at, j.krow, n, j.d, j.scale,
+                            j.p + (i * j.H + h) * kDecodeChunk, out + h, out + j.H + h, out + 2 * j.H + h * j.d,
+                            j.isa);
     }
   }, 1);
   // Each head's softmax over all keys from its chunks: Σ_c e^(m_c − M)·o_c / Σ_c e^(m_c − M)·l_c.

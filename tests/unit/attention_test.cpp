@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -237,9 +238,10 @@ TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
 
 // attention_decode: several rows of one step, each against its own cache, with key counts
 // inside one 64-key chunk, on a chunk edge (256) and across several (the merge), last chunks of
-// 1 to 60 keys (read in quarters and a tail), in f32 on every path.
+// 1 to 60 keys (read in quarters and a tail), in f32 on every path. Then each row alone on 16
+// threads, where its chunks split by KV heads: the same bits as all rows together on 2.
 TEST(Attention, DecodeRowsMatchTheDefinitionOnEveryPath) {
-  ThreadPool pool(2);
+  ThreadPool pool(2), wide(16);
   std::mt19937 rng(11);
   std::vector<Isa> paths = {Isa::Scalar};
   if (kernels::isa_supported(Isa::Avx2)) paths.push_back(Isa::Avx2);
@@ -269,8 +271,13 @@ TEST(Attention, DecodeRowsMatchTheDefinitionOnEveryPath) {
         rows.push_back({q[r].data(), k[r].data(), v[r].data(), lengths[r], out[r].data()});
       nn::AttnScratch sc;
       nn::attention_decode(rows, shape, sc, Exec(pool, isa, Precision::Bf16));  // f32 whatever the precision
-      for (size_t r = 0; r < std::size(lengths); ++r)
+      for (size_t r = 0; r < std::size(lengths); ++r) {
         EXPECT_LT(compare(out[r], want[r]).max, 5e-6) << "keys " << lengths[r];
+        std::vector<float> alone(sh.heads * sh.d, 123.f);
+        const nn::DecodeRow row{q[r].data(), k[r].data(), v[r].data(), lengths[r], alone.data()};
+        nn::attention_decode({&row, 1}, shape, sc, Exec(wide, isa, Precision::Bf16));
+        EXPECT_EQ(0, std::memcmp(alone.data(), out[r].data(), alone.size() * sizeof(float))) << "keys " << lengths[r];
+      }
     }
   }
 }
