@@ -368,9 +368,9 @@ void run(GemmArgs a, const Exec& ex) {
   const size_t panels = (a.N + k.panel - 1) / k.panel;
   // Tasks are column panels × row blocks; a task packs the weight of its own panels only, so a
   // block keeps at least kBlockRows rows to spread that packing over. Row blocks are added
-  // (halving the rows) until there are 4 tasks per thread: a 256-row prefill with 32 panels
-  // (q: N = 2048) ran at 16 threads on 2 × 16 tasks of 128 rows, where splitting rows alone
-  // had every thread pack the whole weight for 16 rows, slower than 8 threads
+  // (halving the rows) until there are 4 tasks per thread: q of a 256-row prefill (N = 2048, 32
+  // panels) runs at 16 threads as 2 blocks × 32 panels. Splitting rows alone had every thread
+  // pack the whole weight for its 16 rows, and 16 threads prefilled slower than 8
   // (docs/performance.md, "Threads: 4 to 16").
   constexpr size_t kBlockRows = 64;
   size_t blocks = 1;
