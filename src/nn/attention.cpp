@@ -106,12 +106,14 @@ void ensure_decode(AttnScratch& sc, const AttnShape& s, size_t tasks) {
 void reserve_decode(AttnScratch& sc, const AttnShape& s, size_t rows, size_t max_keys) {
   const size_t tasks = rows * ((max_keys + kDecodeChunk - 1) / kDecodeChunk);
   sc.tasks.reserve(tasks);
+  sc.first.reserve(rows + 1);
   ensure_decode(sc, s, tasks);
 }
 
 void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnScratch& sc, const kernels::Exec& ex) {
   const size_t d = s.head_dim, H = s.n_heads;
-  sc.tasks.clear();  // a row's chunks are adjacent, for the merge
+  if (rows.empty()) return;
+  sc.tasks.clear();  // every row's chunks, in row order
   for (size_t r = 0; r < rows.size(); ++r)
     for (size_t t0 = 0; t0 < rows[r].n; t0 += kDecodeChunk) sc.tasks.push_back({r, t0});
   const size_t part = H * (d + 2);  // per chunk: m[H], l[H], o[H, d]
@@ -126,13 +128,14 @@ void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnS
   struct Job {
     const DecodeRow* rows;
     const DecodeTask* tasks;
+    const size_t* first;  // the merge's: each row's first chunk
     float *p, *part;
     size_t H, G, d, krow, part_size, splits, kv_heads;  // kv_heads: per piece
     float scale;
     kernels::Isa isa;
-  } job{rows.data(), sc.tasks.data(), sc.scores.data(), sc.part.data(), H, H / s.n_kv_heads, d,
+  } job{rows.data(), sc.tasks.data(), nullptr, sc.scores.data(), sc.part.data(), H, H / s.n_kv_heads, d,
         s.n_kv_heads * d, part, splits, s.n_kv_heads / splits, s.scale, ex.isa};
-  // The loop body sees one small struct, so handing it to the pool allocates nothing.
+  // The loop bodies see one small struct, so handing them to the pool allocates nothing.
   ex.threads().parallel_for(chunks * splits, [&job](size_t i0, size_t i1) {
     const Job& j = job;
     for (size_t piece = i0; piece < i1; ++piece) {
@@ -148,28 +151,34 @@ void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnS
     }
   }, 1);
   // Each head's softmax over all keys from its chunks: Σ_c e^(m_c − M)·o_c / Σ_c e^(m_c − M)·l_c.
-  for (size_t i = 0; i < sc.tasks.size();) {
-    const size_t row = sc.tasks[i].row;
-    size_t e = i + 1;
-    while (e < sc.tasks.size() && sc.tasks[e].row == row) ++e;
-    for (size_t h = 0; h < H; ++h) {
+  // The (row, head) merges over the pool in ranges of about kMergeWork multiply-adds: eight rows of
+  // 2048 keys are 64 heads × 32 chunks × 256 values a layer, which the calling thread did alone.
+  sc.first.assign(1, 0);  // each row's first chunk, then the end
+  for (const DecodeRow& r : rows) sc.first.push_back(sc.first.back() + (r.n + kDecodeChunk - 1) / kDecodeChunk);
+  job.first = sc.first.data();
+  constexpr size_t kMergeWork = size_t(1) << 15;
+  const size_t per_item = chunks / rows.size() * d;
+  ex.threads().parallel_for(rows.size() * H, [&job](size_t i0, size_t i1) {
+    const Job& j = job;
+    for (size_t item = i0; item < i1; ++item) {
+      const size_t row = item / j.H, h = item % j.H, c0 = j.first[row], c1 = j.first[row + 1];
+      float* o = j.rows[row].out + h * j.d;
+      std::fill(o, o + j.d, 0.f);  // a row with no keys stays zeros
+      if (c0 == c1) continue;
       float M = -INFINITY;
-      for (size_t c = i; c < e; ++c) M = std::max(M, sc.part[c * part + h]);
-      float* o = rows[row].out + h * d;
-      std::fill(o, o + d, 0.f);
+      for (size_t c = c0; c < c1; ++c) M = std::max(M, j.part[c * j.part_size + h]);
       float L = 0.f;
-      for (size_t c = i; c < e; ++c) {
-        const float* pc = sc.part.data() + c * part;
+      for (size_t c = c0; c < c1; ++c) {
+        const float* pc = j.part + c * j.part_size;
         const float w = std::exp(pc[h] - M);  // 1 exactly for the chunk holding the max
-        L += w * pc[H + h];
-        const float* oc = pc + 2 * H + h * d;
-        for (size_t x = 0; x < d; ++x) o[x] += w * oc[x];
+        L += w * pc[j.H + h];
+        const float* oc = pc + 2 * j.H + h * j.d;
+        for (size_t x = 0; x < j.d; ++x) o[x] += w * oc[x];
       }
       const float inv = 1.f / L;
-      for (size_t x = 0; x < d; ++x) o[x] *= inv;
+      for (size_t x = 0; x < j.d; ++x) o[x] *= inv;
     }
-    i = e;
-  }
+  }, std::max<size_t>(1, kMergeWork / std::max<size_t>(1, per_item)));
 }
 
 }  // namespace vlm::nn

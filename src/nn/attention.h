@@ -52,6 +52,7 @@ struct AttnScratch {
   std::vector<kernels::PackedKv> kv;  // attention(): each KV head packed
   std::vector<DecodeTask> tasks;      // attention_decode: its pieces of work
   std::vector<float> part;            // attention_decode: each piece's unnormalized result
+  std::vector<size_t> first;          // attention_decode: each row's first chunk, then the end
 };
 
 // Lq queries q [Lq, nH, d] against Lk keys/values k/v [Lk, nKV, d]; mask null = every key
