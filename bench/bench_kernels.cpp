@@ -111,11 +111,21 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
   const Weight head = as_weight(ck.lm_head());
   std::vector<float> x(B * H, 0.01f), a(B * H), q(B * nH * d), kk(B * nKV * d), vv(B * nKV * d),
       att(B * nH * d), g(B * I), u(B * I), logits(B * head.rows), norm_w(std::max(H, d), 0.1f);
-  // A KV cache of L positions for every layer and sequence (f32, as the decoder keeps it),
-  // random-ish values.
+  // A KV cache of L positions for every layer and sequence in the rows the decoder keeps at this
+  // precision (bf16 under bf16, else f32), random-ish values.
   const size_t cache = L * nKV * d;
-  std::vector<float> kc(B * layers.size() * cache), vc(kc.size());
-  for (size_t i = 0; i < kc.size(); ++i) kc[i] = vc[i] = float(i % 97) * 1e-3f;
+  const DType kv = ex.precision == Precision::Bf16 ? DType::BF16 : DType::F32;
+  const size_t es = dtype_size(kv);
+  std::vector<std::byte> kc(B * layers.size() * cache * es), vc(kc.size());
+  for (size_t i = 0; i < kc.size() / es; ++i) {
+    const float f = float(i % 97) * 1e-3f;
+    if (kv == DType::BF16) {
+      const uint16_t h = f32_to_bf16(f);
+      std::memcpy(kc.data() + 2 * i, &h, 2), std::memcpy(vc.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(kc.data() + 4 * i, &f, 4), std::memcpy(vc.data() + 4 * i, &f, 4);
+    }
+  }
   const nn::AttnShape shape{nH, nKV, d, 0.0625f};
   nn::AttnScratch scratch;
   std::vector<nn::DecodeRow> rows(B);
@@ -130,7 +140,7 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
     bytes[O] += wb(ly.o);
     bytes[GateUp] += wb(ly.gate) + wb(ly.up);
     bytes[Down] += wb(ly.down);
-    bytes[Attn] += double(B) * 2.0 * double(L * nKV * d) * 4;
+    bytes[Attn] += double(B) * 2.0 * double(cache * es);
     flops[QKV] += fl(ly.q) + fl(ly.k) + fl(ly.v);
     flops[O] += fl(ly.o);
     flops[GateUp] += fl(ly.gate) + fl(ly.up);
@@ -162,10 +172,10 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
       });
       timed(Attn, [&] {
         for (size_t b = 0; b < B; ++b) {
-          const size_t at = (b * layers.size() + l) * cache;
+          const size_t at = (b * layers.size() + l) * cache * es;
           rows[b] = {q.data() + b * nH * d, kc.data() + at, vc.data() + at, L, att.data() + b * nH * d};
         }
-        nn::attention_decode(rows, shape, scratch, ex);
+        nn::attention_decode(rows, shape, kv, scratch, ex);
       });
       timed(O, [&] { matmul(att.data(), B, ly.o, a.data(), ex); });
       timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });

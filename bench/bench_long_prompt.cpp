@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     fmt::print("prefill: {} tokens in {:.2f} s = {:.1f} tokens/s\n", n, dt, double(n) / dt);
     fmt::print("peak RSS: {:.1f} MiB (KV cache {:.1f} MiB; two dense f32 masks alone would be {:.2f} GiB)\n",
                peak_rss_mib(),
-               double(n) * double(cache.row_size()) * 2 * 4 *
+               double(n) * double(cache.row_bytes()) * 2 *
                    double(std::count(c.layer_kinds.begin(), c.layer_kinds.end(), LayerKind::Global)) /
                    (1024.0 * 1024),
                dense);

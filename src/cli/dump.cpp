@@ -117,7 +117,7 @@ int cmd_dump(int argc, char** argv) {
   opts.all_logits = true;
   opts.observer = &hidden;
   auto prefilled = std::make_shared<engine::Prefilled>(
-      engine::Prefilled{KvCache(model->config().text, model->context()), {}});
+      engine::Prefilled{model->decoder().new_cache(model->context()), {}});
   const std::vector<float> logits = model->decoder().prefill_from_embeddings(in, prefilled->cache, opts);
   write_npy(out / "logits.npy", logits.data(), {Lp, V});
 

@@ -105,7 +105,8 @@ bool Engine::start(Sequence& s) {
       s.request_hash_ = request_hash(req.prompt, req.images);
       if (std::filesystem::exists(req.prompt_cache)) {
         std::optional<SavedPrefill> saved = load_prompt_cache(req.prompt_cache, model_.identity(), s.request_hash_,
-                                                              mc.text, model_.context(), model_.vocab());
+                                                              mc.text, model_.context(),
+                                                              model_.decoder().kv_dtype(), model_.vocab());
         if (saved) {
           saved->cache.limit_context(kv_positions(model_, req));  // within its reservation
           s.cache_.emplace(std::move(saved->cache));
@@ -117,7 +118,7 @@ bool Engine::start(Sequence& s) {
       }
     }
     s.crops_ = model_.crops_of(req.images);
-    s.cache_.emplace(mc.text, kv_positions(model_, req));  // never more than its reservation
+    s.cache_.emplace(model_.decoder().new_cache(kv_positions(model_, req)));  // never more than its reservation
     s.phase_.store(req.images.empty() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
   } catch (const Error& e) {
     fail_request(s, e.what());

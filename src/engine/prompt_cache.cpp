@@ -41,7 +41,8 @@ void save_prompt_cache(const std::filesystem::path& file, const Identity& id, ui
   for (int l = 0; l < layers; ++l) vis.push_back(cache.visible(l, len));
   const std::string header = nlohmann::json{{"identity", identity_to_json(id)}, {"request", hex(request)},
                                             {"length", len}, {"vocab", last_logits.size()},
-                                            {"row", cache.row_size()}, {"visible", vis}}
+                                            {"row", cache.row_size()}, {"kv", dtype_name(cache.dtype())},
+                                            {"visible", vis}}
                                  .dump();
   // Written to a fresh temporary and renamed, so a crash never leaves a half file under
   // `file` and a planted symlink is never followed (io/file.h).
@@ -56,10 +57,10 @@ void save_prompt_cache(const std::filesystem::path& file, const Identity& id, ui
   };
   f.write(header);
   put(last_logits.data(), last_logits.size_bytes());
-  const size_t row = cache.row_size() * sizeof(float);
+  const size_t row = cache.row_bytes();
   // Sliding layers keep only their window; positions are written oldest first.
   for (int l = 0; l < layers; ++l)
-    for (float* (KvCache::*slot)(int, int64_t) : {&KvCache::key_slot, &KvCache::value_slot})
+    for (std::byte* (KvCache::*slot)(int, int64_t) : {&KvCache::key_slot, &KvCache::value_slot})
       for (int64_t p = len - int64_t(cache.visible(l, len)); p < len; ++p) put((cache.*slot)(l, p), row);
   f.write(&sum, sizeof sum);
   f.commit();
@@ -67,7 +68,7 @@ void save_prompt_cache(const std::filesystem::path& file, const Identity& id, ui
 
 std::optional<SavedPrefill> load_prompt_cache(const std::filesystem::path& file, const Identity& id,
                                               uint64_t request, const TextConfig& cfg, int64_t context,
-                                              int vocab) {
+                                              DType kv, int vocab) {
   const InputFile f(file);
   const std::string& where = f.where();
   const uint64_t size = f.size();
@@ -98,10 +99,13 @@ std::optional<SavedPrefill> load_prompt_cache(const std::filesystem::path& file,
   };
   const int64_t len = integer("length");
   if (len <= 0 || len > context) fail("{}: length {} outside (0, {}] (the context limit)", where, len, context);
-  KvCache cache(cfg, context);  // holds no storage until reserve()
+  KvCache cache(cfg, context, kv);  // holds no storage until reserve()
   if (integer("vocab") != vocab) fail("{}: vocab {} does not match the model's {}", where, integer("vocab"), vocab);
   if (integer("row") != int64_t(cache.row_size()))
-    fail("{}: row of {} floats does not match the model's {}", where, integer("row"), cache.row_size());
+    fail("{}: row of {} values does not match the model's {}", where, integer("row"), cache.row_size());
+  if (!h.contains("kv") || !h["kv"].is_string() || h["kv"].get<std::string>() != dtype_name(kv))
+    fail("{}: KV rows of {} do not match this precision's {}", where, shorten(h.value("kv", nlohmann::json()).dump()),
+         dtype_name(kv));
   const nlohmann::json& vis = h.contains("visible") ? h["visible"] : nlohmann::json();
   if (!vis.is_array() || vis.size() != size_t(cfg.num_layers))
     fail("{}: 'visible' must list {} layers", where, cfg.num_layers);
@@ -113,7 +117,7 @@ std::optional<SavedPrefill> load_prompt_cache(const std::filesystem::path& file,
     rows += 2 * cache.visible(l, len);
   }
   // Every size is known now: the file must hold exactly that much before anything is allocated.
-  const size_t row = cache.row_size() * sizeof(float);
+  const size_t row = cache.row_bytes();
   const uint64_t data = uint64_t(vocab) * sizeof(float) + rows * row;
   const uint64_t body = size - kFixed - n;
   if (body < data) fail("{}: truncated: {} data bytes, the header needs {}", where, body, data);
@@ -130,7 +134,7 @@ std::optional<SavedPrefill> load_prompt_cache(const std::filesystem::path& file,
   get(s.logits.data(), s.logits.size() * sizeof(float));
   s.cache.reserve(len);
   for (int l = 0; l < cfg.num_layers; ++l)
-    for (float* (KvCache::*slot)(int, int64_t) : {&KvCache::key_slot, &KvCache::value_slot})
+    for (std::byte* (KvCache::*slot)(int, int64_t) : {&KvCache::key_slot, &KvCache::value_slot})
       for (int64_t p = len - int64_t(s.cache.visible(l, len)); p < len; ++p) get((s.cache.*slot)(l, p), row);
   uint64_t saved_sum = 0;
   f.read_at(&saved_sum, sizeof saved_sum, off);

@@ -33,6 +33,6 @@ struct SavedPrefill {
 // Fails on another identity (naming the fields) and on a malformed or truncated file.
 std::optional<SavedPrefill> load_prompt_cache(const std::filesystem::path& file, const Identity& id,
                                               uint64_t request, const TextConfig& cfg, int64_t context,
-                                              int vocab);
+                                              DType kv, int vocab);
 
 }  // namespace vlm

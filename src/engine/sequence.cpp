@@ -35,7 +35,7 @@ size_t Sequence::kv_bytes() const {
   if (!cache_) return 0;
   size_t slots = 0;
   for (int l = 0; l < model_->config().text.num_layers; ++l) slots += cache_->visible(l, cache_->length());
-  return slots * cache_->row_size() * 2 * sizeof(float);  // keys and values
+  return slots * cache_->row_bytes() * 2;  // keys and values
 }
 
 int64_t kv_positions(const Model& model, const Request& req) {
@@ -44,7 +44,7 @@ int64_t kv_positions(const Model& model, const Request& req) {
 }
 
 size_t kv_reservation(const Model& model, const Request& req) {
-  return KvCache::bytes_for(model.config().text, kv_positions(model, req));
+  return KvCache::bytes_for(model.config().text, kv_positions(model, req), model.decoder().kv_dtype());
 }
 
 std::string kv_budget_error(const Model& model, const Request& req, size_t budget) {

@@ -55,6 +55,10 @@ void attend_chunk(const float* q, size_t H, size_t G, const float* k, const floa
                   size_t d, float scale, float* p, float* m, float* l, float* o, Isa isa) {
   ops(isa).attend_chunk(q, H, G, k, v, stride, n, d, scale, p, m, l, o);
 }
+void attend_chunk(const float* q, size_t H, size_t G, const uint16_t* k, const uint16_t* v, size_t stride,
+                  size_t n, size_t d, float scale, float* p, float* m, float* l, float* o, Isa isa) {
+  ops(isa).attend_chunk_bf16(q, H, G, k, v, stride, n, d, scale, p, m, l, o);
+}
 
 void rope_rotate_half(float* x, size_t heads, size_t d, const float* cos, const float* sin) {
   const size_t half = d / 2;

@@ -48,11 +48,14 @@ float scaled_exp(float* x, size_t n, float scale, const float* mask, Isa isa = b
 
 // One chunk of a decode row's attention (docs/gemma3/decoder.md#decode-attention): H query
 // heads q[H, d], each G sharing a KV head, against n positions of keys and values k/v (a
-// position's H/G heads side by side, rows `stride` floats apart). Per query head
+// position's H/G heads side by side, rows `stride` values apart). Per query head
 // s = q·kᵀ · scale, m = max s, l = Σ e^(s − m), o[d] = Σ e^(s − m)·v, unnormalized so that
 // chunks merge. p: H·n floats of work; m, l: H; o: [H, d].
 void attend_chunk(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride, size_t n,
                   size_t d, float scale, float* p, float* m, float* l, float* o, Isa isa = best_isa());
+// The same over a bf16 cache's rows (widened exactly; the sums as above).
+void attend_chunk(const float* q, size_t H, size_t G, const uint16_t* k, const uint16_t* v, size_t stride,
+                  size_t n, size_t d, float scale, float* p, float* m, float* l, float* o, Isa isa = best_isa());
 
 // RoPE, rotate-half / NeoX convention (docs/gemma3/decoder.md#rope), in place on x[heads, d]:
 //   x'[i] = x[i]·cos[i] − x[i+d/2]·sin[i],  x'[i+d/2] = x[i+d/2]·cos[i] + x[i]·sin[i],

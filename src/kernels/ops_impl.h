@@ -24,6 +24,8 @@ struct OpsKernels {
   float (*scaled_exp)(float* x, size_t n, float scale, const float* mask);
   void (*attend_chunk)(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride,
                        size_t n, size_t d, float scale, float* p, float* m, float* l, float* o);
+  void (*attend_chunk_bf16)(const float* q, size_t H, size_t G, const uint16_t* k, const uint16_t* v,
+                            size_t stride, size_t n, size_t d, float scale, float* p, float* m, float* l, float* o);
   void (*round_to_bf16)(const float* x, float* y, size_t n);
   void (*to_bf16)(const float* x, uint16_t* y, size_t n);
 };
@@ -272,11 +274,35 @@ void layer_norm_k(const float* x, const float* g, const float* b, float* y, size
   }
 }
 
+// A KV cache row's values, f32 or bf16 (widened exactly): W of them, or the first w then zeros.
+template <class S>
+inline typename S::V load_kv(const float* p) { return S::load(p); }
+template <class S>
+inline typename S::V load_kv(const uint16_t* p) { return S::load_bf16(p); }
+template <class S>
+inline typename S::V load_kv_part(const float* p, size_t w) { return load_part<S>(p, w); }
+template <class S>
+inline typename S::V load_kv_part(const uint16_t* p, size_t w) {
+  uint16_t tmp[S::W] = {};
+  for (size_t i = 0; i < w; ++i) tmp[i] = p[i];
+  return S::load_bf16(tmp);
+}
+// (On S too, so that each ISA file's copy is its own symbol: see the top of this file.)
+template <class S>
+inline float kv_value(float x) { return x; }
+template <class S>
+inline float kv_value(uint16_t x) {
+  const uint32_t u = uint32_t(x) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 // p[g·pn + t·step] = q_g·k_t · scale for NG query heads (rows d apart) and NT key rows
-// (`step` positions of `stride` floats apart): each load serves NG or NT products, and NG·NT
+// (`step` positions of `stride` values apart): each load serves NG or NT products, and NG·NT
 // sums are in flight.
-template <class S, int NG, int NT>
-inline void chunk_dots(const float* q, const float* k, size_t stride, size_t step, size_t d, float scale, float* p,
+template <class S, int NG, int NT, class T>
+inline void chunk_dots(const float* q, const T* k, size_t stride, size_t step, size_t d, float scale, float* p,
                        size_t pn) {
   using V = typename S::V;
   V a[NT][NG];
@@ -285,7 +311,7 @@ inline void chunk_dots(const float* q, const float* k, size_t stride, size_t ste
     const size_t w = d - i < size_t(S::W) ? d - i : 0;  // a partial last vector
     V x[NT];
     VLM_UNROLL for (int t = 0; t < NT; ++t)
-      x[t] = w ? load_part<S>(k + t * step * stride + i, w) : S::load(k + t * step * stride + i);
+      x[t] = w ? load_kv_part<S>(k + t * step * stride + i, w) : load_kv<S>(k + t * step * stride + i);
     VLM_UNROLL for (int g = 0; g < NG; ++g) {
       const V qg = w ? load_part<S>(q + g * d + i, w) : S::load(q + g * d + i);
       VLM_UNROLL for (int t = 0; t < NT; ++t) a[t][g] = S::fma(qg, x[t], a[t][g]);
@@ -300,8 +326,8 @@ inline void chunk_dots(const float* q, const float* k, size_t stride, size_t ste
 // L1, so the value rows are read from start to end. (Sums held in registers over all of a
 // chunk's keys meant walking a column strip down rows 4 KiB apart: every load in one or two L1
 // sets.)
-template <class S, int NG, int NT>
-void values_block(const float* p, size_t pn, const float* v, size_t stride, size_t step, float* o, size_t d,
+template <class S, int NG, int NT, class T>
+void values_block(const float* p, size_t pn, const T* v, size_t stride, size_t step, float* o, size_t d,
                   bool first) {
   using V = typename S::V;
   V e[NG][NT];
@@ -310,7 +336,7 @@ void values_block(const float* p, size_t pn, const float* v, size_t stride, size
   size_t c = 0;
   for (; c + S::W <= d; c += S::W) {
     V x[NT];
-    VLM_UNROLL for (int t = 0; t < NT; ++t) x[t] = S::load(v + t * step * stride + c);
+    VLM_UNROLL for (int t = 0; t < NT; ++t) x[t] = load_kv<S>(v + t * step * stride + c);
     VLM_UNROLL for (int g = 0; g < NG; ++g) {
       V acc = first ? S::zero() : S::load(o + g * d + c);
       VLM_UNROLL for (int t = 0; t < NT; ++t) acc = S::fma(e[g][t], x[t], acc);
@@ -320,13 +346,13 @@ void values_block(const float* p, size_t pn, const float* v, size_t stride, size
   for (; c < d; ++c)
     for (int g = 0; g < NG; ++g) {
       float sum = first ? 0.f : o[g * d + c];
-      for (int t = 0; t < NT; ++t) sum += p[g * pn + t * step] * v[t * step * stride + c];
+      for (int t = 0; t < NT; ++t) sum += p[g * pn + t * step] * kv_value<S>(v[t * step * stride + c]);
       o[g * d + c] = sum;
     }
 }
 
-template <class S>
-void attend_chunk_k(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride, size_t n,
+template <class S, class T>
+void attend_chunk_k(const float* q, size_t H, size_t G, const T* k, const T* v, size_t stride, size_t n,
                     size_t d, float scale, float* p, float* m, float* l, float* o) {
   // fn(std::integral_constant<int, NG>(), h) for the query heads h .. h + NG (NG = 2 where two
   // share a KV head), so each key or value load serves both.
@@ -380,7 +406,8 @@ void to_bf16_k(const float* x, uint16_t* y, size_t n) {
 template <class S>
 constexpr OpsKernels make_ops() {
   return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>,
-                    &scaled_softmax_k<S>, &scaled_exp_k<S>, &attend_chunk_k<S>, &round_bf16_k<S>, &to_bf16_k<S>};
+                    &scaled_softmax_k<S>, &scaled_exp_k<S>, &attend_chunk_k<S, float>,
+                    &attend_chunk_k<S, uint16_t>, &round_bf16_k<S>, &to_bf16_k<S>};
 }
 
 }  // namespace vlm::kernels::detail

@@ -6,9 +6,10 @@
 
 namespace vlm {
 
-KvCache::KvCache(const TextConfig& cfg, int64_t context)
-    : row_(size_t(cfg.num_kv_heads) * size_t(cfg.head_dim)), context_(context) {
+KvCache::KvCache(const TextConfig& cfg, int64_t context, DType dtype)
+    : row_(size_t(cfg.num_kv_heads) * size_t(cfg.head_dim)), dtype_(dtype), context_(context) {
   if (context <= 0) fail("KV cache: context must be positive, got {}", context);
+  if (dtype != DType::F32 && dtype != DType::BF16) fail("KV cache: rows are F32 or BF16, not {}", dtype_name(dtype));
   layers_.resize(size_t(cfg.num_layers));
   for (int l = 0; l < cfg.num_layers; ++l) {
     Layer& L = layers_[size_t(l)];
@@ -17,12 +18,12 @@ KvCache::KvCache(const TextConfig& cfg, int64_t context)
   }
 }
 
-size_t KvCache::bytes_for(const TextConfig& cfg, int64_t context) {
+size_t KvCache::bytes_for(const TextConfig& cfg, int64_t context, DType dtype) {
   size_t slots = 0;
   for (int l = 0; l < cfg.num_layers; ++l)
     slots += size_t(cfg.layer_kinds.at(size_t(l)) == LayerKind::Sliding ? std::min<int64_t>(cfg.sliding_window, context)
                                                                           : context);
-  return slots * size_t(cfg.num_kv_heads) * size_t(cfg.head_dim) * 2 * sizeof(float);
+  return slots * size_t(cfg.num_kv_heads) * size_t(cfg.head_dim) * 2 * dtype_size(dtype);
 }
 
 void KvCache::reserve(int64_t n) {
@@ -31,11 +32,12 @@ void KvCache::reserve(int64_t n) {
     fail("KV cache: {} positions exceed the context limit of {}", need, context_);
   for (Layer& L : layers_) {
     const size_t slots = std::min(L.cap, size_t(need));
-    if (L.k.size() >= slots * row_) continue;
+    const size_t row = row_bytes();
+    if (L.k.size() >= slots * row) continue;
     // Geometric growth keeps appends amortised O(1) without a full-context allocation.
-    size_t grow = std::min(L.cap, std::max(slots, L.k.size() / row_ * 2));
-    L.k.resize(grow * row_);
-    L.v.resize(grow * row_);
+    size_t grow = std::min(L.cap, std::max(slots, L.k.size() / row * 2));
+    L.k.resize(grow * row);
+    L.v.resize(grow * row);
   }
 }
 
@@ -44,11 +46,11 @@ size_t KvCache::slot(int layer, int64_t pos) const {
   return L.sliding ? size_t(pos) % L.cap : size_t(pos);
 }
 
-float* KvCache::key_slot(int layer, int64_t pos) {
-  return layers_[size_t(layer)].k.data() + slot(layer, pos) * row_;
+std::byte* KvCache::key_slot(int layer, int64_t pos) {
+  return layers_[size_t(layer)].k.data() + slot(layer, pos) * row_bytes();
 }
-float* KvCache::value_slot(int layer, int64_t pos) {
-  return layers_[size_t(layer)].v.data() + slot(layer, pos) * row_;
+std::byte* KvCache::value_slot(int layer, int64_t pos) {
+  return layers_[size_t(layer)].v.data() + slot(layer, pos) * row_bytes();
 }
 
 void KvCache::advance(int64_t n) { length_ += n; }

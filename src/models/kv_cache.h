@@ -2,12 +2,15 @@
 // after q/k-norm and RoPE, so positions are baked in and slot order does not matter
 // to the math. Sliding layers keep a ring of exactly `sliding_window` slots (position
 // p lives in slot p mod W); global layers append up to the context limit. Storage
-// grows on demand, so a short sequence never holds a full-context buffer.
+// grows on demand, so a short sequence never holds a full-context buffer. Rows are f32, or bf16
+// under --precision bf16 (docs/gemma3/decoder.md, "KV cache"): the element type is the cache's
+// dtype, and its slots are raw rows of row_bytes().
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/huge_pages.h"
 #include "io/config.h"
 
@@ -15,21 +18,23 @@ namespace vlm {
 
 class KvCache {
  public:
-  // `context` is the most positions this sequence may ever hold.
-  KvCache(const TextConfig& cfg, int64_t context);
+  // `context` is the most positions this sequence may ever hold; dtype F32 or BF16.
+  KvCache(const TextConfig& cfg, int64_t context, DType dtype);
   // The most memory a cache of `context` positions ever holds (keys and values of every layer,
   // sliding layers at most their window): what an engine reserves for a sequence.
-  static size_t bytes_for(const TextConfig& cfg, int64_t context);
+  static size_t bytes_for(const TextConfig& cfg, int64_t context, DType dtype);
 
   int64_t length() const { return length_; }  // positions written = next position
   int64_t context() const { return context_; }
-  size_t row_size() const { return row_; }    // nKV · d floats per position
+  size_t row_size() const { return row_; }    // nKV · d values per position
+  DType dtype() const { return dtype_; }
+  size_t row_bytes() const { return row_ * dtype_size(dtype_); }
 
   // Makes room for positions [length, length + n) in every layer; fails past the context.
   void reserve(int64_t n);
   // Where position `pos` (< length + reserved) is written in layer `layer`.
-  float* key_slot(int layer, int64_t pos);
-  float* value_slot(int layer, int64_t pos);
+  std::byte* key_slot(int layer, int64_t pos);
+  std::byte* value_slot(int layer, int64_t pos);
   // Marks n more positions as written.
   void advance(int64_t n);
   // Lowers the most positions this cache may hold (to what its sequence can still use), never
@@ -40,8 +45,8 @@ class KvCache {
   // (the query's own included): all of them for global layers, the last min(positions, W)
   // for sliding ones. Those slots are 0 .. visible − 1.
   size_t visible(int layer, int64_t positions) const;
-  const float* keys(int layer) const { return layers_[layer].k.data(); }
-  const float* values(int layer) const { return layers_[layer].v.data(); }
+  const std::byte* keys(int layer) const { return layers_[layer].k.data(); }
+  const std::byte* values(int layer) const { return layers_[layer].v.data(); }
 
  private:
   struct Layer {
@@ -49,12 +54,13 @@ class KvCache {
     size_t cap = 0;  // W for sliding layers, context for global ones
     // In huge pages where large: a 512-token prompt's keys and values of a 4B model are 140 MB,
     // which in 4 KiB pages were 34 000 page faults (core/huge_pages.h).
-    HugePageVector<float> k, v;
+    HugePageVector<std::byte> k, v;
   };
   size_t slot(int layer, int64_t pos) const;
 
   std::vector<Layer> layers_;
   size_t row_ = 0;
+  DType dtype_ = DType::F32;
   int64_t length_ = 0;
   int64_t context_ = 0;
 };

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 
@@ -11,10 +12,11 @@ namespace vlm::nn {
 
 namespace {
 constexpr size_t kRowBlock = 256;  // query rows per score block: caps the work rows at 256 × Lk
-// Positions per decode task: a 512-key decode gives 8 tasks to spread over the threads, each
-// reading its keys, then its values, front to back once (kernels/ops.h attend_chunk); 128 was
-// no faster on Zen 3.
-constexpr size_t kDecodeChunk = 64;
+// Positions per decode task, each reading its keys, then its values, front to back once
+// (kernels/ops.h attend_chunk): 64 f32 rows (128 was no faster on Zen 3), and 128 bf16 rows, the
+// same bytes (64 bf16 rows ran 6-25 % slower on the Zen 5 VM: docs/performance.md, "a bf16 KV
+// cache").
+constexpr size_t decode_chunk(DType kv) { return kv == DType::BF16 ? 128 : 64; }
 
 // Query rows of one attend call for a block of R rows over n keys: each call reads the head's whole
 // packed keys and values, so more rows per call read them less often (vision-shaped attention: 96
@@ -97,28 +99,33 @@ void attention(const float* q, size_t Lq, const float* k, const float* v, size_t
   });
 }
 
-// attention_decode's work per task: scores [H, kDecodeChunk], and m[H], l[H], o[H, d].
-void ensure_decode(AttnScratch& sc, const AttnShape& s, size_t tasks) {
-  ensure(sc.scores, tasks * s.n_heads * kDecodeChunk);
+// attention_decode's work per task: scores [H, chunk], and m[H], l[H], o[H, d].
+void ensure_decode(AttnScratch& sc, const AttnShape& s, size_t tasks, size_t chunk) {
+  ensure(sc.scores, tasks * s.n_heads * chunk);
   ensure(sc.part, tasks * s.n_heads * (s.head_dim + 2));
 }
 
 void reserve_decode(AttnScratch& sc, const AttnShape& s, size_t rows, size_t max_keys) {
-  const size_t tasks = rows * ((max_keys + kDecodeChunk - 1) / kDecodeChunk);
-  sc.tasks.reserve(tasks);
   sc.first.reserve(rows + 1);
-  ensure_decode(sc, s, tasks);
+  for (DType kv : {DType::F32, DType::BF16}) {  // either cache
+    const size_t chunk = decode_chunk(kv), tasks = rows * ((max_keys + chunk - 1) / chunk);
+    sc.tasks.reserve(tasks);
+    ensure_decode(sc, s, tasks, chunk);
+  }
 }
 
-void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnScratch& sc, const kernels::Exec& ex) {
-  const size_t d = s.head_dim, H = s.n_heads;
+void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, DType kv, AttnScratch& sc,
+                      const kernels::Exec& ex) {
+  if (kv != DType::F32 && kv != DType::BF16)
+    fail("attention_decode: keys and values are F32 or BF16, not {}", dtype_name(kv));
+  const size_t d = s.head_dim, H = s.n_heads, chunk = decode_chunk(kv);
   if (rows.empty()) return;
   sc.tasks.clear();  // every row's chunks, in row order
   for (size_t r = 0; r < rows.size(); ++r)
-    for (size_t t0 = 0; t0 < rows[r].n; t0 += kDecodeChunk) sc.tasks.push_back({r, t0});
+    for (size_t t0 = 0; t0 < rows[r].n; t0 += chunk) sc.tasks.push_back({r, t0});
   const size_t part = H * (d + 2);  // per chunk: m[H], l[H], o[H, d]
-  ensure_decode(sc, s, sc.tasks.size());
-  // Fewer chunks than threads (512 keys are 8 chunks: none for 8 of 16 threads): a chunk's KV
+  ensure_decode(sc, s, sc.tasks.size(), chunk);
+  // Fewer chunks than threads (512 f32 keys are 8 chunks: none for 8 of 16 threads): a chunk's KV
   // heads split into groups until every thread has a piece, as far as the heads divide. A group's
   // reads are then pieces of each position's row rather than the whole row (the 4B at 16 threads:
   // 2 KiB of 4 KiB); each head's sums are the same either way.
@@ -130,11 +137,12 @@ void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnS
     const DecodeTask* tasks;
     const size_t* first;  // the merge's: each row's first chunk
     float *p, *part;
-    size_t H, G, d, krow, part_size, splits, kv_heads;  // kv_heads: per piece
+    size_t H, G, d, krow, part_size, splits, kv_heads, chunk;  // kv_heads: per piece
     float scale;
     kernels::Isa isa;
+    bool bf16;
   } job{rows.data(), sc.tasks.data(), nullptr, sc.scores.data(), sc.part.data(), H, H / s.n_kv_heads, d,
-        s.n_kv_heads * d, part, splits, s.n_kv_heads / splits, s.scale, ex.isa};
+        s.n_kv_heads * d, part, splits, s.n_kv_heads / splits, chunk, s.scale, ex.isa, kv == DType::BF16};
   // The loop bodies see one small struct, so handing them to the pool allocates nothing.
   ex.threads().parallel_for(chunks * splits, [&job](size_t i0, size_t i1) {
     const Job& j = job;
@@ -142,19 +150,23 @@ void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnS
       const size_t i = piece / j.splits, g = piece % j.splits * j.kv_heads, h = g * j.G;  // chunk, heads
       const DecodeTask& t = j.tasks[i];
       const DecodeRow& r = j.rows[t.row];
-      const size_t n = std::min(r.n - t.t0, kDecodeChunk);
+      const size_t n = std::min(r.n - t.t0, j.chunk);
       float* out = j.part + i * j.part_size;
       const size_t at = t.t0 * j.krow + g * j.d;
-      kernels::attend_chunk(r.q + h * j.d, j.kv_heads * j.G, j.G, r.k + at, r.v + at, j.krow, n, j.d, j.scale,
-                            j.p + (i * j.H + h) * kDecodeChunk, out + h, out + j.H + h, out + 2 * j.H + h * j.d,
-                            j.isa);
+      auto run = [&](const auto* k, const auto* v) {
+        kernels::attend_chunk(r.q + h * j.d, j.kv_heads * j.G, j.G, k + at, v + at, j.krow, n, j.d, j.scale,
+                              j.p + (i * j.H + h) * j.chunk, out + h, out + j.H + h, out + 2 * j.H + h * j.d,
+                              j.isa);
+      };
+      if (j.bf16) run(static_cast<const uint16_t*>(r.k), static_cast<const uint16_t*>(r.v));
+      else run(static_cast<const float*>(r.k), static_cast<const float*>(r.v));
     }
   }, 1);
   // Each head's softmax over all keys from its chunks: Σ_c e^(m_c − M)·o_c / Σ_c e^(m_c − M)·l_c.
   // The (row, head) merges over the pool in ranges of about kMergeWork multiply-adds: eight rows of
   // 2048 keys are 64 heads × 32 chunks × 256 values a layer, which the calling thread did alone.
   sc.first.assign(1, 0);  // each row's first chunk, then the end
-  for (const DecodeRow& r : rows) sc.first.push_back(sc.first.back() + (r.n + kDecodeChunk - 1) / kDecodeChunk);
+  for (const DecodeRow& r : rows) sc.first.push_back(sc.first.back() + (r.n + chunk - 1) / chunk);
   job.first = sc.first.data();
   constexpr size_t kMergeWork = size_t(1) << 15;
   const size_t per_item = chunks / rows.size() * d;

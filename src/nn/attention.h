@@ -5,13 +5,14 @@
 // and f32 sums, as a bf16 checkpoint's attention runs in the reference. Each KV head is packed
 // once per call and every piece of query rows attends to it in one kernel (kernels/matmul.h,
 // attend: the AVX512-BF16 dot, or the f32 register tiles on rounded inputs, the same products).
-// The decoder passes exact() (its KV cache and decode rows are f32); the vision tower passes its
+// The decoder passes exact() (f32 rows: its bf16 cache's widened exactly); the vision tower passes its
 // precision (docs/gemma3/vision.md).
 #pragma once
 #include <cstddef>
 #include <span>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/exec.h"
 #include "kernels/matmul.h"
 
@@ -34,10 +35,10 @@ class MaskTiles {
 };
 
 // One decode row: a single query token q [nH, d] against its own sequence's n keys and
-// values k/v [n, nKV, d], all visible; out [nH·d].
+// values k/v [n, nKV, d] (f32 or bf16, as attention_decode is told), all visible; out [nH·d].
 struct DecodeRow {
   const float* q;
-  const float *k, *v;
+  const void *k, *v;
   size_t n;
   float* out;
 };
@@ -62,11 +63,11 @@ struct AttnScratch {
 void attention(const float* q, size_t Lq, const float* k, const float* v, size_t Lk, const MaskTiles* mask,
                const AttnShape& s, float* out, AttnScratch& scratch, const kernels::Exec& ex);
 
-// The attention of every decode row of a step at once, in f32 whatever the Exec's precision
-// (only the decoder decodes, from its f32 cache): chunks of each row's keys spread over the
-// pool, each chunk's keys and values read from memory once for all heads (kernels/ops.h
-// attend_chunk), then each head's chunks merged.
-void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, AttnScratch& scratch,
+// The attention of every decode row of a step at once, in f32 sums whatever the Exec's precision
+// over keys and values of type kv (F32 or BF16: only the decoder decodes, from its cache): chunks
+// of each row's keys spread over the pool, each chunk's keys and values read from memory once for
+// all heads (kernels/ops.h attend_chunk), then each head's chunks merged.
+void attention_decode(std::span<const DecodeRow> rows, const AttnShape& s, DType kv, AttnScratch& scratch,
                       const kernels::Exec& ex);
 // Sizes scratch for attention_decode of up to `rows` rows over up to max_keys keys each.
 void reserve_decode(AttnScratch& scratch, const AttnShape& s, size_t rows, size_t max_keys);

@@ -462,11 +462,20 @@ class Gguf(unittest.TestCase):
                 diff = float(np.abs(mine - theirs).max())
                 report[f"{t} {precision}"] = (round(diff, 4), int((mine.argmax(-1) == theirs.argmax(-1)).sum()),
                                               lc["generate"][0] == vlm_greedy(path, prompt, n))
-            # Both precisions ran the int8 kernels: the same logits to the bit.
-            self.assertTrue(np.array_equal(logits["bf16"], logits["f32"]), t)
+            # Both precisions ran the int8 kernels; what differs is the KV cache, bf16 rows under bf16
+            # (docs/gemma3/decoder.md, "KV cache"): the logits move (measured 0.19-0.30 at logits of ~20 on
+            # these random weights, as far as llama.cpp with its f16 cache is from either) within the bound
+            # below.
+            kv = round(float(np.abs(logits["bf16"] - logits["f32"]).max()), 4)
+            report[f"{t} kv"] = kv
+            self.assertGreater(kv, 0.0, t)
+            self.assertLess(kv, 0.5, t)
         print(f"\nvlm vs llama.cpp on vlm quantize's files (max |dlogit|, top-1 of {len(prompt)}, greedy equal): "
               f"{report}", file=sys.stderr)
-        for t, (diff, top1, greedy) in report.items():
+        for t, r in report.items():
+            if t.endswith(" kv"):
+                continue
+            diff, top1, greedy = r
             # Same weights on both sides; what differs is the activation rounding (vlm: int8 per 32, or bf16 x and
             # weights in a bf16 prefill; llama.cpp: Q8_0 per 32, Q8_K per 256 for the K-quants) and ggml's f16
             # GELU table. Bound: 0.5 at logits of ~20 (2.5%), a fifth of what Q4 quantization itself moves them

@@ -15,14 +15,17 @@ else runs in float64, so our f32 engine should agree to ~1e-6 relative whatever 
 `precision="bf16"` models the engine's --precision bf16 (src/kernels/exec.h), from its
 definition: every product with a stored weight matrix (q, k, v, o, gate, up, down, head)
 takes its input rows as the float32 activations rounded to bfloat16 (nearest even) and
-multiplies them exactly by the stored weights; attention's products of activations and
-everything else stay float64. precision="f32" (default) rounds nothing.
+multiplies them exactly by the stored weights; and the keys (after k-norm and RoPE) and values
+are rounded the same way, the bf16 rows of its KV cache (docs/gemma3/decoder.md#kv-cache), which
+every query attends to. Queries, scores, probabilities and everything else stay float64.
+precision="f32" (default) rounds nothing.
 
 `faults` (tests only) deliberately breaks the math to show the comparisons catch it:
   "scale_head_dim"   attention scale head_dim^-0.5 instead of query_pre_attn_scalar^-0.5
   "double_normalizer" text embeddings multiplied by the normalizer twice
   "no_window"        sliding layers use the global (causal) mask, no sliding window
   "swap_rope"        sliding layers get the global RoPE base/scaling and vice versa
+  "f32_cache"        under precision="bf16", keys and values not rounded (an f32 KV cache)
 """
 import numpy as np
 
@@ -153,6 +156,9 @@ class TextModel:
             k = rms_norm(self.mm(a, lw["k"]).reshape(L, nKV, d), lw["kn"], eps)
             v = self.mm(a, lw["v"]).reshape(L, nKV, d)
             q, k = self.rope(q, pos, kind), self.rope(k, pos, kind)
+            if self.bf16 and "f32_cache" not in self.faults:  # the cache's rows
+                k = round_bf16(np.asarray(k, np.float32)).astype(np.float64)
+                v = round_bf16(np.asarray(v, np.float32)).astype(np.float64)
             o = np.empty((L, nH, d))
             for h in range(nH):
                 g = h // (nH // nKV)  # docs/gemma3/decoder.md#attention: repeat_kv grouping

@@ -238,8 +238,9 @@ TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
 
 // attention_decode: several rows of one step, each against its own cache, with key counts
 // inside one 64-key chunk, on a chunk edge (256) and across several (the merge), last chunks of
-// 1 to 60 keys (read in quarters and a tail), in f32 on every path. Then each row alone on 16
-// threads, where its chunks split by KV heads: the same bits as all rows together on 2.
+// 1 to 60 keys (read in quarters and a tail), in f32 sums on every path, over f32 caches and bf16
+// ones (against the definition on the bf16 values). Then each row alone on 16 threads, where its
+// chunks split by KV heads: the same bits as all rows together on 2.
 TEST(Attention, DecodeRowsMatchTheDefinitionOnEveryPath) {
   ThreadPool pool(2), wide(16);
   std::mt19937 rng(11);
@@ -255,30 +256,51 @@ TEST(Attention, DecodeRowsMatchTheDefinitionOnEveryPath) {
     const float scale = 1.f / std::sqrt(float(sh.d));
     const nn::AttnShape shape{sh.heads, sh.kv_heads, sh.d, scale};
     std::vector<std::vector<float>> q, k, v;
-    std::vector<std::vector<double>> want;
+    std::vector<std::vector<uint16_t>> kb, vb;  // the same keys and values as bf16
+    std::vector<std::vector<double>> want, want_bf16;
+    auto to_bf16 = [](const std::vector<float>& x) {
+      std::vector<uint16_t> y(x.size());
+      for (size_t i = 0; i < x.size(); ++i) y[i] = f32_to_bf16(x[i]);
+      return y;
+    };
+    auto widen = [](const std::vector<uint16_t>& x) {
+      std::vector<float> y(x.size());
+      for (size_t i = 0; i < x.size(); ++i) y[i] = bf16_to_f32(x[i]);
+      return y;
+    };
     for (size_t n : lengths) {
       q.push_back(random(sh.heads * sh.d, rng, 1.f));
       k.push_back(random(n * sh.kv_heads * sh.d, rng, 1.f));
       v.push_back(random(n * sh.kv_heads * sh.d, rng, 1.f));
-      want.push_back(reference({1, n, sh.heads, sh.kv_heads, sh.d}, q.back(), k.back(), v.back(), nullptr, scale, false));
+      kb.push_back(to_bf16(k.back()));
+      vb.push_back(to_bf16(v.back()));
+      const Case c{1, n, sh.heads, sh.kv_heads, sh.d};
+      want.push_back(reference(c, q.back(), k.back(), v.back(), nullptr, scale, false));
+      want_bf16.push_back(reference(c, q.back(), widen(kb.back()), widen(vb.back()), nullptr, scale, false));
     }
-    for (Isa isa : paths) {
-      SCOPED_TRACE(testing::Message() << "heads " << sh.heads << "/" << sh.kv_heads << " d " << sh.d << " isa "
-                                      << kernels::isa_name(isa));
-      std::vector<std::vector<float>> out(std::size(lengths), std::vector<float>(sh.heads * sh.d, 123.f));
-      std::vector<nn::DecodeRow> rows;
-      for (size_t r = 0; r < std::size(lengths); ++r)
-        rows.push_back({q[r].data(), k[r].data(), v[r].data(), lengths[r], out[r].data()});
-      nn::AttnScratch sc;
-      nn::attention_decode(rows, shape, sc, Exec(pool, isa, Precision::Bf16));  // f32 whatever the precision
-      for (size_t r = 0; r < std::size(lengths); ++r) {
-        EXPECT_LT(compare(out[r], want[r]).max, 5e-6) << "keys " << lengths[r];
-        std::vector<float> alone(sh.heads * sh.d, 123.f);
-        const nn::DecodeRow row{q[r].data(), k[r].data(), v[r].data(), lengths[r], alone.data()};
-        nn::attention_decode({&row, 1}, shape, sc, Exec(wide, isa, Precision::Bf16));
-        EXPECT_EQ(0, std::memcmp(alone.data(), out[r].data(), alone.size() * sizeof(float))) << "keys " << lengths[r];
+    for (Isa isa : paths)
+      for (DType kv : {DType::F32, DType::BF16}) {
+        SCOPED_TRACE(testing::Message() << "heads " << sh.heads << "/" << sh.kv_heads << " d " << sh.d << " isa "
+                                        << kernels::isa_name(isa) << " cache " << dtype_name(kv));
+        const bool bf16 = kv == DType::BF16;
+        std::vector<std::vector<float>> out(std::size(lengths), std::vector<float>(sh.heads * sh.d, 123.f));
+        std::vector<nn::DecodeRow> rows;
+        for (size_t r = 0; r < std::size(lengths); ++r) {
+          const void* kr = bf16 ? static_cast<const void*>(kb[r].data()) : k[r].data();
+          const void* vr = bf16 ? static_cast<const void*>(vb[r].data()) : v[r].data();
+          rows.push_back({q[r].data(), kr, vr, lengths[r], out[r].data()});
+        }
+        nn::AttnScratch sc;
+        nn::attention_decode(rows, shape, kv, sc, Exec(pool, isa, Precision::Bf16));  // f32 sums at any precision
+        for (size_t r = 0; r < std::size(lengths); ++r) {
+          EXPECT_LT(compare(out[r], bf16 ? want_bf16[r] : want[r]).max, 5e-6) << "keys " << lengths[r];
+          std::vector<float> alone(sh.heads * sh.d, 123.f);
+          nn::DecodeRow row = rows[r];
+          row.out = alone.data();
+          nn::attention_decode({&row, 1}, shape, kv, sc, Exec(wide, isa, Precision::Bf16));
+          EXPECT_EQ(0, std::memcmp(alone.data(), out[r].data(), alone.size() * sizeof(float))) << "keys " << lengths[r];
+        }
       }
-    }
   }
 }
 

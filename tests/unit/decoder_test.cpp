@@ -126,7 +126,7 @@ TEST_F(DecoderTest, SlidingRingHoldsExactlyWindow) {
   // Positions 12..19 live in ring slots p mod 8 of a sliding layer (layer 0), as written
   // by prefill: a decode step writes position 20 into slot 4, overwriting position 12.
   EXPECT_EQ(c.key_slot(0, 20), c.key_slot(0, 12));
-  EXPECT_EQ(c.key_slot(0, 12) - c.keys(0), std::ptrdiff_t(4 * c.row_size()));
+  EXPECT_EQ(c.key_slot(0, 12) - c.keys(0), std::ptrdiff_t(4 * c.row_bytes()));
 }
 
 TEST_F(DecoderTest, ContextLimitIsAnErrorBeforeCompute) {

@@ -208,13 +208,13 @@ class PromptCacheTest : public ::testing::Test {
   void SetUp() override {
     cfg_ = parse_config(test::small_text_config().dump(), "c").text;
     id_ = make_identity(parse_config(test::small_text_config().dump(), "c"), "F32", "causal", "f32", "0123");
-    KvCache c(cfg_, 16);
+    KvCache c(cfg_, 16, DType::F32);
     c.reserve(5);
     for (int l = 0; l < cfg_.num_layers; ++l)
       for (int64_t p = 0; p < 5; ++p)
         for (size_t i = 0; i < c.row_size(); ++i) {
-          c.key_slot(l, p)[i] = float(l * 100 + p) + float(i) / 64;
-          c.value_slot(l, p)[i] = -float(l * 100 + p) - float(i) / 64;
+          reinterpret_cast<float*>(c.key_slot(l, p))[i] = float(l * 100 + p) + float(i) / 64;
+          reinterpret_cast<float*>(c.value_slot(l, p))[i] = -float(l * 100 + p) - float(i) / 64;
         }
     c.advance(5);
     logits_.assign(size_t(cfg_.vocab_size), 0.5f);
@@ -222,7 +222,7 @@ class PromptCacheTest : public ::testing::Test {
   }
   fs::path file() const { return tmp_ / "prompt.cache"; }
   std::string load_error(int64_t context = 16) {
-    return error_of([&] { load_prompt_cache(file(), id_, 42, cfg_, context, cfg_.vocab_size); });
+    return error_of([&] { load_prompt_cache(file(), id_, 42, cfg_, context, DType::F32, cfg_.vocab_size); });
   }
   // Rewrites the header (JSON) keeping everything after it.
   void edit_header(const std::function<void(json&)>& f) {
@@ -242,12 +242,20 @@ class PromptCacheTest : public ::testing::Test {
 };
 
 TEST_F(PromptCacheTest, RoundTrips) {
-  auto s = load_prompt_cache(file(), id_, 42, cfg_, 16, cfg_.vocab_size);
+  auto s = load_prompt_cache(file(), id_, 42, cfg_, 16, DType::F32, cfg_.vocab_size);
   ASSERT_TRUE(s);
   EXPECT_EQ(s->logits, logits_);
   EXPECT_EQ(s->cache.length(), 5);
-  EXPECT_EQ(s->cache.key_slot(2, 4)[3], 204 + 3.0f / 64);
-  EXPECT_FALSE(load_prompt_cache(file(), id_, 43, cfg_, 16, cfg_.vocab_size));  // another request: a miss
+  EXPECT_EQ(reinterpret_cast<const float*>(s->cache.key_slot(2, 4))[3], 204 + 3.0f / 64);
+  EXPECT_FALSE(load_prompt_cache(file(), id_, 43, cfg_, 16, DType::F32, cfg_.vocab_size));  // another request: a miss
+}
+
+// Rows of f32 are not read as bf16 ones (nor the other way), whatever the identity says.
+TEST_F(PromptCacheTest, KvRowTypeMustMatch) {
+  const std::string e = error_of([&] { load_prompt_cache(file(), id_, 42, cfg_, 16, DType::BF16, cfg_.vocab_size); });
+  EXPECT_NE(e.find("KV rows of \"F32\" do not match this precision's BF16"), std::string::npos) << e;
+  edit_header([](json& h) { h.erase("kv"); });
+  EXPECT_NE(load_error().find("KV rows of null"), std::string::npos) << load_error();
 }
 
 TEST_F(PromptCacheTest, CorruptedDataRefusedByChecksum) {
@@ -271,10 +279,10 @@ TEST_F(PromptCacheTest, HeaderSizesCheckedAgainstTheFileBeforeAllocating) {
     h["length"] = 10'000'000;
     for (auto& v : h["visible"]) v = v.get<int64_t>() == 5 ? 10'000'000 : v.get<int64_t>();
   });
-  const std::string e = error_of([&] { load_prompt_cache(file(), id_, 42, cfg_, 100'000'000, cfg_.vocab_size); });
+  const std::string e = error_of([&] { load_prompt_cache(file(), id_, 42, cfg_, 100'000'000, DType::F32, cfg_.vocab_size); });
   EXPECT_TRUE(e.find("max_position_embeddings") != std::string::npos || e.find("truncated") != std::string::npos) << e;
   cfg_.max_position_embeddings = 100'000'000;
-  const std::string e2 = error_of([&] { load_prompt_cache(file(), id_, 42, cfg_, 100'000'000, cfg_.vocab_size); });
+  const std::string e2 = error_of([&] { load_prompt_cache(file(), id_, 42, cfg_, 100'000'000, DType::F32, cfg_.vocab_size); });
   EXPECT_NE(e2.find("truncated"), std::string::npos) << e2;
   EXPECT_NE(e2.find("the header needs"), std::string::npos) << e2;
 }
@@ -299,7 +307,7 @@ TEST_F(PromptCacheTest, SaveDoesNotFollowSymlinks) {
   test::write_file(tmp_ / "victim", "precious");
   fs::remove(file());
   fs::create_symlink(tmp_ / "victim", file());
-  KvCache c(cfg_, 16);
+  KvCache c(cfg_, 16, DType::F32);
   c.reserve(1);
   c.advance(1);
   EXPECT_NE(error_of([&] { save_prompt_cache(file(), id_, 1, cfg_, c, logits_); }).find("symbolic link"),

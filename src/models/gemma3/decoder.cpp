@@ -148,6 +148,9 @@ void Decoder::forward(const Batch& b, std::span<const SeqSlot> slots, Activation
     for (size_t t = 0; t < s; ++t)
       if (slots[t].cache == slot.cache && act.runs[2 * t] != kNoRow)
         fail("forward: sequences {} and {} share one KV cache", t, s);
+    if (slot.cache->dtype() != kv_dtype())
+      fail("forward: sequence {} has a KV cache of {} rows, this decoder's precision keeps {}", s,
+           dtype_name(slot.cache->dtype()), dtype_name(kv_dtype()));
     const int64_t P = slot.cache->length();
     for (uint32_t i = r0; i < r1; ++i)
       if (b.pos[i] != P + int64_t(i - r0))
@@ -228,11 +231,16 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
       kernels::rope_rotate_half(act.q.data() + r * nH * d, nH, d, cs, sn);
       kernels::rope_rotate_half(act.k.data() + r * nKV * d, nKV, d, cs, sn);
     }
+    if (kv_dtype() == DType::BF16) {  // what the cache will hold, for this pass's attention too
+      kernels::round_to_bf16(k, k, m * nKV * d, ex_.isa);
+      float* v = act.v.data() + r0 * nKV * d;
+      kernels::round_to_bf16(v, v, m * nKV * d, ex_.isa);
+    }
   });
   act.decode_rows.clear();
   for (size_t s = 0; s < slots.size(); ++s)
     if (act.runs[2 * s] != kNoRow) attend(l, b, slots[s], act.runs[2 * s], act.runs[2 * s + 1], act);
-  if (!act.decode_rows.empty()) nn::attention_decode(act.decode_rows, attn_, act.attn_work, ex_);
+  if (!act.decode_rows.empty()) nn::attention_decode(act.decode_rows, attn_, kv_dtype(), act.attn_work, ex_);
   kernels::matmul(act.attn.data(), n, L.o, t, ex_);
   observe("attn_out", t, H);
   norm_add(L.post_attn_norm);
@@ -255,7 +263,7 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
 void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size_t r1, Activations& act) const {
   const Layer& L = layers_[size_t(l)];
   KvCache& c = *slot.cache;
-  const size_t qrow = attn_.n_heads * attn_.head_dim, krow = c.row_size(), bytes = krow * sizeof(float);
+  const size_t qrow = attn_.n_heads * attn_.head_dim, krow = c.row_size();
   const int64_t P = c.length();
   const size_t rows = r1 - r0;
   const size_t valid = std::min(r1, b.valid_rows < 0 ? b.n : size_t(b.valid_rows)) - r0;
@@ -263,41 +271,58 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   const float* k = act.k.data() + r0 * krow;
   const float* v = act.v.data() + r0 * krow;
   float* out = act.attn.data() + r0 * qrow;
+  const bool bf16 = c.dtype() == DType::BF16;
+  // Rows of f32 into the cache and back; under bf16 they were rounded in layer(), so both
+  // directions are exact.
+  auto put = [&](int64_t pos, const float* kr, const float* vr) {
+    if (!bf16) {
+      std::memcpy(c.key_slot(l, pos), kr, krow * sizeof(float));
+      std::memcpy(c.value_slot(l, pos), vr, krow * sizeof(float));
+      return;
+    }
+    kernels::to_bf16(kr, reinterpret_cast<uint16_t*>(c.key_slot(l, pos)), krow, ex_.isa);
+    kernels::to_bf16(vr, reinterpret_cast<uint16_t*>(c.value_slot(l, pos)), krow, ex_.isa);
+  };
+  auto get = [&](int64_t pos, float* kr, float* vr) {
+    if (!bf16) {
+      std::memcpy(kr, c.key_slot(l, pos), krow * sizeof(float));
+      std::memcpy(vr, c.value_slot(l, pos), krow * sizeof(float));
+      return;
+    }
+    const auto* ks = reinterpret_cast<const uint16_t*>(c.key_slot(l, pos));
+    const auto* vs = reinterpret_cast<const uint16_t*>(c.value_slot(l, pos));
+    for (size_t i = 0; i < krow; ++i) kr[i] = bf16_to_f32(ks[i]), vr[i] = bf16_to_f32(vs[i]);
+  };
 
   if (!slot.mask) {  // a decode row sees every visible cached key and itself; attended with the step's others
-    std::memcpy(c.key_slot(l, P), k, bytes);
-    std::memcpy(c.value_slot(l, P), v, bytes);
+    put(P, k, v);
     act.decode_rows.push_back({q, c.keys(l), c.values(l), c.visible(l, P + 1), out});
     return;
   }
-  if (!L.sliding) {
+  if (!L.sliding && !bf16) {
     // Global layers keep every position in slot order: write the new rows, attend in place.
-    for (size_t i = 0; i < valid; ++i) {
-      std::memcpy(c.key_slot(l, P + int64_t(i)), k + i * krow, bytes);
-      std::memcpy(c.value_slot(l, P + int64_t(i)), v + i * krow, bytes);
-    }
+    for (size_t i = 0; i < valid; ++i) put(P + int64_t(i), k + i * krow, v + i * krow);
     const SpecTiles tiles(*slot.mask, false, P, int(valid), 0);
-    nn::attention(q, rows, c.keys(l), c.values(l), size_t(P) + valid, &tiles, attn_, out, act.attn_work, ex_.exact());
+    nn::attention(q, rows, reinterpret_cast<const float*>(c.keys(l)), reinterpret_cast<const float*>(c.values(l)),
+                  size_t(P) + valid, &tiles, attn_, out, act.attn_work, ex_.exact());
     return;
   }
-  // Sliding layers: the W − 1 cached positions any new row can reach, in position order,
-  // then the new rows; the ring takes the new rows after attention (a slot they overwrite
-  // may still be visible to an earlier row of this chunk).
-  const int64_t W = cfg_.sliding_window, m = std::min<int64_t>(P, W - 1), base = P - m;
+  // Otherwise the cached positions any new row can reach, widened to f32 in position order
+  // (sliding layers: the last W − 1; global ones under bf16: all), then the new rows; the cache
+  // takes the new rows after attention (on a sliding layer a slot they overwrite may still be
+  // visible to an earlier row of this chunk).
+  const int64_t W = cfg_.sliding_window, m = L.sliding ? std::min<int64_t>(P, W - 1) : P, base = P - m;
+  const size_t need = (size_t(m) + valid) * krow;
+  if (act.ctx_k.size() < need) act.ctx_k.resize(need), act.ctx_v.resize(need);  // a long global prefill
   float* ck = act.ctx_k.data();
   float* cv = act.ctx_v.data();
-  for (int64_t p = base; p < P; ++p) {
-    std::memcpy(ck + size_t(p - base) * krow, c.key_slot(l, p), bytes);
-    std::memcpy(cv + size_t(p - base) * krow, c.value_slot(l, p), bytes);
-  }
-  std::memcpy(ck + size_t(m) * krow, k, valid * bytes);
-  std::memcpy(cv + size_t(m) * krow, v, valid * bytes);
-  const SpecTiles tiles(*slot.mask, true, P, int(valid), base);
+  for (int64_t p = base; p < P; ++p) get(p, ck + size_t(p - base) * krow, cv + size_t(p - base) * krow);
+  std::memcpy(ck + size_t(m) * krow, k, valid * krow * sizeof(float));
+  std::memcpy(cv + size_t(m) * krow, v, valid * krow * sizeof(float));
+  const SpecTiles tiles(*slot.mask, L.sliding, P, int(valid), base);
   nn::attention(q, rows, ck, cv, size_t(m) + valid, &tiles, attn_, out, act.attn_work, ex_.exact());
-  for (int64_t i = std::max<int64_t>(0, int64_t(valid) - W); i < int64_t(valid); ++i) {
-    std::memcpy(c.key_slot(l, P + i), k + size_t(i) * krow, bytes);
-    std::memcpy(c.value_slot(l, P + i), v + size_t(i) * krow, bytes);
-  }
+  for (int64_t i = L.sliding ? std::max<int64_t>(0, int64_t(valid) - W) : 0; i < int64_t(valid); ++i)
+    put(P + i, k + size_t(i) * krow, v + size_t(i) * krow);
 }
 
 std::vector<float> Decoder::prefill_from_embeddings(const PrefillInput& in, KvCache& cache,
