@@ -22,6 +22,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "models/gemma3/registry.h"
+#include "models/kv_cache.h"
 #include "core/thread_pool.h"
 #include "io/identity.h"
 #include "kernels/matmul.h"
@@ -114,7 +115,7 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
   // A KV cache of L positions for every layer and sequence in the rows the decoder keeps at this
   // precision (bf16 under bf16, else f32), random-ish values.
   const size_t cache = L * nKV * d;
-  const DType kv = ex.precision == Precision::Bf16 ? DType::BF16 : DType::F32;
+  const DType kv = vlm::KvCache::dtype_for(ex.precision);
   const size_t es = dtype_size(kv);
   std::vector<std::byte> kc(B * layers.size() * cache * es), vc(kc.size());
   for (size_t i = 0; i < kc.size() / es; ++i) {

@@ -320,7 +320,8 @@ int cmd_bench(int argc, char** argv) {
   }
 
   // KV bytes the runs above held at most: the widest is the batch (B sequences) or the prefill.
-  const double kv_per_pos = 2.0 * tc.num_layers * tc.num_kv_heads * tc.head_dim * dtype_size(m.decoder().kv_dtype());
+  const double kv_per_pos =
+      2.0 * tc.num_layers * tc.num_kv_heads * tc.head_dim * dtype_size(m.decoder().kv_dtype());
   const double kv_bytes = kv_per_pos * std::max<double>(pp + 1, double(batch) * (batch_steps + 3));
   rss = std::max(rss, peak_rss_bytes());
   say(fmt::format("peak RSS: {:.3f} GB; weights used {:.3f} GB + KV {:.3f} GB = {:.3f} GB ({:.1f}%)", rss * 1e-9,

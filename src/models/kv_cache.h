@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/huge_pages.h"
 #include "io/config.h"
+#include "kernels/exec.h"
 
 namespace vlm {
 
@@ -23,6 +24,9 @@ class KvCache {
   // The most memory a cache of `context` positions ever holds (keys and values of every layer,
   // sliding layers at most their window): what an engine reserves for a sequence.
   static size_t bytes_for(const TextConfig& cfg, int64_t context, DType dtype);
+  // The rows a decoder keeps at a precision: bf16 under Bf16 (the keys and values a bf16
+  // checkpoint's reference attends to), f32 otherwise.
+  static DType dtype_for(kernels::Precision p) { return p == kernels::Precision::Bf16 ? DType::BF16 : DType::F32; }
 
   int64_t length() const { return length_; }  // positions written = next position
   int64_t context() const { return context_; }

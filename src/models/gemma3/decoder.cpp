@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/format.h"
 #include "kernels/ops.h"
 #include "models/gemma3/registry.h"
 
@@ -207,6 +208,10 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
   auto rows = [&](auto&& f) {
     ex_.threads().parallel_for(n, [&](size_t r0, size_t r1) { f(r0, r1 - r0); }, kRowGrain);
   };
+  // a ← norm(x), row by row.
+  auto norm_x = [&](const std::vector<float>& w) {
+    rows([&](size_t r, size_t m) { kernels::rms_norm(x + r * H, w.data(), a + r * H, m, H, eps_, ex_.isa); });
+  };
   // t ← norm(t); x += t, row by row.
   auto norm_add = [&](const std::vector<float>& w) {
     rows([&](size_t r, size_t m) {
@@ -216,7 +221,7 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
   };
 
   // Attention sublayer: x += post_attn_norm(o(attention(rope(norm(q)), rope(norm(k)), v))).
-  rows([&](size_t r, size_t m) { kernels::rms_norm(x + r * H, L.input_norm.data(), a + r * H, m, H, eps_, ex_.isa); });
+  norm_x(L.input_norm);
   observe("attn_norm", a, H);
   const kernels::Product qkv[] = {{L.q, act.q.data()}, {L.k, act.k.data()}, {L.v, act.v.data()}};
   kernels::matmul_each(a, n, qkv, ex_);
@@ -248,7 +253,7 @@ void Decoder::layer(int l, const Batch& b, std::span<const SeqSlot> slots, Activ
   observe("ffn_inp", x, H);
 
   // MLP sublayer: x += post_ff_norm(down(gelu_tanh(gate(norm(x))) · up(norm(x)))).
-  rows([&](size_t r, size_t m) { kernels::rms_norm(x + r * H, L.pre_ff_norm.data(), a + r * H, m, H, eps_, ex_.isa); });
+  norm_x(L.pre_ff_norm);
   const kernels::Product gate_up[] = {{L.gate, act.gate.data()}, {L.up, act.up.data()}};
   kernels::matmul_each(a, n, gate_up, ex_);
   rows([&](size_t r, size_t m) {
@@ -272,8 +277,8 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   const float* v = act.v.data() + r0 * krow;
   float* out = act.attn.data() + r0 * qrow;
   const bool bf16 = c.dtype() == DType::BF16;
-  // Rows of f32 into the cache and back; under bf16 they were rounded in layer(), so both
-  // directions are exact.
+  // Rows of f32 into the cache (and below, back); under bf16 they were rounded in layer(), so
+  // both directions are exact.
   auto put = [&](int64_t pos, const float* kr, const float* vr) {
     if (!bf16) {
       std::memcpy(c.key_slot(l, pos), kr, krow * sizeof(float));
@@ -282,16 +287,6 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
     }
     kernels::to_bf16(kr, reinterpret_cast<uint16_t*>(c.key_slot(l, pos)), krow, ex_.isa);
     kernels::to_bf16(vr, reinterpret_cast<uint16_t*>(c.value_slot(l, pos)), krow, ex_.isa);
-  };
-  auto get = [&](int64_t pos, float* kr, float* vr) {
-    if (!bf16) {
-      std::memcpy(kr, c.key_slot(l, pos), krow * sizeof(float));
-      std::memcpy(vr, c.value_slot(l, pos), krow * sizeof(float));
-      return;
-    }
-    const auto* ks = reinterpret_cast<const uint16_t*>(c.key_slot(l, pos));
-    const auto* vs = reinterpret_cast<const uint16_t*>(c.value_slot(l, pos));
-    for (size_t i = 0; i < krow; ++i) kr[i] = bf16_to_f32(ks[i]), vr[i] = bf16_to_f32(vs[i]);
   };
 
   if (!slot.mask) {  // a decode row sees every visible cached key and itself; attended with the step's others
@@ -316,7 +311,11 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   if (act.ctx_k.size() < need) act.ctx_k.resize(need), act.ctx_v.resize(need);  // a long global prefill
   float* ck = act.ctx_k.data();
   float* cv = act.ctx_v.data();
-  for (int64_t p = base; p < P; ++p) get(p, ck + size_t(p - base) * krow, cv + size_t(p - base) * krow);
+  const kernels::Format& rows_format = kernels::format_of(c.dtype());
+  for (int64_t p = base; p < P; ++p) {
+    rows_format.to_f32(c.key_slot(l, p), ck + size_t(p - base) * krow, krow);
+    rows_format.to_f32(c.value_slot(l, p), cv + size_t(p - base) * krow, krow);
+  }
   std::memcpy(ck + size_t(m) * krow, k, valid * krow * sizeof(float));
   std::memcpy(cv + size_t(m) * krow, v, valid * krow * sizeof(float));
   const SpecTiles tiles(*slot.mask, L.sliding, P, int(valid), base);

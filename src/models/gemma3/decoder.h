@@ -44,9 +44,8 @@ class Decoder {
   int vocab() const { return int(head_.rows); }
   ThreadPool& pool() const { return ex_.threads(); }
   const kernels::Exec& exec() const { return ex_; }
-  // The cache's rows: bf16 under --precision bf16 (the keys and values a bf16 checkpoint's
-  // reference attends to), f32 otherwise (docs/gemma3/decoder.md, "KV cache").
-  DType kv_dtype() const { return ex_.precision == kernels::Precision::Bf16 ? DType::BF16 : DType::F32; }
+  // The cache's rows at this decoder's precision (docs/gemma3/decoder.md, "KV cache").
+  DType kv_dtype() const { return KvCache::dtype_for(ex_.precision); }
   KvCache new_cache(int64_t context) const { return KvCache(cfg_, context, kv_dtype()); }
 
   // Runs the batch's rows through every layer and appends each sequence's valid rows to
