@@ -59,6 +59,7 @@ class DecoderTest : public ::testing::Test {
     *logits = model_->prefill_from_embeddings(text_input(ids, int(ids.size())), c);
     return c;
   }
+  void chunked_equals_one(const Decoder& model);
   std::unique_ptr<Checkpoint> ckpt_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Decoder> model_;
@@ -175,24 +176,33 @@ TEST_F(DecoderTest, PrefillRejectsBadInputs) {
 
 // A prompt prefilled in chunks (continuations on a non-empty cache, one chunk right-
 // padded) gives the same logits at every position as one prefill, and the same decode
-// steps after it; chunk boundaries fall before, inside and past the sliding window.
+// steps after it; chunk boundaries fall before, inside and past the sliding window. Under both
+// precisions: a bf16 cache's rows are widened for a continuing prefill's attention.
 TEST_F(DecoderTest, ChunkedPrefillEqualsOnePrefill) {
+  const Decoder bf16(*ckpt_, kernels::Exec(*pool_, kernels::best_isa(), kernels::Precision::Bf16));
+  ASSERT_EQ(bf16.new_cache(8).dtype(), DType::BF16);
+  for (const Decoder* model : {static_cast<const Decoder*>(model_.get()), &bf16})
+    chunked_equals_one(*model);
+}
+
+void DecoderTest::chunked_equals_one(const Decoder& model) {
+  SCOPED_TRACE(model.new_cache(8).dtype() == DType::BF16 ? "bf16 cache" : "f32 cache");
   const std::vector<int32_t> ids = prompt_of(30, 5);
-  const size_t V = size_t(model_->vocab());
+  const size_t V = size_t(model.vocab());
   PrefillOptions all;
   all.all_logits = true;
-  KvCache one = model_->new_cache(64);
-  const std::vector<float> ref = model_->prefill_from_embeddings(
+  KvCache one = model.new_cache(64);
+  const std::vector<float> ref = model.prefill_from_embeddings(
       text_input(ids, 30), one, all);
   for (const std::vector<int>& cuts : {std::vector<int>{0, 3, 4, 30}, std::vector<int>{0, 7, 19, 30},
                                        std::vector<int>{0, 12, 13, 29, 30}}) {
-    KvCache c = model_->new_cache(64);
+    KvCache c = model.new_cache(64);
     std::vector<float> got;
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
       const std::span<const int32_t> part(ids.data() + cuts[i], size_t(cuts[i + 1] - cuts[i]));
       const int Lp = int(part.size()) + (i == 1 ? 5 : 0);  // the second chunk right-padded
       const std::vector<float> l =
-          model_->prefill_from_embeddings(text_input(part, Lp), c, all);
+          model.prefill_from_embeddings(text_input(part, Lp), c, all);
       got.insert(got.end(), l.begin(), l.begin() + std::ptrdiff_t(part.size() * V));
     }
     ASSERT_EQ(c.length(), 30);
@@ -206,7 +216,7 @@ TEST_F(DecoderTest, ChunkedPrefillEqualsOnePrefill) {
     KvCache a = one;
     for (int step = 0; step < 12; ++step) {
       const DecodeItem x{&a, 7 + step}, y{&c, 7 + step};
-      const std::vector<float> la = model_->decode_step({&x, 1}), lc = model_->decode_step({&y, 1});
+      const std::vector<float> la = model.decode_step({&x, 1}), lc = model.decode_step({&y, 1});
       for (size_t i = 0; i < V; ++i) ASSERT_LE(std::fabs(la[i] - lc[i]), 1e-5f * scale) << step;
     }
   }
