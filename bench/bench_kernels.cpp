@@ -7,6 +7,9 @@
 // layer's norms, q/k/v/o, gate/up/down, attention over CONTEXT cached positions, the
 // head) for BATCH sequences at once (1 unless given), and prints each op's weight and cache
 // bytes, time and share, next to the bandwidth probe and the FMA peak.
+//        bench_kernels --prefill-profile MODEL_DIR [TOKENS] [STEPS]
+// The third replays a prefill of TOKENS tokens the same way: each op's time and share of the
+// FMA peak, to compare across thread counts (VLM_THREADS).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,7 +24,9 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "models/gemma3/decoder.h"
 #include "models/gemma3/registry.h"
+#include "models/mask.h"
 #include "models/kv_cache.h"
 #include "core/thread_pool.h"
 #include "io/identity.h"
@@ -83,41 +88,124 @@ std::string load_average() {
   return line.substr(0, line.find(' ')) + "\n";
 }
 
+// A checkpoint's decoder weights at the precision the engine runs it at by default, for the
+// replays below.
+struct Replay {
+  struct Layer {
+    Weight q, k, v, o, gate, up, down;
+    bool sliding;
+  };
+  ThreadPool pool;
+  Checkpoint ck;
+  Exec ex;
+  const TextConfig& c;
+  std::vector<Layer> layers;
+  Weight head;
+  std::vector<float> norm_w;  // every norm's weights: the values do not change the time
+
+  explicit Replay(const char* dir)
+      : pool(bench_threads()),
+        ck(models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false})),
+        ex(pool, best_isa(),
+           parse_precision(
+               default_precision(models::gemma3::layer_tensor(ck, 0, models::gemma3::LayerTensor::Q).dtype),
+               "precision")),
+        c(ck.config().text),
+        head(as_weight(ck.lm_head())),
+        norm_w(size_t(std::max(c.hidden_size, c.head_dim)), 0.1f) {
+    for (int l = 0; l < c.num_layers; ++l) {
+      const std::string p = "text.layers." + std::to_string(l) + ".";
+      auto w = [&](const char* n) { return as_weight(ck.get(p + n)); };
+      layers.push_back({w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight"),
+                        w("self_attn.o_proj.weight"), w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"),
+                        w("mlp.down_proj.weight"), c.layer_kinds.at(size_t(l)) == LayerKind::Sliding});
+    }
+  }
+  nn::AttnShape shape() const {
+    return {size_t(c.num_heads), size_t(c.num_kv_heads), size_t(c.head_dim), 0.0625f};
+  }
+};
+
+enum Op { RowWise, QKV, Attn, O, GateUp, Down, Head, kOps };
+
+// Each op's bytes (weights, and the cache it reads) and FLOPs for `rows` rows through every layer;
+// attention's are added by the caller.
+struct OpTable {
+  double bytes[kOps] = {}, flops[kOps] = {}, best[kOps], best_total = 1e30;
+  OpTable(const Replay& r, size_t rows) {
+    for (double& b : best) b = 1e30;
+    auto wb = [](const Weight& w) { return double(w.stride_bytes() * w.rows); };
+    auto fl = [&](const Weight& w) { return 2.0 * double(rows * w.rows * w.cols); };
+    for (const Replay::Layer& ly : r.layers) {
+      bytes[QKV] += wb(ly.q) + wb(ly.k) + wb(ly.v);
+      bytes[O] += wb(ly.o);
+      bytes[GateUp] += wb(ly.gate) + wb(ly.up);
+      bytes[Down] += wb(ly.down);
+      flops[QKV] += fl(ly.q) + fl(ly.k) + fl(ly.v);
+      flops[O] += fl(ly.o);
+      flops[GateUp] += fl(ly.gate) + fl(ly.up);
+      flops[Down] += fl(ly.down);
+    }
+    bytes[RowWise] = 0;
+    bytes[Head] = wb(r.head);
+  }
+  // Runs step(timed) steps + 1 times (the first pages the weights in) and keeps each op's best
+  // time; step calls timed(op, f) around each op.
+  template <class Step>
+  void time(int steps, Step&& step) {
+    for (int s = 0; s < steps + 1; ++s) {
+      double t[kOps] = {};
+      step([&](Op op, auto&& f) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        t[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
+      if (s == 0) continue;
+      double total = 0;
+      for (int op = 0; op < kOps; ++op) {
+        best[op] = std::min(best[op], t[op]);
+        total += t[op];
+      }
+      best_total = std::min(best_total, total);
+    }
+  }
+  void print(const char* const names[kOps], int steps, double tokens, double bw, double peak) const {
+    fmt::print("read bandwidth probe {:.1f} GB/s, f32 FMA peak {:.1f} GFLOP/s; best of {} steps per op:\n", bw / 1e9,
+               peak / 1e9, steps);
+    double all_bytes = 0, all_flops = 0;
+    for (int op = 0; op < kOps; ++op) {
+      all_bytes += bytes[op], all_flops += flops[op];
+      fmt::print("  {:<10} {:9.1f} MB {:9.2f} ms {:7.1f} GB/s {:6.1f}% of probe {:6.1f}% of peak\n", names[op],
+                 bytes[op] / 1e6, best[op] * 1e3, bytes[op] / best[op] / 1e9, 100 * bytes[op] / best[op] / bw,
+                 100 * flops[op] / best[op] / peak);
+    }
+    fmt::print("  best whole step {:.2f} ms = {:.2f} tokens/s for {:.3f} GB: {:.1f} GB/s, {:.1f}% of probe, "
+               "{:.1f}% of peak (limit {:.2f} tokens/s)\n",
+               best_total * 1e3, tokens / best_total, all_bytes / 1e9, all_bytes / best_total / 1e9,
+               100 * all_bytes / best_total / bw, 100 * all_flops / best_total / peak,
+               tokens * std::min(bw / all_bytes, peak / all_flops));
+  }
+};
+
 }  // namespace
 
 // One decode step replayed on the kernels, op by op (see the usage note at the top).
 int decode_profile(const char* dir, int context, int steps, int batch) {
-  const int threads = bench_threads();
-  ThreadPool pool(threads);
-  Checkpoint ck = models::gemma3::open_checkpoint(dir, Parts{.text = true, .vision = false});
-  // The precision the engine runs this checkpoint at by default.
-  const Exec ex(pool, best_isa(),
-                parse_precision(default_precision(models::gemma3::layer_tensor(ck, 0, models::gemma3::LayerTensor::Q).dtype),
-                                "precision"));
-  const TextConfig& c = ck.config().text;
+  Replay r(dir);
+  const Exec& ex = r.ex;
+  const TextConfig& c = r.c;
   const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size), d = size_t(c.head_dim);
   const size_t nH = size_t(c.num_heads), nKV = size_t(c.num_kv_heads), L = size_t(context);
   const size_t B = size_t(std::max(1, batch));
-  struct Layer {
-    Weight q, k, v, o, gate, up, down;
-  };
-  std::vector<Layer> layers;
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = "text.layers." + std::to_string(l) + ".";
-    auto w = [&](const char* n) { return as_weight(ck.get(p + n)); };
-    layers.push_back({w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight"),
-                      w("self_attn.o_proj.weight"), w("mlp.gate_proj.weight"), w("mlp.up_proj.weight"),
-                      w("mlp.down_proj.weight")});
-  }
-  const Weight head = as_weight(ck.lm_head());
   std::vector<float> x(B * H, 0.01f), a(B * H), q(B * nH * d), kk(B * nKV * d), vv(B * nKV * d),
-      att(B * nH * d), g(B * I), u(B * I), logits(B * head.rows), norm_w(std::max(H, d), 0.1f);
+      att(B * nH * d), g(B * I), u(B * I), logits(B * r.head.rows);
+  const float* norm_w = r.norm_w.data();
   // A KV cache of L positions for every layer and sequence in the rows the decoder keeps at this
   // precision (bf16 under bf16, else f32), random-ish values.
   const size_t cache = L * nKV * d;
   const DType kv = vlm::KvCache::dtype_for(ex.precision);
   const size_t es = dtype_size(kv);
-  std::vector<std::byte> kc(B * layers.size() * cache * es), vc(kc.size());
+  std::vector<std::byte> kc(B * r.layers.size() * cache * es), vc(kc.size());
   for (size_t i = 0; i < kc.size() / es; ++i) {
     const float f = float(i % 97) * 1e-3f;
     if (kv == DType::BF16) {
@@ -127,100 +215,142 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
       std::memcpy(kc.data() + 4 * i, &f, 4), std::memcpy(vc.data() + 4 * i, &f, 4);
     }
   }
-  const nn::AttnShape shape{nH, nKV, d, 0.0625f};
+  const nn::AttnShape shape = r.shape();
   nn::AttnScratch scratch;
   std::vector<nn::DecodeRow> rows(B);
-  enum Op { Norms, QKV, Attn, O, GateUp, Down, Head, kOps };
-  const char* names[kOps] = {"norms", "q/k/v", "attention", "o", "gate/up", "down", "head"};
-  double bytes[kOps] = {}, flops[kOps] = {}, best[kOps];
-  for (double& b : best) b = 1e30;
-  auto wb = [](const Weight& w) { return double(w.stride_bytes() * w.rows); };
-  auto fl = [&](const Weight& w) { return 2.0 * double(B * w.rows * w.cols); };  // B rows through w
-  for (const Layer& ly : layers) {
-    bytes[QKV] += wb(ly.q) + wb(ly.k) + wb(ly.v);
-    bytes[O] += wb(ly.o);
-    bytes[GateUp] += wb(ly.gate) + wb(ly.up);
-    bytes[Down] += wb(ly.down);
-    bytes[Attn] += double(B) * 2.0 * double(cache * es);
-    flops[QKV] += fl(ly.q) + fl(ly.k) + fl(ly.v);
-    flops[O] += fl(ly.o);
-    flops[GateUp] += fl(ly.gate) + fl(ly.up);
-    flops[Down] += fl(ly.down);
-    flops[Attn] += double(B) * 4.0 * double(L * nH * d);
+  OpTable ops(r, B);
+  for (size_t l = 0; l < r.layers.size(); ++l) {
+    ops.bytes[Attn] += double(B) * 2.0 * double(cache * es);
+    ops.flops[Attn] += double(B) * 4.0 * double(L * nH * d);
   }
-  bytes[Head] = wb(head);
-  flops[Head] = fl(head);
-  const double bw = measure_read_bandwidth(threads);
-  const double peak = measure_peak_flops(threads);
-  double best_total = 1e30;
-  for (int s = 0; s < steps + 1; ++s) {  // step 0 pages the weights in
-    double t[kOps] = {};
-    auto timed = [&](Op op, auto&& f) {
-      const auto t0 = std::chrono::steady_clock::now();
-      f();
-      t[op] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    for (size_t l = 0; l < layers.size(); ++l) {
-      const Layer& ly = layers[l];
-      timed(Norms, [&] { rms_norm(x.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });
+  const double bw = measure_read_bandwidth(r.pool.size());
+  const double peak = measure_peak_flops(r.pool.size());
+  ops.time(steps, [&](auto&& timed) {
+    for (size_t l = 0; l < r.layers.size(); ++l) {
+      const Replay::Layer& ly = r.layers[l];
+      timed(RowWise, [&] { rms_norm(x.data(), norm_w, a.data(), B, H, 1e-6f, ex.isa); });
       timed(QKV, [&] {
         const Product qkv[] = {{ly.q, q.data()}, {ly.k, kk.data()}, {ly.v, vv.data()}};
         matmul_each(a.data(), B, qkv, ex);
       });
-      timed(Norms, [&] {
-        rms_norm(q.data(), norm_w.data(), q.data(), B * nH, d, 1e-6f, ex.isa);
-        rms_norm(kk.data(), norm_w.data(), kk.data(), B * nKV, d, 1e-6f, ex.isa);
+      timed(RowWise, [&] {
+        rms_norm(q.data(), norm_w, q.data(), B * nH, d, 1e-6f, ex.isa);
+        rms_norm(kk.data(), norm_w, kk.data(), B * nKV, d, 1e-6f, ex.isa);
       });
       timed(Attn, [&] {
         for (size_t b = 0; b < B; ++b) {
-          const size_t at = (b * layers.size() + l) * cache * es;
+          const size_t at = (b * r.layers.size() + l) * cache * es;
           rows[b] = {q.data() + b * nH * d, kc.data() + at, vc.data() + at, L, att.data() + b * nH * d};
         }
         nn::attention_decode(rows, shape, kv, scratch, ex);
       });
       timed(O, [&] { matmul(att.data(), B, ly.o, a.data(), ex); });
-      timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });
+      timed(RowWise, [&] { rms_norm(a.data(), norm_w, a.data(), B, H, 1e-6f, ex.isa); });
       timed(GateUp, [&] {
         const Product gate_up[] = {{ly.gate, g.data()}, {ly.up, u.data()}};
         matmul_each(a.data(), B, gate_up, ex);
         gelu_tanh_mul(g.data(), u.data(), B * I, ex.isa);
       });
       timed(Down, [&] { matmul(g.data(), B, ly.down, a.data(), ex); });
-      timed(Norms, [&] { rms_norm(a.data(), norm_w.data(), a.data(), B, H, 1e-6f, ex.isa); });
+      timed(RowWise, [&] { rms_norm(a.data(), norm_w, a.data(), B, H, 1e-6f, ex.isa); });
     }
-    timed(Head, [&] { matmul(x.data(), B, head, logits.data(), ex); });
-    if (s == 0) continue;
-    double total = 0;
-    for (int op = 0; op < kOps; ++op) {
-      best[op] = std::min(best[op], t[op]);
-      total += t[op];
-    }
-    best_total = std::min(best_total, total);
-  }
-  double all_bytes = 0;
-  for (double b : bytes) all_bytes += b;
-  double all_flops = 0;
-  for (double f : flops) all_flops += f;
+    timed(Head, [&] { matmul(x.data(), B, r.head, logits.data(), ex); });
+  });
   fmt::print("decode step replayed on the kernels: {} ({} layers, context {}, batch {}), {} threads, {}, "
              "precision {}, load average {}",
-             dir, c.num_layers, L, B, threads, isa_name(ex.isa), precision_name(ex.precision), load_average());
-  fmt::print("read bandwidth probe {:.1f} GB/s, f32 FMA peak {:.1f} GFLOP/s; best of {} steps per op:\n", bw / 1e9,
-             peak / 1e9, steps);
-  for (int op = 0; op < kOps; ++op)
-    fmt::print("  {:<10} {:9.1f} MB {:9.2f} ms {:7.1f} GB/s {:6.1f}% of probe {:6.1f}% of peak\n", names[op],
-               bytes[op] / 1e6, best[op] * 1e3, bytes[op] / best[op] / 1e9, 100 * bytes[op] / best[op] / bw,
-               100 * flops[op] / best[op] / peak);
-  fmt::print("  best whole step {:.2f} ms = {:.2f} tokens/s for {:.3f} GB: {:.1f} GB/s, {:.1f}% of probe, "
-             "{:.1f}% of peak (limit {:.2f} tokens/s)\n",
-             best_total * 1e3, double(B) / best_total, all_bytes / 1e9, all_bytes / best_total / 1e9,
-             100 * all_bytes / best_total / bw, 100 * all_flops / best_total / peak,
-             double(B) * std::min(bw / all_bytes, peak / all_flops));
+             dir, c.num_layers, L, B, r.pool.size(), isa_name(ex.isa), precision_name(ex.precision), load_average());
+  const char* names[kOps] = {"norms", "q/k/v", "attention", "o", "gate/up", "down", "head"};
+  ops.print(names, steps, double(B), bw, peak);
+  return 0;
+}
+
+// One prefill of `n` tokens replayed on the kernels, op by op, as Decoder::layer runs it: the
+// row-wise work over the pool in ranges of Decoder::kRowGrain rows, causal attention over the
+// chunk's own keys (sliding layers within the window), the head on the last row only.
+int prefill_profile(const char* dir, int tokens, int steps) {
+  Replay r(dir);
+  const Exec& ex = r.ex;
+  const TextConfig& c = r.c;
+  const size_t H = size_t(c.hidden_size), I = size_t(c.intermediate_size), d = size_t(c.head_dim);
+  const size_t nH = size_t(c.num_heads), nKV = size_t(c.num_kv_heads), n = size_t(std::max(1, tokens));
+  std::vector<float> x(n * H, 0.01f), a(n * H), t(n * H), q(n * nH * d), kk(n * nKV * d), vv(n * nKV * d),
+      att(n * nH * d), g(n * I), u(n * I), logits(r.head.rows), cs(n * d / 2, 1.f), sn(n * d / 2, 0.f);
+  const float* norm_w = r.norm_w.data();
+  const nn::AttnShape shape = r.shape();
+  nn::AttnScratch scratch;
+  const models::MaskSpec spec{.mode = MaskMode::Causal, .window = c.sliding_window};
+  OpTable ops(r, n);
+  ops.flops[Head] = 2.0 * double(r.head.rows * r.head.cols);
+  for (const Replay::Layer& ly : r.layers) {
+    double keys = 0;  // keys per row summed: row i sees min(i + 1, W) on a sliding layer
+    for (size_t i = 0; i < n; ++i) keys += double(ly.sliding ? std::min(i + 1, size_t(c.sliding_window)) : i + 1);
+    ops.flops[Attn] += 4.0 * keys * double(nH * d);
+  }
+  auto rows = [&](auto&& f) {
+    r.pool.parallel_for(n, [&](size_t r0, size_t r1) { f(r0, r1 - r0); }, models::gemma3::Decoder::kRowGrain);
+  };
+  const double bw = measure_read_bandwidth(r.pool.size());
+  const double peak = measure_peak_flops(r.pool.size());
+  ops.time(steps, [&](auto&& timed) {
+    for (const Replay::Layer& ly : r.layers) {
+      timed(RowWise, [&] {
+        rows([&](size_t r0, size_t m) { rms_norm(x.data() + r0 * H, norm_w, a.data() + r0 * H, m, H, 1e-6f, ex.isa); });
+      });
+      timed(QKV, [&] {
+        const Product qkv[] = {{ly.q, q.data()}, {ly.k, kk.data()}, {ly.v, vv.data()}};
+        matmul_each(a.data(), n, qkv, ex);
+      });
+      timed(RowWise, [&] {
+        rows([&](size_t r0, size_t m) {
+          rms_norm(q.data() + r0 * nH * d, norm_w, q.data() + r0 * nH * d, m * nH, d, 1e-6f, ex.isa);
+          rms_norm(kk.data() + r0 * nKV * d, norm_w, kk.data() + r0 * nKV * d, m * nKV, d, 1e-6f, ex.isa);
+          for (size_t i = r0; i < r0 + m; ++i) {
+            rope_rotate_half(q.data() + i * nH * d, nH, d, cs.data() + i * d / 2, sn.data() + i * d / 2);
+            rope_rotate_half(kk.data() + i * nKV * d, nKV, d, cs.data() + i * d / 2, sn.data() + i * d / 2);
+          }
+        });
+      });
+      timed(Attn, [&] {
+        const models::SpecTiles tiles(spec, ly.sliding, 0, int(n), 0);
+        nn::attention(q.data(), n, kk.data(), vv.data(), n, &tiles, shape, att.data(), scratch, ex.exact());
+      });
+      timed(O, [&] { matmul(att.data(), n, ly.o, t.data(), ex); });
+      timed(RowWise, [&] {
+        rows([&](size_t r0, size_t m) {
+          rms_norm(t.data() + r0 * H, norm_w, t.data() + r0 * H, m, H, 1e-6f, ex.isa);
+          for (size_t i = r0 * H; i < (r0 + m) * H; ++i) x[i] += t[i];
+        });
+        rows([&](size_t r0, size_t m) { rms_norm(x.data() + r0 * H, norm_w, a.data() + r0 * H, m, H, 1e-6f, ex.isa); });
+      });
+      timed(GateUp, [&] {
+        const Product gate_up[] = {{ly.gate, g.data()}, {ly.up, u.data()}};
+        matmul_each(a.data(), n, gate_up, ex);
+      });
+      timed(RowWise, [&] {
+        rows([&](size_t r0, size_t m) { gelu_tanh_mul(g.data() + r0 * I, u.data() + r0 * I, m * I, ex.isa); });
+      });
+      timed(Down, [&] { matmul(g.data(), n, ly.down, t.data(), ex); });
+      timed(RowWise, [&] {
+        rows([&](size_t r0, size_t m) {
+          rms_norm(t.data() + r0 * H, norm_w, t.data() + r0 * H, m, H, 1e-6f, ex.isa);
+          for (size_t i = r0 * H; i < (r0 + m) * H; ++i) x[i] = 0.01f + 1e-3f * t[i];  // x stays small
+        });
+      });
+    }
+    timed(Head, [&] { matmul(x.data() + (n - 1) * H, 1, r.head, logits.data(), ex); });
+  });
+  fmt::print("prefill replayed on the kernels: {} ({} layers, {} tokens), {} threads, {}, precision {}, load average {}",
+             dir, c.num_layers, n, r.pool.size(), isa_name(ex.isa), precision_name(ex.precision), load_average());
+  const char* names[kOps] = {"row-wise", "q/k/v", "attention", "o", "gate/up", "down", "head"};
+  ops.print(names, steps, double(n), bw, peak);
   return 0;
 }
 
 int main(int argc, char** argv) {
-  if (argc > 2 && std::string_view(argv[1]) == "--decode-profile") {
+  if (argc > 2 && (std::string_view(argv[1]) == "--decode-profile" || std::string_view(argv[1]) == "--prefill-profile")) {
     try {
+      if (std::string_view(argv[1]) == "--prefill-profile")
+        return prefill_profile(argv[2], argc > 3 ? std::atoi(argv[3]) : 512, argc > 4 ? std::atoi(argv[4]) : 3);
       return decode_profile(argv[2], argc > 3 ? std::atoi(argv[3]) : 512, argc > 4 ? std::atoi(argv[4]) : 5,
                             argc > 5 ? std::atoi(argv[5]) : 1);
     } catch (const std::exception& e) {

@@ -2,8 +2,12 @@
 # On the lent device machine, from the repository root, with bench/device/make_kit.sh's kit
 # carried in .dev: (1) tests/hf/check.sh, vlm against Hugging Face transformers; (2)
 # bench/scaling.sh at THREADS on a 4B-shaped bf16 GGUF written there; (3) the decode step
-# replayed op by op at each of PROFILE_THREADS. Everything it prints also lands in $OUT.
-# Env: PY (python3 with numpy), SKIP_HF=1 skips (1); THREADS ("4 8 16"), PP (512), TG (32), PROFILE_THREADS ("16"; " " none).
+# replayed op by op at each of PROFILE_THREADS; (4) a prefill of PP tokens replayed op by op at
+# each of PREFILL_THREADS; (5) decode after a LONG-token prompt, vlm bench beside llama-bench -d,
+# at the last of THREADS. The stages run in that order, each writing its files into $OUT as it
+# ends, so a run cut short still returns the stages before.
+# Env: PY (python3 with numpy), SKIP_HF=1 skips (1); THREADS ("4 8 16"), PP (512), TG (32),
+# PROFILE_THREADS ("16"), PREFILL_THREADS ("4 16"), LONG (4096); " " or 0 skips a stage.
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 kit=$here/.dev
@@ -33,4 +37,18 @@ for t in ${PROFILE_THREADS:-16}; do
   stage "decode profile, $t threads"
   VLM_THREADS=$t timeout 60 "$kit/vlm/bench_kernels" --decode-profile "$model" 512 3 2>&1 | tee -a "$out/profile.txt"
 done
+for t in ${PREFILL_THREADS:-4 16}; do
+  stage "prefill profile, $t threads"
+  VLM_THREADS=$t timeout 120 "$kit/vlm/bench_kernels" --prefill-profile "$model" "${PP:-512}" 2 2>&1 |
+    tee -a "$out/prefill_profile.txt"
+done
+long=${LONG:-4096}
+if [ "$long" != 0 ]; then
+  t=$(echo ${THREADS:-4 8 16} | awk '{print $NF}')
+  stage "decode after $long tokens, $t threads"
+  timeout 150 "$kit/vlm/vlm" bench --model "$model" --threads "$t" --pp "$long" --tg "${TG:-32}" --batch 1 --json \
+    2>&1 | tee "$out/long.txt"
+  timeout 150 "$kit/llama/llama-bench" -m "$model" -t "$t" -p 0 -n "${TG:-32}" -d "$long" -r 1 -fa 0 -o jsonl \
+    2>&1 | tee -a "$out/long.txt"
+fi
 stage done

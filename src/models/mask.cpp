@@ -137,6 +137,18 @@ void check_mask_spec(const MaskSpec& spec, int64_t P, int rows) {
     fail("mask: {} image-group ids for {} rows", spec.group.size(), rows);
 }
 
+void SpecTiles::row_span(size_t q, size_t* lo, size_t* hi) const {
+  int64_t a, b;
+  mask_row_span(s_, sliding_, P_, valid_, int64_t(q), &a, &b);
+  a = std::max(a, base_);
+  *lo = b > a ? size_t(a - base_) : 0;
+  *hi = b > a ? size_t(b - base_) : 0;
+}
+
+void SpecTiles::tile(size_t q0, size_t q1, size_t k0, size_t k1, float* out) const {
+  mask_tile(s_, sliding_, P_, valid_, int64_t(q0), int64_t(q1), int64_t(k0) + base_, int64_t(k1) + base_, out);
+}
+
 }  // namespace models
 
 PrefillMasks build_masks(MaskMode mode, std::span<const uint8_t> is_image, int valid_len, int Lp,

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "nn/attention.h"
+
 namespace vlm {
 
 constexpr float kMaskAllowed = 0.0f;
@@ -63,6 +65,22 @@ std::vector<float> dense_mask(const MaskSpec& spec, bool sliding_layer, int vali
 
 // Fails (naming both values) when the spec cannot describe a chunk of `rows` rows at P.
 void check_mask_spec(const MaskSpec& spec, int64_t P, int rows);
+// A spec's tiles as attention takes them, for a chunk at P over a key buffer whose index k
+// holds position base + k (base > 0: the buffer starts past the positions no row can reach).
+class SpecTiles final : public nn::MaskTiles {
+ public:
+  SpecTiles(const MaskSpec& s, bool sliding, int64_t P, int valid, int64_t base)
+      : s_(s), sliding_(sliding), P_(P), valid_(valid), base_(base) {}
+  void row_span(size_t q, size_t* lo, size_t* hi) const override;
+  void tile(size_t q0, size_t q1, size_t k0, size_t k1, float* out) const override;
+
+ private:
+  const MaskSpec& s_;
+  bool sliding_;
+  int64_t P_;
+  int valid_;
+  int64_t base_;
+};
 
 }  // namespace models
 

@@ -16,34 +16,6 @@ namespace {
 
 constexpr uint32_t kNoRow = UINT32_MAX;
 
-// A MaskSpec's tiles for a key buffer whose index k holds position base + k.
-class SpecTiles final : public nn::MaskTiles {
- public:
-  SpecTiles(const MaskSpec& s, bool sliding, int64_t P, int valid, int64_t base)
-      : s_(s), sliding_(sliding), P_(P), valid_(valid), base_(base) {}
-  void row_span(size_t q, size_t* lo, size_t* hi) const override {
-    int64_t a, b;
-    mask_row_span(s_, sliding_, P_, valid_, int64_t(q), &a, &b);
-    a = std::max(a, base_);
-    *lo = b > a ? size_t(a - base_) : 0;
-    *hi = b > a ? size_t(b - base_) : 0;
-  }
-  void tile(size_t q0, size_t q1, size_t k0, size_t k1, float* out) const override {
-    mask_tile(s_, sliding_, P_, valid_, int64_t(q0), int64_t(q1), int64_t(k0) + base_, int64_t(k1) + base_, out);
-  }
-
- private:
-  const MaskSpec& s_;
-  bool sliding_;
-  int64_t P_;
-  int valid_;
-  int64_t base_;
-};
-
-// Rows per range of the layer's row-wise work: a decode step (up to a batch of 16 rows) runs it
-// inline rather than waking the pool for microseconds of work.
-constexpr size_t kRowGrain = 16;
-
 }  // namespace
 
 Activations::Activations(const TextConfig& c, size_t rows, size_t max_keys) : max_rows(rows) {

@@ -35,6 +35,11 @@ struct DecodeItem {
 
 class Decoder {
  public:
+  // Rows per range of a layer's row-wise work (norms, RoPE, the GELU product, residual adds): a
+  // decode step (up to a batch of 16 rows) runs it inline rather than waking the pool for
+  // microseconds of work.
+  static constexpr size_t kRowGrain = 16;
+
   // `ex` (threads, ISA path, precision) runs every kernel call; a ThreadPool& converts to
   // the default (best ISA, exact f32).
   Decoder(const Checkpoint& ckpt, const kernels::Exec& ex, EmbedScaling scaling = EmbedScaling::Reference);
