@@ -15,7 +15,7 @@ FIXTURES = os.environ.get("VLM_FIXTURES")
 SRC = os.environ.get("VLM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 FIELDS = ["pp_tok_s", "tg_tok_s", "image_s", "batch_tok_s", "rss_bytes", "roofline_tg_tok_s", "peak_gflops",
           "read_gb_s", "weight_bytes_per_token", "peak_f32_gflops", "weights_read_gb_s",
-          "tg_fraction_of_weights_read", "load_s", "first_token_s"]
+          "tg_fraction_of_weights_read", "load_s", "first_token_s", "batch_limit_tok_s"]
 
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
@@ -39,6 +39,8 @@ class TestBench(unittest.TestCase):
         # The roofline is the probe's bandwidth over the bytes one step reads.
         self.assertAlmostEqual(j["roofline_tg_tok_s"], j["read_gb_s"] * 1e9 / j["weight_bytes_per_token"],
                                delta=1e-6 * j["roofline_tg_tok_s"])
+        # A batch's limit is B weight reads' worth of tokens at most, less where its FLOPs take longer.
+        self.assertLessEqual(j["batch_limit_tok_s"], j["batch"] * j["roofline_tg_tok_s"] * (1 + 1e-9))
         for word in ("start:", "prefill:", "decode:", "sampling", "weights read where they are mapped:",
                      "batched decode:", "image:", "peak RSS:"):
             self.assertIn(word, log)
