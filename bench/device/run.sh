@@ -4,10 +4,12 @@
 # bench/scaling.sh at THREADS on a 4B-shaped bf16 GGUF written there; (3) the decode step
 # replayed op by op at each of PROFILE_THREADS; (4) a prefill of PP tokens replayed op by op at
 # each of PREFILL_THREADS; (5) decode after a LONG-token prompt, vlm bench beside llama-bench -d,
-# at the last of THREADS. The stages run in that order, each writing its files into $OUT as it
-# ends, so a run cut short still returns the stages before.
+# at the last of THREADS; (6) each of the kit's quantized files (make_kit.sh QUANT), written there,
+# through vlm bench and llama-bench at the last of THREADS. The stages run in that order, each
+# writing its files into $OUT as it ends, so a run cut short still returns the stages before.
 # Env: PY (python3 with numpy), SKIP_HF=1 skips (1); THREADS ("4 8 16"), PP (512), TG (32),
-# PROFILE_THREADS ("16"), PREFILL_THREADS ("4 16"), LONG (4096); " " or 0 skips a stage.
+# PROFILE_THREADS ("16"), PREFILL_THREADS ("4 16"), LONG (4096); " " or 0 skips a stage; SKIP_SCALING=1
+# skips (2).
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
 kit=$here/.dev
@@ -27,12 +29,14 @@ fi
 stage "writing the 4B-shaped GGUF"
 model=/tmp/vlm-4b-bf16.gguf
 "${PY:-python3}" "$here/bench/device/fill_gguf.py" "$kit/header.gguf" "$model"
-stage "threads ${THREADS:-4 8 16}"
-PP=${PP:-512} TG=${TG:-32} BATCH=8 VLM_BIN=$kit/vlm/vlm LLAMA_BENCH=$kit/llama/llama-bench \
-  LOG=$out/scaling.jsonl timeout 360 bash "$here/bench/scaling.sh" "$model" "${THREADS:-4 8 16}" \
-  >"$out/scaling.txt" 2>"$out/scaling_stderr.txt"
-cat "$out/scaling.txt"
-grep -E "^(prefill|decode|batched decode):" "$out/scaling_stderr.txt"
+if [ "${SKIP_SCALING:-0}" != 1 ]; then
+  stage "threads ${THREADS:-4 8 16}"
+  PP=${PP:-512} TG=${TG:-32} BATCH=8 VLM_BIN=$kit/vlm/vlm LLAMA_BENCH=$kit/llama/llama-bench \
+    LOG=$out/scaling.jsonl timeout 360 bash "$here/bench/scaling.sh" "$model" "${THREADS:-4 8 16}" \
+    >"$out/scaling.txt" 2>"$out/scaling_stderr.txt"
+  cat "$out/scaling.txt"
+  grep -E "^(prefill|decode|batched decode):" "$out/scaling_stderr.txt"
+fi
 for t in ${PROFILE_THREADS:-16}; do
   stage "decode profile, $t threads"
   VLM_THREADS=$t timeout 60 "$kit/vlm/bench_kernels" --decode-profile "$model" 512 3 2>&1 | tee -a "$out/profile.txt"
@@ -42,13 +46,24 @@ for t in ${PREFILL_THREADS:-4 16}; do
   VLM_THREADS=$t timeout 120 "$kit/vlm/bench_kernels" --prefill-profile "$model" "${PP:-512}" 2 2>&1 |
     tee -a "$out/prefill_profile.txt"
 done
+last=$(echo ${THREADS:-4 8 16} | awk '{print $NF}')
 long=${LONG:-4096}
 if [ "$long" != 0 ]; then
-  t=$(echo ${THREADS:-4 8 16} | awk '{print $NF}')
-  stage "decode after $long tokens, $t threads"
-  timeout 150 "$kit/vlm/vlm" bench --model "$model" --threads "$t" --pp "$long" --tg "${TG:-32}" --batch 1 --json \
+  stage "decode after $long tokens, $last threads"
+  timeout 150 "$kit/vlm/vlm" bench --model "$model" --threads "$last" --pp "$long" --tg "${TG:-32}" --batch 1 --json \
     2>&1 | tee "$out/long.txt"
-  timeout 150 "$kit/llama/llama-bench" -m "$model" -t "$t" -p 0 -n "${TG:-32}" -d "$long" -r 1 -fa 0 -o jsonl \
+  timeout 150 "$kit/llama/llama-bench" -m "$model" -t "$last" -p 0 -n "${TG:-32}" -d "$long" -r 1 -fa 0 -o jsonl \
     2>&1 | tee -a "$out/long.txt"
 fi
+for q in "$kit"/quant-*.gguf; do
+  [ -e "$q" ] || continue
+  stage "$(basename "$q"), $last threads"
+  file=/tmp/$(basename "$q")
+  "${PY:-python3}" "$here/bench/device/fill_gguf.py" "$q" "$file"
+  timeout 120 "$kit/vlm/vlm" bench --model "$file" --threads "$last" --pp "${PP:-512}" --tg "${TG:-32}" --batch 8 \
+    --json 2>&1 | tee -a "$out/quant.txt"
+  timeout 120 "$kit/llama/llama-bench" -m "$file" -t "$last" -p "${PP:-512}" -n "${TG:-32}" -r 1 -fa 0 -o jsonl \
+    2>&1 | tee -a "$out/quant.txt"
+  rm -f "$file"
+done
 stage done
