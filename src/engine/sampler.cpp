@@ -165,13 +165,30 @@ int32_t Sampler::draw(std::span<const float> logits) {
   const size_t V = logits.size();
   const size_t n = p_.top_k > 0 && size_t(p_.top_k) < V ? size_t(p_.top_k) : V;
   const float top = max_of(logits);
+  const double t = double(p_.temperature), mx = double(top) / t;
+  auto weight = [&](float l) { return std::exp(double(l) / t - mx); };
+  if (n == V && p_.top_p >= 1.f && p_.min_p <= 0.f) {
+    // Nothing to rank: the walk in id order. A ranked walk over near-equal logits (a random
+    // checkpoint's, or a real one's at a high temperature) sorted most of Gemma 3's 262208 ids:
+    // 10-40 ms a token against 1-2 ms here (docs/performance.md, "Sampling at temperature 1").
+    double sum = 0;
+    for (float l : logits) sum += weight(l);
+    double r = uniform() * sum;
+    int32_t last = -1;  // rounding can leave r past the end: the last id of weight > 0 then
+    for (size_t i = 0; i < V; ++i) {
+      const double w = weight(logits[i]);
+      if (r < w) return int32_t(i);
+      r -= w;
+      if (w > 0) last = int32_t(i);
+    }
+    return last >= 0 ? last : argmax(logits);  // no finite weight (a non-finite top)
+  }
   Ranking order(logits, top, p_.temperature, n);
   double sum = 0;
   if (n < V) {
     for (size_t i = 0; i < n; ++i) sum += order.weight(i);
   } else {
-    const double t = double(p_.temperature), mx = double(top) / t;
-    for (float l : logits) sum += std::exp(double(l) / t - mx);
+    for (float l : logits) sum += weight(l);
   }
   // top-p: the shortest prefix whose mass reaches top_p (at least one token).
   size_t keep = n;

@@ -3,7 +3,9 @@
 // generated tokens), masking of ids ≥ vocab_limit, then greedy argmax when
 // temperature is 0, else temperature → top-k → top-p → min-p → draw. The rules and the draw
 // take the tokens ranked by logit, highest first (ties: lower id first); the draw walks the kept
-// ones against u · (their mass). Only the ranked prefix they reach is sorted (sampler.cpp).
+// ones against u · (their mass). Only the ranked prefix they reach is sorted (sampler.cpp). With
+// no rule to apply (no top-k, top-p 1, min-p 0: the OpenAI API's defaults) nothing is ranked and
+// the draw walks every id in id order: the same probabilities, another token for a given u.
 // The draw uses its own 64-bit generator, so a seed gives the same tokens everywhere.
 #pragma once
 #include <cstdint>

@@ -129,16 +129,19 @@ TEST(Sampler, SameSeedSameTokensOtherSeedDiffers) {
 // The draw as sampler.h states it, with every id sorted: probabilities exp(l/T - max/T) over the
 // top-k (logit descending, ties by id), normalised; the shortest prefix reaching top_p; those of
 // at least min_p times the first; then u·(their mass) walked in that order, u drawn as the
-// Sampler draws it. The Sampler sorts only the prefix it reaches.
+// Sampler draws it. The Sampler sorts only the prefix it reaches. With no rule to apply the order
+// is the ids' own.
 int32_t reference_draw(const std::vector<float>& l, const SamplingParams& p, std::mt19937_64& rng) {
   std::vector<int32_t> idx(l.size());
   std::iota(idx.begin(), idx.end(), 0);
-  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
-    const float x = l[size_t(a)], y = l[size_t(b)];
-    return x > y || (x == y && a < b);
-  });
+  const bool rules = (p.top_k > 0 && size_t(p.top_k) < l.size()) || p.top_p < 1.f || p.min_p > 0.f;
+  if (rules)
+    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+      const float x = l[size_t(a)], y = l[size_t(b)];
+      return x > y || (x == y && a < b);
+    });
   size_t n = p.top_k > 0 ? std::min(l.size(), size_t(p.top_k)) : l.size();
-  const double mx = double(l[size_t(idx[0])]) / p.temperature;
+  const double mx = double(*std::max_element(l.begin(), l.end())) / p.temperature;
   std::vector<double> prob(n);
   double sum = 0;
   for (size_t i = 0; i < n; ++i) sum += prob[i] = std::exp(double(l[size_t(idx[i])]) / p.temperature - mx);
