@@ -29,6 +29,7 @@ fi
 stage "writing the 4B-shaped GGUF"
 model=/tmp/vlm-4b-bf16.gguf
 "${PY:-python3}" "$here/bench/device/fill_gguf.py" "$kit/header.gguf" "$model"
+sync  # the file's dirty pages written back before anything is timed
 if [ "${SKIP_SCALING:-0}" != 1 ]; then
   stage "threads ${THREADS:-4 8 16}"
   PP=${PP:-512} TG=${TG:-32} BATCH=8 VLM_BIN=$kit/vlm/vlm LLAMA_BENCH=$kit/llama/llama-bench \
@@ -60,6 +61,7 @@ for q in "$kit"/quant-*.gguf; do
   stage "$(basename "$q"), $last threads"
   file=/tmp/$(basename "$q")
   "${PY:-python3}" "$here/bench/device/fill_gguf.py" "$q" "$file"
+  sync
   timeout 120 "$kit/vlm/vlm" bench --model "$file" --threads "$last" --pp "${PP:-512}" --tg "${TG:-32}" --batch 8 \
     --json 2>&1 | tee -a "$out/quant.txt"
   timeout 120 "$kit/llama/llama-bench" -m "$file" -t "$last" -p "${PP:-512}" -n "${TG:-32}" -r 1 -fa 0 -o jsonl \
