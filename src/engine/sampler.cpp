@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace vlm {
 
@@ -151,7 +152,7 @@ int32_t Sampler::sample(std::span<float> logits) {
     for (const auto& [id, n] : generated_)
       if (size_t(id) < V) logits[size_t(id)] -= p_.frequency_penalty * float(n) + p_.presence_penalty;
 
-  const std::span<const float> kept = logits.first(V);
+  const std::span<float> kept = logits.first(V);
   const int32_t pick = p_.temperature == 0.f ? argmax(kept) : draw(kept);
   ++generated_[pick];
   ++seen_[pick];
@@ -161,28 +162,29 @@ int32_t Sampler::sample(std::span<float> logits) {
 // Temperature, then top-k, top-p and min-p over the weights w = exp((l - top) / T) (the top token's
 // is 1) in ranked order, then a draw from what is kept. Only the ranked prefix that a rule or the
 // draw reaches is sorted; without top-k the weights of all ids are summed once, in id order.
-int32_t Sampler::draw(std::span<const float> logits) {
+int32_t Sampler::draw(std::span<float> logits) {
   const size_t V = logits.size();
   const size_t n = p_.top_k > 0 && size_t(p_.top_k) < V ? size_t(p_.top_k) : V;
   const float top = max_of(logits);
-  const double t = double(p_.temperature), mx = double(top) / t;
-  auto weight = [&](float l) { return std::exp(double(l) / t - mx); };
   if (n == V && p_.top_p >= 1.f && p_.min_p <= 0.f) {
     // Nothing to rank: the walk in id order. A ranked walk over near-equal logits (a random
     // checkpoint's, or a real one's at a high temperature) sorted most of Gemma 3's 262208 ids:
-    // 10-40 ms a token against 1-2 ms here (docs/performance.md, "Sampling at temperature 1").
-    double sum = 0;
-    for (float l : logits) sum += weight(l);
+    // 10-40 ms a token against about 0.2 ms here (docs/performance.md, "Sampling at temperature
+    // 1"). The weights exp(l / T - top / T) replace the logits, in f32 on the vector path.
+    const float inv_t = 1.f / p_.temperature;
+    if (!std::isfinite(inv_t) || !std::isfinite(top * inv_t)) return argmax(logits);  // all weight on the top
+    const double sum = kernels::scaled_exp(logits.data(), V, inv_t, nullptr);
     double r = uniform() * sum;
     int32_t last = -1;  // rounding can leave r past the end: the last id of weight > 0 then
     for (size_t i = 0; i < V; ++i) {
-      const double w = weight(logits[i]);
-      if (r < w) return int32_t(i);
-      r -= w;
-      if (w > 0) last = int32_t(i);
+      if (r < logits[i]) return int32_t(i);
+      r -= logits[i];
+      if (logits[i] > 0.f) last = int32_t(i);
     }
-    return last >= 0 ? last : argmax(logits);  // no finite weight (a non-finite top)
+    return last >= 0 ? last : argmax(logits);  // NaN among the logits: no weight compared
   }
+  const double t = double(p_.temperature), mx = double(top) / t;
+  auto weight = [&](float l) { return std::exp(double(l) / t - mx); };
   Ranking order(logits, top, p_.temperature, n);
   double sum = 0;
   if (n < V) {

@@ -5,7 +5,8 @@
 // take the tokens ranked by logit, highest first (ties: lower id first); the draw walks the kept
 // ones against u · (their mass). Only the ranked prefix they reach is sorted (sampler.cpp). With
 // no rule to apply (no top-k, top-p 1, min-p 0: the OpenAI API's defaults) nothing is ranked and
-// the draw walks every id in id order: the same probabilities, another token for a given u.
+// the draw walks every id in id order (the weights in f32): the same probabilities, another
+// token for a given u.
 // The draw uses its own 64-bit generator, so a seed gives the same tokens everywhere.
 #pragma once
 #include <cstdint>
@@ -45,7 +46,7 @@ class Sampler {
 
  private:
   double uniform();  // [0, 1)
-  int32_t draw(std::span<const float> logits);  // temperature > 0
+  int32_t draw(std::span<float> logits);  // temperature > 0
 
   SamplingParams p_;
   std::mt19937_64 rng_;

@@ -130,7 +130,8 @@ TEST(Sampler, SameSeedSameTokensOtherSeedDiffers) {
 // top-k (logit descending, ties by id), normalised; the shortest prefix reaching top_p; those of
 // at least min_p times the first; then u·(their mass) walked in that order, u drawn as the
 // Sampler draws it. The Sampler sorts only the prefix it reaches. With no rule to apply the order
-// is the ids' own.
+// is the ids' own (the Sampler's weights are then f32 from the vector exp; on these rows its picks
+// are still the reference's).
 int32_t reference_draw(const std::vector<float>& l, const SamplingParams& p, std::mt19937_64& rng) {
   std::vector<int32_t> idx(l.size());
   std::iota(idx.begin(), idx.end(), 0);
