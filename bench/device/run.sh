@@ -3,7 +3,7 @@
 # carried in .dev: (1) tests/hf/check.sh, vlm against Hugging Face transformers; (2)
 # bench/scaling.sh at THREADS on a 4B-shaped bf16 GGUF written there; (3) the decode step
 # replayed op by op at each of PROFILE_THREADS; (4) a prefill of PP tokens replayed op by op at
-# each of PREFILL_THREADS; (5) decode after a LONG-token prompt, vlm bench beside llama-bench -d,
+# each of PREFILL_THREADS; (5) decode after a LONG-token prompt, vlm bench --depth beside llama-bench -d,
 # at the last of THREADS; (6) each of the kit's quantized files (make_kit.sh QUANT), written there,
 # through vlm bench and llama-bench at the last of THREADS. The stages run in that order, each
 # writing its files into $OUT as it ends, so a run cut short still returns the stages before.
@@ -51,8 +51,8 @@ last=$(echo ${THREADS:-4 8 16} | awk '{print $NF}')
 long=${LONG:-4096}
 if [ "$long" != 0 ]; then
   stage "decode after $long tokens, $last threads"
-  timeout 150 "$kit/vlm/vlm" bench --model "$model" --threads "$last" --pp "$long" --tg "${TG:-32}" --batch 1 --json \
-    2>&1 | tee "$out/long.txt"
+  timeout 150 "$kit/vlm/vlm" bench --model "$model" --threads "$last" --pp 64 --depth "$long" --tg "${TG:-32}" \
+    --batch 1 --json 2>&1 | tee "$out/long.txt"
   timeout 150 "$kit/llama/llama-bench" -m "$model" -t "$last" -p 0 -n "${TG:-32}" -d "$long" -r 1 -fa 0 -o jsonl \
     2>&1 | tee -a "$out/long.txt"
 fi

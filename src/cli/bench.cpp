@@ -4,9 +4,11 @@
 //            tokens/s vs the FMA peak (f32, or the bf16 dot under --precision bf16 where
 //            the CPU has it): FLOPs = 2 × the decoder's matrix weights × tokens (+ the head
 //            for the last row; attention's own products are left out, < 1 % at 512 tokens)
-//   decode   --tg tokens of one sequence after a one-token prompt (as llama-bench's tg) →
-//            tokens/s vs the roofline: read bandwidth (probe run before and after, the
-//            higher) ÷ the weight bytes one step reads (every decoder matrix + the head)
+//   decode   --tg tokens of one sequence after a one-token prompt (as llama-bench's tg), or after
+//            a --depth-token one (as llama-bench -d) → tokens/s vs the roofline: read bandwidth
+//            (probe run before and after, the higher) ÷ the bytes one step reads (every decoder
+//            matrix + the head, and the KV rows the step's attention reads, on average over the
+//            steps: all positions on global layers, the window on sliding ones)
 //   batch    --batch sequences decoding together through the engine's step: aggregate
 //            tokens/s over the steps where all of them decode, vs its limit: one weight read
 //            serves every sequence (the roofline × B) unless B rows' FLOPs at the peak take
@@ -105,13 +107,15 @@ double pct(double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; }
 int cmd_bench(int argc, char** argv) {
   CLI::App app{"Measure prefill, decode, batched decode and image speed against this machine's limits"};
   std::string model_dir, mmproj, precision;
-  int threads = default_threads(), pp = 512, tg = 128, batch = 8;
+  int threads = default_threads(), pp = 512, tg = 128, batch = 8, depth = 0;
   bool image = false, json = false;
   app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
   app.add_option("--mmproj", mmproj, "GGUF models: the mmproj .gguf (default: the model folder's mmproj*.gguf)");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
   app.add_option("--pp", pp, "prompt tokens of the prefill test")->check(CLI::Range(1, 1 << 20));
   app.add_option("--tg", tg, "tokens of the decode test")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--depth", depth, "prompt tokens before the decode test (as llama-bench -d; 0: one)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--batch", batch, "sequences of the batched decode test (their --tg/4 steps, at least 4)")
       ->check(CLI::Range(1, 4096));
   app.add_flag("--image", image, "also time one image through the vision tower and projector");
@@ -132,8 +136,9 @@ int cmd_bench(int argc, char** argv) {
   if (image && !m.has_vision()) fail("--image: {} has no vision tower", model_dir);
   const TextConfig& tc = m.config().text;
   const int batch_steps = std::max(4, tg / 4);
-  if (int64_t(pp) + 2 > m.context() || int64_t(tg) + 2 > m.context() || int64_t(batch_steps) + 3 > m.context())
-    fail("--pp {} / --tg {}: beyond the context of {} positions", pp, tg, m.context());
+  if (int64_t(pp) + 2 > m.context() || int64_t(depth) + int64_t(tg) + 2 > m.context() ||
+      int64_t(batch_steps) + 3 > m.context())
+    fail("--pp {} / --depth {} + --tg {}: beyond the context of {} positions", pp, depth, tg, m.context());
   const kernels::Precision prec = m.precision();
   // The kernels prefill and the image run on (kernels/exec.h, Exec::dot_gemm) set the peak.
   const bool bf16_dot = prec == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && m.exec().dot_gemm &&
@@ -219,7 +224,8 @@ int cmd_bench(int argc, char** argv) {
     keep_first.on_logits = [&](std::span<const float> l) {
       if (logits.empty()) logits.assign(l.begin(), l.end());
     };
-    auto s = make_seq(m, {2}, tg + 1, std::move(keep_first));
+    auto s = make_seq(m, depth > 0 ? prompt_ids(depth, 3, m.vocab_limit()) : std::vector<int32_t>{2}, tg + 1,
+                      std::move(keep_first));
     eng.add(s);
     while (s->tokens().empty() && !eng.idle()) eng.step();  // the prompt step
     while (!eng.idle()) {
@@ -238,9 +244,22 @@ int cmd_bench(int argc, char** argv) {
   for (double t : step_s) tg_s += t;
   const double tg_tok_s = double(step_s.size()) / tg_s;
   const double best_step = *std::min_element(step_s.begin(), step_s.end());
-  const double roofline = bw / step_bytes;
-  say(fmt::format("read bandwidth: {:.2f} GB/s before, {:.2f} after; {:.3f} GB per step -> roofline {:.3f} tok/s",
-                  bw_before * 1e-9, bw_after * 1e-9, step_bytes * 1e-9, roofline));
+  // The KV rows each decode step's attention reads, on average: step i attends over the prompt's
+  // positions and i + 1 more, every one on a global layer, the last W on a sliding one.
+  const double kv_row = 2.0 * tc.num_kv_heads * tc.head_dim * dtype_size(m.decoder().kv_dtype());
+  const int64_t prompt = std::max(depth, 1);
+  double kv_read = 0;
+  for (size_t i = 0; i < step_s.size(); ++i)
+    for (LayerKind k : tc.layer_kinds) {
+      const int64_t seen = prompt + int64_t(i) + 1;
+      kv_read += kv_row * double(k == LayerKind::Sliding ? std::min<int64_t>(seen, tc.sliding_window) : seen);
+    }
+  kv_read /= double(step_s.size());
+  const double roofline = bw / (step_bytes + kv_read);
+  say(fmt::format("read bandwidth: {:.2f} GB/s before, {:.2f} after; {:.3f} GB per step (weights {:.3f} + KV {:.3f} "
+                  "after {} prompt tokens) -> roofline {:.3f} tok/s",
+                  bw_before * 1e-9, bw_after * 1e-9, (step_bytes + kv_read) * 1e-9, step_bytes * 1e-9,
+                  kv_read * 1e-9, prompt, roofline));
   say(fmt::format("decode: {} tokens in {:.3f} s = {:.3f} tok/s = {:.1f}% of the roofline (best step {:.1f}%)",
                   step_s.size(), tg_s, tg_tok_s, pct(tg_tok_s, roofline), pct(1.0 / best_step, roofline)));
   // What sampling adds to each step, on those logits (only the ids the tokenizer can produce).
@@ -290,18 +309,16 @@ int cmd_bench(int argc, char** argv) {
     }
     batch_tok_s = double(after - before) / dt;
   }
-  // Its limit: a step reads the weights once and multiplies them by B rows, so it takes at least
-  // the longer of the read (step_bytes / bw) and B rows' FLOPs at the peak. On 2 cores a batch of
-  // 8 on the 4B is past the turn: the FLOPs set it. The int8 block kernels' peak is not measured
-  // (it is above the f32 one): there only the read counts.
-  const double batch_flops = double(batch) * 2.0 * (layer_params + head_params);
+  // Its limit: a step reads the weights once (its sequences' few KV rows left out) and multiplies
+  // them by B rows, so it takes at least the longer of the read and B rows' FLOPs at the peak. The
+  // int8 block kernels' peak is not measured (it is above the f32 one): there only the read counts.
+  const double batch_memory = double(batch) * bw / step_bytes;
   const double batch_limit =
-      double(batch) / std::max(step_bytes / bw, int8_blocks ? 0.0 : batch_flops / peak);
+      int8_blocks ? batch_memory : std::min(batch_memory, peak / (2.0 * (layer_params + head_params)));
   say(fmt::format("batched decode: {} sequences x {} steps = {:.3f} tok/s aggregate = {:.2f}x batch 1; "
                   "{:.1f}% of its limit {:.3f} tok/s = {:.2f}x the batch-1 roofline ({}-bound)",
                   batch, batch_steps, batch_tok_s, batch_tok_s / tg_tok_s, pct(batch_tok_s, batch_limit),
-                  batch_limit, batch_limit / roofline,
-                  batch_limit < roofline * batch * (1 - 1e-9) ? "compute" : "memory"));
+                  batch_limit, batch_limit / roofline, batch_limit < batch_memory ? "compute" : "memory"));
 
   double image_s = 0, image_flops = 0;
   if (image) {
@@ -328,10 +345,10 @@ int cmd_bench(int argc, char** argv) {
                     img.height, image_s, image_flops / image_s * 1e-9, pct(image_flops / image_s, peak)));
   }
 
-  // KV bytes the runs above held at most: the widest is the batch (B sequences) or the prefill.
-  const double kv_per_pos =
-      2.0 * tc.num_layers * tc.num_kv_heads * tc.head_dim * dtype_size(m.decoder().kv_dtype());
-  const double kv_bytes = kv_per_pos * std::max<double>(pp + 1, double(batch) * (batch_steps + 3));
+  // KV bytes the runs above held at most: the widest is the batch (B sequences), the prefill or
+  // the decode after --depth.
+  const double kv_bytes = kv_row * tc.num_layers *
+                          std::max({double(pp) + 1, double(batch) * (batch_steps + 3), double(prompt) + tg + 1});
   rss = std::max(rss, peak_rss_bytes());
   say(fmt::format("peak RSS: {:.3f} GB; weights used {:.3f} GB + KV {:.3f} GB = {:.3f} GB ({:.1f}%)", rss * 1e-9,
                   mapped_bytes * 1e-9, kv_bytes * 1e-9, (mapped_bytes + kv_bytes) * 1e-9,
@@ -345,6 +362,7 @@ int cmd_bench(int argc, char** argv) {
         {"precision", kernels::precision_name(prec)},
         {"pp", pp},
         {"tg", tg},
+        {"depth", depth},
         {"batch", batch},
         {"batch_steps", batch_steps},
         {"pp_tok_s", pp_tok_s},
@@ -359,6 +377,7 @@ int cmd_bench(int argc, char** argv) {
         {"image_gflops", image ? nlohmann::json(image_flops / image_s * 1e-9) : nlohmann::json(nullptr)},
         {"rss_bytes", rss},
         {"weight_bytes_per_token", step_bytes},
+        {"kv_bytes_per_token", kv_read},
         {"read_gb_s", bw * 1e-9},
         {"roofline_tg_tok_s", roofline},
         {"tg_fraction_of_roofline", tg_tok_s / roofline},

@@ -36,11 +36,13 @@ class TestBench(unittest.TestCase):
             self.assertTrue(math.isfinite(j[f]) and j[f] > 0, f"{f} = {j[f]}")
         self.assertEqual(j["precision"], "bf16")  # the default for a bf16 checkpoint
         self.assertEqual((j["pp"], j["tg"], j["batch"], j["threads"]), (40, 8, 3, 2))
-        # The roofline is the probe's bandwidth over the bytes one step reads.
-        self.assertAlmostEqual(j["roofline_tg_tok_s"], j["read_gb_s"] * 1e9 / j["weight_bytes_per_token"],
+        # The roofline is the probe's bandwidth over the bytes one step reads: weights and KV rows.
+        self.assertAlmostEqual(j["roofline_tg_tok_s"],
+                               j["read_gb_s"] * 1e9 / (j["weight_bytes_per_token"] + j["kv_bytes_per_token"]),
                                delta=1e-6 * j["roofline_tg_tok_s"])
-        # A batch's limit is B weight reads' worth of tokens at most, less where its FLOPs take longer.
-        self.assertLessEqual(j["batch_limit_tok_s"], j["batch"] * j["roofline_tg_tok_s"] * (1 + 1e-9))
+        # A batch's limit is B tokens per weight read at most, less where its FLOPs take longer.
+        self.assertLessEqual(j["batch_limit_tok_s"],
+                             j["batch"] * j["read_gb_s"] * 1e9 / j["weight_bytes_per_token"] * (1 + 1e-9))
         for word in ("start:", "prefill:", "decode:", "sampling", "weights read where they are mapped:",
                      "batched decode:", "image:", "peak RSS:"):
             self.assertIn(word, log)
@@ -59,6 +61,26 @@ class TestBench(unittest.TestCase):
             self.assertEqual(j["model"], model)
             self.assertEqual(j["precision"], "bf16")
             self.assertTrue(math.isfinite(j["image_s"]) and j["image_s"] > 0)
+
+    def test_depth_counts_the_kv_rows_decode_reads(self):
+        # Decode after a 40-token prompt: each step reads every cached position's keys and values
+        # on a global layer and the last W on a sliding one (bf16 rows under bf16), on top of the
+        # weights; from config.json, not from vlm.
+        j, log = self.bench("--depth", "40")
+        self.assertEqual(j["depth"], 40)
+        with open(os.path.join(FIXTURES, "tiny-bf16", "config.json")) as f:
+            c = json.load(f)["text_config"]
+        row = 2 * c["num_key_value_heads"] * c["head_dim"] * 2
+        layers = c["num_hidden_layers"]
+        glob = [(l + 1) % c["sliding_window_pattern"] == 0 for l in range(layers)]
+        want = sum(row * (40 + i + 1 if g else min(40 + i + 1, c["sliding_window"]))
+                   for i in range(8) for g in glob) / 8
+        self.assertAlmostEqual(j["kv_bytes_per_token"], want, delta=1e-9 * want)
+        self.assertIn("after 40 prompt tokens", log)
+        r = subprocess.run([BIN, "bench", "--model", os.path.join(FIXTURES, "tiny-bf16"), "--depth", "1020",
+                            "--tg", "8"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--depth", r.stderr)
 
     def test_precision_f32_and_bad_values(self):
         j, _ = self.bench("--precision", "f32")
