@@ -219,10 +219,8 @@ int decode_profile(const char* dir, int context, int steps, int batch) {
   nn::AttnScratch scratch;
   std::vector<nn::DecodeRow> rows(B);
   OpTable ops(r, B);
-  for (size_t l = 0; l < r.layers.size(); ++l) {
-    ops.bytes[Attn] += double(B) * 2.0 * double(cache * es);
-    ops.flops[Attn] += double(B) * 4.0 * double(L * nH * d);
-  }
+  ops.bytes[Attn] = double(r.layers.size() * B) * 2.0 * double(cache * es);
+  ops.flops[Attn] = double(r.layers.size() * B) * 4.0 * double(L * nH * d);
   const double bw = measure_read_bandwidth(r.pool.size());
   const double peak = measure_peak_flops(r.pool.size());
   ops.time(steps, [&](auto&& timed) {
@@ -279,6 +277,7 @@ int prefill_profile(const char* dir, int tokens, int steps) {
   const nn::AttnShape shape = r.shape();
   nn::AttnScratch scratch;
   const models::MaskSpec spec{.mode = MaskMode::Causal, .window = c.sliding_window};
+  const DType kv = vlm::KvCache::dtype_for(ex.precision);
   OpTable ops(r, n);
   ops.flops[Head] = 2.0 * double(r.head.rows * r.head.cols);  // the last row only
   for (const Replay::Layer& ly : r.layers) {
@@ -307,6 +306,10 @@ int prefill_profile(const char* dir, int tokens, int steps) {
           for (size_t i = r0; i < r0 + m; ++i) {
             rope_rotate_half(q.data() + i * nH * d, nH, d, cs.data() + i * d / 2, sn.data() + i * d / 2);
             rope_rotate_half(kk.data() + i * nKV * d, nKV, d, cs.data() + i * d / 2, sn.data() + i * d / 2);
+          }
+          if (kv == DType::BF16) {  // the cache's rows, as the decoder rounds them
+            round_to_bf16(kk.data() + r0 * nKV * d, kk.data() + r0 * nKV * d, m * nKV * d, ex.isa);
+            round_to_bf16(vv.data() + r0 * nKV * d, vv.data() + r0 * nKV * d, m * nKV * d, ex.isa);
           }
         });
       });

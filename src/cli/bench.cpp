@@ -212,8 +212,9 @@ int cmd_bench(int argc, char** argv) {
   say(fmt::format("prefill: {} tokens in {:.3f} s = {:.2f} tok/s; {:.1f} GFLOP/s = {:.1f}% of the peak", pp, pp_s,
                   pp_tok_s, pp_flops / pp_s * 1e-9, pct(pp_flops / pp_s, peak)));
 
-  // Decode: tg tokens after a one-token prompt; the probe runs right before and after (a
-  // shared machine's bandwidth drifts; the higher figure is the limit).
+  // Decode: tg tokens after a one-token prompt (<bos>) or a --depth-token one; the probe runs right
+  // before and after (a shared machine's bandwidth drifts; the higher figure is the limit).
+  const int64_t prompt = std::max(depth, 1);
   int64_t rss = 0;
   const double bw_before = probe_bandwidth(threads, rss);
   std::vector<double> step_s;
@@ -224,8 +225,7 @@ int cmd_bench(int argc, char** argv) {
     keep_first.on_logits = [&](std::span<const float> l) {
       if (logits.empty()) logits.assign(l.begin(), l.end());
     };
-    auto s = make_seq(m, depth > 0 ? prompt_ids(depth, 3, m.vocab_limit()) : std::vector<int32_t>{2}, tg + 1,
-                      std::move(keep_first));
+    auto s = make_seq(m, prompt_ids(int(prompt), 3, m.vocab_limit()), tg + 1, std::move(keep_first));
     eng.add(s);
     while (s->tokens().empty() && !eng.idle()) eng.step();  // the prompt step
     while (!eng.idle()) {
@@ -247,7 +247,6 @@ int cmd_bench(int argc, char** argv) {
   // The KV rows each decode step's attention reads, on average: step i attends over the prompt's
   // positions and i + 1 more, every one on a global layer, the last W on a sliding one.
   const double kv_row = 2.0 * tc.num_kv_heads * tc.head_dim * dtype_size(m.decoder().kv_dtype());
-  const int64_t prompt = std::max(depth, 1);
   double kv_read = 0;
   for (size_t i = 0; i < step_s.size(); ++i)
     for (LayerKind k : tc.layer_kinds) {
