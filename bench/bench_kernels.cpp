@@ -426,13 +426,22 @@ int main(int argc, char** argv) {
     gemm.push_back({4096, 1152, 4304, "vision fc2"});
     gemm.push_back({4096, 10240, 2560, "text gate"});
   }
-  // "bf16dot" rows: Precision::Bf16 on the AVX512-BF16 path (x rounded to bf16), against
-  // the same f32 peak, so it can exceed 100%.
-  const bool dot_ok = bf16_dot_supported();
-  for (int variant = 0; variant < (dot_ok ? 3 : 2); ++variant) {
-    const DType dt = variant == 1 ? DType::F32 : DType::BF16;
-    Exec ex(pool, best, variant == 2 ? Precision::Bf16 : Precision::F32);
-    ex.dot_gemm = true;  // the bf16dot rows run vdpbf16ps whichever route this CPU prefers
+  // "bf16dot" and "amx" rows: Precision::Bf16 on the AVX512-BF16 dot and on AMX tiles (x rounded
+  // to bf16), against the same f32 peak, so they can exceed 100%.
+  struct Variant {
+    DType dt;
+    Precision precision;
+    Bf16Gemm kernels;
+    const char* label;
+  };
+  std::vector<Variant> variants = {{DType::BF16, Precision::F32, Bf16Gemm::Fma, "bf16"},
+                                   {DType::F32, Precision::F32, Bf16Gemm::Fma, "f32"}};
+  if (bf16_dot_supported()) variants.push_back({DType::BF16, Precision::Bf16, Bf16Gemm::Dot, "bf16dot"});
+  if (amx_supported()) variants.push_back({DType::BF16, Precision::Bf16, Bf16Gemm::Amx, "amx"});
+  for (const Variant& v : variants) {
+    const DType dt = v.dt;
+    Exec ex(pool, best, v.precision);
+    ex.bf16_gemm = v.kernels;
     for (const auto& c : gemm) {
       if (dt == DType::F32 && c.M == 4096 && c.N == 10240) continue;
       const Buffer b = make_weight(dt, c.N, c.K);
@@ -440,7 +449,7 @@ int main(int argc, char** argv) {
       const double flop = 2.0 * double(c.M) * double(c.N) * double(c.K);
       const double t = best_time(c.M == 4096 ? 1 : 3, [&] { matmul(x.data(), c.M, b.w, y.data(), ex); });
       fmt::print("  {:<7} M={:4} [{:5}, {:5}] {:<11} {:9.2f} ms {:7.1f} GFLOP/s  {:5.1f}% of peak\n",
-                 variant == 2 ? "bf16dot" : dtype_name(dt), c.M, c.N, c.K, c.what, t * 1e3,
+                 v.label, c.M, c.N, c.K, c.what, t * 1e3,
                  flop / t / 1e9, 100 * flop / t / peak);
     }
   }
@@ -463,7 +472,7 @@ int main(int argc, char** argv) {
       fmt::print("  M={:3} {:8.3f} ms  {:6.1f} GB/s weights  {:7.1f} GFLOP/s\n", M, t * 1e3,
                  double(b.bytes.size()) / t / 1e9, flop / t / 1e9);
     }
-    if (dot_ok) {  // decode under --precision bf16: x rounded, then the same GEMV
+    if (bf16_dot_supported()) {  // decode under --precision bf16: x rounded, then the same GEMV
       const Exec ex(pool, best, Precision::Bf16);
       std::vector<float> x(2560, 0.25f), y(10240);
       const double t = best_time(3, [&] { matmul(x.data(), 1, b.w, y.data(), ex); });

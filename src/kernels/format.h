@@ -23,11 +23,14 @@ struct FormatKernels {
   void (*gemm)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
   // The same with x rounded to bf16 by the hardware dot (Precision::Bf16); nullptr: none.
   void (*gemm_bf16)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
+  // The same on AMX tiles (Exec::bf16_gemm Amx), x as bf16 words in GemmArgs::xq followed by
+  // kAmxTileRows rows of zeros (matmul_isa.h); nullptr: none.
+  void (*gemm_amx)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
   // dot's counterpart on the hardware bf16 dot: x as bf16 words in GemmArgs::xq, each row
   // zero-padded to whole 64-byte vectors; nullptr: none.
   void (*dot_bf16)(const detail::GemmArgs&, size_t n0, size_t n1) = nullptr;
   // dot_bf16's products for several rows on the f32 FMAs (AVX512: 5..32 rows with
-  // Exec::dot_gemm off; AVX2: 2..32 rows under Precision::Bf16): x rounded to bf16 in
+  // Exec::bf16_gemm other than Dot; AVX2: 2..32 rows under Precision::Bf16): x rounded to bf16 in
   // GemmArgs::xq as f32, each 32 values' even entries before their odd ones, rows zero-padded
   // to whole 32-value groups; nullptr: none.
   void (*dot_bf16_fma)(const detail::GemmArgs&, size_t n0, size_t n1) = nullptr;

@@ -1,6 +1,8 @@
 #include "kernels/matmul.h"
 
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -57,14 +59,15 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
 
 // ggml's block formats: integer dot kernels on activations quantized per block (Q8Act, per 32;
 // the K-quants Q8KAct, per 256), [N, K] layout only. Without AVX512-VNNI the Avx512 row runs
-// the AVX2 kernels. Where vdpbf16ps is the faster route (Exec::dot_gemm), a Precision::Bf16
-// product of more than dot_rows rows dequantizes the weights into the bf16 GEMM instead
-// (gemm_bf16dot_blocks).
+// the AVX2 kernels. Where a bf16 GEMM is the faster route (Exec::bf16_gemm Dot or Amx), a
+// Precision::Bf16 product of more rows than it takes dequantizes the weights into it instead
+// (gemm_bf16dot_blocks, gemm_amx_blocks).
 template <GgmlType G>
 Format block_format(const char* name, FormatKernels detail::QuantKernels::*member, size_t dot_rows) {
   using namespace detail;
   FormatKernels wide = (quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2).*member;
   if (bf16_dot_supported()) wide.gemm_bf16 = &gemm_bf16dot_blocks;
+  if (amx_supported()) wide.gemm_amx = &gemm_amx_blocks;
   return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
                 &dequantize<G>, takes_q8k(G) ? DType::Q8KAct : DType::Q8Act, nullptr, false,
                 {kQuantScalar.*member, kQuantAvx2.*member, wide}, dot_rows};
@@ -195,19 +198,22 @@ const float* rounded_x(const GemmArgs& a, const Exec& ex) {
 // rows spread over the pool. x starts at the weights' offset within a 64-byte line (to a
 // multiple of 4 bytes), so the dot kernels can load whole lines of both (aligning_lead). Only
 // AVX512-BF16 CPUs take this path, so the conversion is the AVX512 one (0.9 → 0.2 ns a value
-// against f32_to_bf16 in a loop: 3.8 % of an image's time on the Zen 5 VM before).
-void bf16_x(GemmArgs& a, ThreadPool& pool) {
+// against f32_to_bf16 in a loop: 3.8 % of an image's time on the Zen 5 VM before). For the AMX
+// tiles (`amx`), which read packed weights, x starts on a line instead, and kAmxTileRows rows of
+// zeros follow the last (they read x 32 rows at a time).
+void bf16_x(GemmArgs& a, ThreadPool& pool, bool amx) {
   thread_local std::vector<uint16_t> buf;
-  const size_t ld = (a.K + 31) / 32 * 32;
-  buf.resize(a.M * ld + 64);
+  const size_t ld = (a.K + 31) / 32 * 32, pad = amx ? detail::kAmxTileRows : 0;
+  buf.resize((a.M + pad) * ld + 64);
   const uintptr_t line = (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63);
-  uint16_t* out = reinterpret_cast<uint16_t*>(line + (reinterpret_cast<uintptr_t>(a.w) & 60));
+  uint16_t* out = reinterpret_cast<uint16_t*>(line + (amx ? 0 : reinterpret_cast<uintptr_t>(a.w) & 60));
   pool.parallel_for(a.M, [&](size_t m0, size_t m1) {
     for (size_t m = m0; m < m1; ++m) {
       to_bf16(a.x + m * a.ldx, out + m * ld, a.K, Isa::Avx512);
       std::fill(out + m * ld + a.K, out + (m + 1) * ld, uint16_t(0));
     }
   }, std::max<size_t>(1, (size_t(16) << 10) / ld));
+  std::fill(out + a.M * ld, out + (a.M + pad) * ld, uint16_t(0));
   a.xq = reinterpret_cast<const std::byte*>(out);
   a.ldxq = 2 * ld;
 }
@@ -285,11 +291,16 @@ void convert_x(GemmArgs& a, const Format& act) {
 }
 
 // Which kernels a product takes: its format's kernels on the Exec's ISA, the dot route or the GEMM,
-// and on AVX512-BF16 the native bf16 kernels or their FMA twin.
+// and on AVX512-BF16 the native bf16 kernels (the AMX tiles among them) or their FMA twin.
 struct Route {
   const FormatKernels* fk;
-  bool use_dot, native, fma_dot;
+  bool use_dot, native, fma_dot, amx;
 };
+
+// The most rows the dot route takes where the AMX tiles could: at 32 the bf16 dot still streams
+// every weight row once per product (format.h, dot_rows); past it the tiles do the products at many
+// times the FMAs' rate, for every format (not measured per format, as dot_rows is for Dot).
+constexpr size_t kAmxRows = 32;
 
 Route route_of(const GemmArgs& a, const Exec& ex) {
   const Format& f = format_of(a.dtype);
@@ -299,22 +310,26 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
   // and block formats quantize x per block as at f32.
   const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
-  // Past the format's dot_rows the bf16 GEMM runs only where vdpbf16ps is the faster route
-  // (Exec::dot_gemm). Elsewhere f32/f16/bf16 weights widen into the f32 GEMM and the block
-  // formats, which have none, stay on their int8 kernels: against the bf16 GEMM's FMA twin
-  // those ran 1.2-1.65x faster, Q6_K 8 % slower before its lane tiles (M = 512, an Intel VM;
-  // docs/gguf.md, "Prefill on the bf16 dot").
-  const bool gemm_bf16 = hw_bf16 && ex.dot_gemm && fk.gemm_bf16 != nullptr;
-  const bool use_dot = !a.kn && (a.M <= f.dot_rows || !(fk.gemm || gemm_bf16));
+  if (hw_bf16 && ex.bf16_gemm == Bf16Gemm::Amx && !amx_supported())
+    fail("matmul: this CPU (or kernel) does not give AMX tiles to this process");
+  // Past the format's dot_rows (Amx: kAmxRows) a bf16 GEMM runs only where it is the faster
+  // route (Exec::bf16_gemm Dot or Amx). Elsewhere f32/f16/bf16 weights widen into the f32 GEMM
+  // and the block formats, which have none, stay on their int8 kernels: against the bf16 GEMM's
+  // FMA twin those ran 1.2-1.65x faster, Q6_K 8 % slower before its lane tiles (M = 512, an
+  // Intel VM; docs/gguf.md, "Prefill on the bf16 dot").
+  const bool amx = hw_bf16 && ex.bf16_gemm == Bf16Gemm::Amx && fk.gemm_amx != nullptr;
+  const bool gemm_bf16 = amx || (hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.gemm_bf16 != nullptr);
+  const size_t dot_rows = amx ? std::min(f.dot_rows, kAmxRows) : f.dot_rows;
+  const bool use_dot = !a.kn && (a.M <= dot_rows || !(fk.gemm || gemm_bf16));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : gemm_bf16);
   // The dot's FMA twin: past four rows where vdpbf16ps is the slower (the dot is compute-bound
   // there), and on AVX2 from two rows, where the generic tile widens each weight vector again
   // for every pair of rows (four rows: 9 GB/s of weights against 15 on Zen 3). The AVX512 twin
   // needs the AVX512-BF16 CPU its file is built for.
   const bool fma_dot = use_dot && fk.dot_bf16_fma &&
-                       (native ? !ex.dot_gemm && a.M > 4
+                       (native ? ex.bf16_gemm != Bf16Gemm::Dot && a.M > 4
                                : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2 && a.M > 1);
-  return Route{&fk, use_dot, native, fma_dot};
+  return Route{&fk, use_dot, native, fma_dot, amx && !use_dot};
 }
 
 // x in the form the route's kernels take.
@@ -323,7 +338,7 @@ void prepare_x(GemmArgs& a, const Route& r, const Exec& ex) {
   if (r.fma_dot) {
     wide_x(a, ex);
   } else if (r.native) {
-    bf16_x(a, ex.threads());
+    bf16_x(a, ex.threads(), r.amx);
   } else if (f.act != DType::F32) {
     convert_x(a, format_of(f.act));
   } else if (ex.precision == Precision::Bf16) {
@@ -362,7 +377,7 @@ void run(GemmArgs a, const Exec& ex) {
   prepare_x(a, r, ex);
   if (r.use_dot) return run_dots({&a, 1}, r, ex);
   const IsaKernels& k = detail::kernels_for(ex.isa);
-  auto* gemm = r.native ? r.fk->gemm_bf16 : r.fk->gemm;
+  auto* gemm = r.amx ? r.fk->gemm_amx : r.native ? r.fk->gemm_bf16 : r.fk->gemm;
   ThreadPool& pool = ex.threads();
   const size_t threads = size_t(pool.size());
   const size_t panels = (a.N + k.panel - 1) / k.panel;
@@ -375,7 +390,7 @@ void run(GemmArgs a, const Exec& ex) {
   constexpr size_t kBlockRows = 64;
   size_t blocks = 1;
   while (panels * blocks < 4 * threads && a.M / (2 * blocks) >= kBlockRows) blocks *= 2;
-  const size_t tile = k.row_tile, rows = (a.M + blocks - 1) / blocks;
+  const size_t tile = r.amx ? detail::kAmxTileRows : k.row_tile, rows = (a.M + blocks - 1) / blocks;
   const size_t block_rows = (rows + tile - 1) / tile * tile;  // whole register tiles
   pool.parallel_for(panels * blocks, [&](size_t j0, size_t j1) {
     float* pack = pack_buffer(k.pack_floats);
@@ -512,9 +527,30 @@ bool bf16_dot_supported() {
   return ok;
 }
 
-bool bf16_dot_gemm_fast() {
-  static const bool fast = [] {
-    if (!bf16_dot_supported()) return false;
+bool amx_supported() {
+  static const bool ok = [] {
+    // CPUID.(7,0):EDX[22] AMX-BF16, [24] AMX-TILE; then the tile data state for this process
+    // (Linux 5.16+; Documentation/arch/x86/xstate.rst): ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA.
+    if (!bf16_dot_supported() || !cpuid_bit(7, 0, 3, 22) || !cpuid_bit(7, 0, 3, 24)) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ok;
+}
+
+const char* bf16_gemm_name(Bf16Gemm g) {
+  switch (g) {
+    case Bf16Gemm::Dot: return "dot";
+    case Bf16Gemm::Amx: return "amx";
+    case Bf16Gemm::Fma: break;
+  }
+  return "fma";
+}
+
+Bf16Gemm fastest_bf16_gemm() {
+  static const Bf16Gemm fastest = [] {
+    if (!bf16_dot_supported()) return Bf16Gemm::Fma;
+    if (amx_supported()) return Bf16Gemm::Amx;
     // Products per second of each loop on this thread, best of five short runs (the two
     // differ by 2× either way on the CPUs measured, far beyond a run's noise).
     auto rate = [](double (*loop)(size_t)) {
@@ -526,20 +562,26 @@ bool bf16_dot_gemm_fast() {
       }
       return best;
     };
-    return rate(&detail::bf16_dot_loop) > rate(detail::kernels_for(Isa::Avx512).fma_loop);
+    return rate(&detail::bf16_dot_loop) > rate(detail::kernels_for(Isa::Avx512).fma_loop) ? Bf16Gemm::Dot
+                                                                                           : Bf16Gemm::Fma;
   }();
-  return fast;
+  return fastest;
 }
 
 Exec::Exec(ThreadPool& p, Isa i, Precision pr) : pool(&p), isa(i), precision(pr) {
   if (!isa_supported(i)) fail("kernels: this CPU does not support the {} path", isa_name(i));
 }
 
+Bf16Gemm Exec::gemm_kernels() const {
+  return precision == Precision::Bf16 && isa == Isa::Avx512 && bf16_dot_supported() ? bf16_gemm : Bf16Gemm::Fma;
+}
+
 namespace {
-// Attention's products on the bf16 dot where it is the faster route (Exec::dot_gemm), else on the
-// f32 panels with rounded copies (docs/gguf.md, "Which kernels a bf16 product takes").
+// Attention's products on the bf16 dot where it is the faster route (Exec::bf16_gemm Dot), else on
+// the f32 panels with rounded copies (docs/gguf.md, "Which kernels a bf16 product takes").
 bool bf16_pairs(const Exec& ex) {
-  return ex.precision == Precision::Bf16 && ex.isa == Isa::Avx512 && bf16_dot_supported() && ex.dot_gemm;
+  return ex.precision == Precision::Bf16 && ex.isa == Isa::Avx512 && bf16_dot_supported() &&
+         ex.bf16_gemm == Bf16Gemm::Dot;
 }
 }  // namespace
 

@@ -66,7 +66,7 @@ void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layou
 
 // Attention's products (nn/attention): the keys and values [n, d] of one KV head (rows ld floats
 // apart), packed once for every query row that reads them, in the form the Exec's kernels take:
-// bf16 pairs for the AVX512-BF16 dot (Precision::Bf16 where Exec::dot_gemm says the dot is the
+// bf16 pairs for the AVX512-BF16 dot (Precision::Bf16 where Exec::bf16_gemm says the dot is the
 // faster route), else f32 panels of the Exec's ISA, rounded to bf16 under Precision::Bf16. The
 // f32 panels hold about as much as k and v.
 struct PackedKv {

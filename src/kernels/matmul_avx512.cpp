@@ -114,7 +114,7 @@ const MicroTable& micro_table() {
 
 // pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does.
 template <class PackB>
-void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB pack_b) {
+void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB&& pack_b) {
   const MicroTable& table = micro_table();
   auto* bpack = reinterpret_cast<uint32_t*>(pack);  // kNC × kKCb/2 words
   static_assert(kNC * (kKCb / 2) <= 2 * kNC * kKC, "pack buffer too small");
@@ -241,7 +241,7 @@ void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
 // RM activation rows from m0 × the RN weight rows at wr over columns [k0, k1) of K, each
 // weight vector meeting every row. The sums start at zero when k0 = 0, else from
 // acc[RM][RN]; they go back to acc unless k1 = K, where they become y's entries for rows
-// n0 + r · stride. Wide: the same products on the f32 FMAs (Exec::dot_gemm off: CPUs whose
+// n0 + r · stride. Wide: the same products on the f32 FMAs (Exec::bf16_gemm not Dot: CPUs whose
 // vdpbf16ps does fewer products per cycle), x as f32 in a.xq (wide_x in matmul.cpp), with
 // columns counted from `shift` zeros before each row (fma_dot_shift), whose words the first
 // load leaves out; a weight vector widens into its even entries (bf16_low) and odd ones.
@@ -495,30 +495,154 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
   }
 }
 
-// Block-quantized weights on the same GEMM: each row's K block (kKCb = 256 values, whole
+// Block-quantized weights on the bf16 GEMMs: each row's K block (kKCb = 256 values, whole
 // blocks of every format) is dequantized exactly (dequantize_blocks_avx512) and rounded to bf16
 // (nearest even) into a dense [kNR][kKCb] scratch, which is then packed like bf16 weights.
 // The dequantization is paid once per weight value and call, against M products.
-void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  const GgmlType t = ggml_type_of(a.dtype);
-  const size_t block = size_t(ggml_traits(t).block_elems), block_bytes = ggml_traits(t).block_bytes;
-  static_assert(kKCb % 256 == 0, "K blocks must hold whole blocks of every format");
-  alignas(64) uint16_t rows[kNR * kKCb];
-  alignas(64) float tmp[kKCb];
-  GemmArgs dense = a;
-  dense.w = reinterpret_cast<const std::byte*>(rows);
-  dense.ldw_bytes = 2 * kKCb;
-  gemm_bf16dot_with(a, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
+namespace {
+class BlockPacker {
+ public:
+  explicit BlockPacker(const GemmArgs& a)
+      : a_(a), t_(ggml_type_of(a.dtype)), block_(size_t(ggml_traits(t_).block_elems)),
+        block_bytes_(ggml_traits(t_).block_bytes), dense_(a) {
+    static_assert(kKCb % 256 == 0, "K blocks must hold whole blocks of every format");
+    dense_.w = reinterpret_cast<const std::byte*>(rows_);
+    dense_.ldw_bytes = 2 * kKCb;
+  }
+  // W(n0 .. n0+cols, k0 .. k0+kc) into dst as pack_b_pairs packs it.
+  void operator()(size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
     for (size_t i = 0; i < cols; ++i) {
-      dequantize_blocks_avx512(t, a.w + (n0 + i) * a.ldw_bytes + k0 / block * block_bytes, tmp, kc);
+      dequantize_blocks_avx512(t_, a_.w + (n0 + i) * a_.ldw_bytes + k0 / block_ * block_bytes_, tmp_, kc);
       for (size_t k = 0; k < kc; k += 32) {  // kc is whole blocks: a multiple of 32
-        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp + k + 16), _mm512_load_ps(tmp + k));
-        _mm512_store_si512(rows + i * kKCb + k, reinterpret_cast<const __m512i&>(h));
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp_ + k + 16), _mm512_load_ps(tmp_ + k));
+        _mm512_store_si512(rows_ + i * kKCb + k, reinterpret_cast<const __m512i&>(h));
       }
     }
-    pack_b_pairs(dense, 0, cols, 0, kc, dst);
+    pack_b_pairs(dense_, 0, cols, 0, kc, dst);
+  }
+
+ private:
+  const GemmArgs& a_;
+  GgmlType t_;
+  size_t block_, block_bytes_;
+  GemmArgs dense_;
+  alignas(64) uint16_t rows_[kNR * kKCb];
+  alignas(64) float tmp_[kKCb];
+};
+}  // namespace
+
+void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  gemm_bf16dot_with(a, nb, ne, mb, me, pack, BlockPacker(a));
+}
+
+namespace {
+// ---- AMX tiles (TDPBF16PS): the bf16 GEMM's products 512 to a tile instruction. Tiles 0-3 hold a
+// 32 × 32 block of y (f32), 4 and 5 x's 16-row halves (16 rows × 32 bf16), 6 and 7 two 16-column
+// parts of a packed panel (16 pairs × 16 words: pack_b_pairs's panel read 256 bytes a row).
+
+// The tile configuration (palette 1): eight tiles of 16 rows × 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// y[0:r, 0:c] (r ≤ 32, c ≤ 64, rows ldy apart) = or += A · B over kp pairs (first: = bias or 0):
+// A rows of x as bf16 words (lda words apart; 32 rows and whole 16-pair steps readable, zero past
+// the row's end), B a packed panel (words [16 · ⌈kp / 16⌉][64], zero past kp and c). A block
+// that is not whole passes through `edge`, so no tile touches y outside it.
+void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, float* y, size_t ldy, size_t r,
+               size_t c, bool first, const float* bias) {
+  alignas(64) float edge[32 * kNR];
+  alignas(64) float init[16 * kNR];
+  const bool whole = r == 32 && c == kNR;
+  float* cy = whole ? y : edge;
+  const size_t ldc = whole ? ldy : kNR;
+  if (!whole && !first)
+    for (size_t i = 0; i < r; ++i) std::memcpy(edge + i * kNR, y + i * ldy, c * 4);
+  if (first && bias)
+    for (size_t i = 0; i < 16; ++i)
+      for (size_t j = 0; j < kNR; ++j) init[i * kNR + j] = j < c ? bias[j] : 0.f;
+  const size_t steps = (kp + 15) / 16, sa = lda * 4, sc = ldc * 4;
+  for (size_t h = 0; h < (c > 32 ? 2 : 1); ++h) {
+    float* c0 = cy + 32 * h;
+    if (!first) {
+      _tile_loadd(0, c0, sc);
+      _tile_loadd(1, c0 + 16, sc);
+      _tile_loadd(2, c0 + 16 * ldc, sc);
+      _tile_loadd(3, c0 + 16 * ldc + 16, sc);
+    } else if (bias) {
+      _tile_loadd(0, init + 32 * h, kNR * 4);
+      _tile_loadd(1, init + 32 * h + 16, kNR * 4);
+      _tile_loadd(2, init + 32 * h, kNR * 4);
+      _tile_loadd(3, init + 32 * h + 16, kNR * 4);
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (size_t s = 0; s < steps; ++s) {
+      const uint32_t* b = B + s * 16 * kNR + 32 * h;
+      _tile_loadd(4, A + 16 * s, sa);
+      _tile_loadd(5, A + 16 * lda + 16 * s, sa);
+      _tile_loadd(6, b, kNR * 4);
+      _tile_loadd(7, b + 16, kNR * 4);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, c0, sc);
+    _tile_stored(1, c0 + 16, sc);
+    _tile_stored(2, c0 + 16 * ldc, sc);
+    _tile_stored(3, c0 + 16 * ldc + 16, sc);
+  }
+  if (!whole)
+    for (size_t i = 0; i < r; ++i) std::memcpy(y + i * ldy, edge + i * kNR, c * 4);
+}
+
+// gemm_bf16dot_with's loops on micro_amx: per K block the panels of a column block packed, then
+// each panel against x 32 rows at a time (the panel, 32 KiB, stays in L1 while x streams from L2).
+template <class PackB>
+void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB&& pack_b) {
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+  auto* bpack = reinterpret_cast<uint32_t*>(pack);
+  const auto* xq = reinterpret_cast<const uint32_t*>(a.xq);
+  const size_t lda = a.ldxq / 4;
+  constexpr size_t panel_words = kKCb / 2 * kNR;
+  const size_t step = column_block(ne - nb, kNR);
+  for (size_t n0 = nb; n0 < ne; n0 += step) {
+    const size_t nc = ne - n0 < step ? ne - n0 : step;
+    const size_t panels = (nc + kNR - 1) / kNR;
+    for (size_t k0 = 0; k0 < a.K; k0 += kKCb) {
+      const size_t kc = a.K - k0 < kKCb ? a.K - k0 : kKCb, kp = (kc + 1) / 2;
+      const size_t kp16 = (kp + 15) / 16 * 16;
+      for (size_t p = 0; p < panels; ++p) {
+        const size_t c = nc - p * kNR < kNR ? nc - p * kNR : kNR;
+        pack_b(n0 + p * kNR, c, k0, kc, bpack + p * panel_words);
+        std::memset(bpack + p * panel_words + kp * kNR, 0, (kp16 - kp) * kNR * 4);  // a whole last step
+      }
+      const float* bias = a.bias && k0 == 0 ? a.bias + n0 : nullptr;
+      for (size_t p = 0; p < panels; ++p) {
+        const size_t c = nc - p * kNR < kNR ? nc - p * kNR : kNR;
+        for (size_t m = mb; m < me; m += kAmxTileRows)
+          micro_amx(kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, a.y + m * a.ldy + n0 + p * kNR, a.ldy,
+                    me - m < kAmxTileRows ? me - m : kAmxTileRows, c, k0 == 0, bias ? bias + p * kNR : nullptr);
+      }
+    }
+  }
+  _tile_release();  // the thread's tile state back to init: no 8 KiB saved at each switch
+}
+
+void gemm_amx(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  gemm_amx_with(a, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
+    pack_b_pairs(a, n0, cols, k0, kc, dst);
   });
 }
+}  // namespace
 
 // ---- attention's products on the bf16 dot (matmul.h, attend): keys, values, queries
 // and probabilities as bf16, f32 sums, on micro_bf16.
@@ -694,6 +818,38 @@ double bf16_dot_loop(size_t iters) {
   return 64.0 * double(iters) * N;  // 16 lanes × 2 products × (multiply + add)
 }
 
-const IsaKernels kAvx512Kernels = make_kernels<S512>("avx512", &gemm_bf16dot, &dot_bf16dot, &dot_bf16_fma);
+double amx_loop(size_t iters) {
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+  alignas(64) uint16_t small[16 * 32];
+  std::fill(small, small + 16 * 32, uint16_t(0x3A83));  // bf16 ≈ 1e-3: the sums stay small
+  _tile_loadd(4, small, 64);
+  _tile_loadd(5, small, 64);
+  _tile_loadd(6, small, 64);
+  _tile_loadd(7, small, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (size_t it = 0; it < iters; ++it) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float sink[16 * 16];
+  _tile_stored(0, sink, 64);
+  _tile_release();
+  volatile float v = sink[0];
+  (void)v;
+  return 4.0 * 2 * 16 * 16 * 32 * double(iters);  // 4 tiles × 16 × 16 outputs × 32 products each
+}
+
+void gemm_amx_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  gemm_amx_with(a, nb, ne, mb, me, pack, BlockPacker(a));
+}
+
+const IsaKernels kAvx512Kernels =
+    make_kernels<S512>("avx512", &gemm_bf16dot, &gemm_amx, &dot_bf16dot, &dot_bf16_fma);
 
 }  // namespace vlm::kernels::detail

@@ -555,19 +555,21 @@ float read_loop(const float* p, size_t n, size_t streams, size_t stride) {
 
 template <class S, DType D>
 constexpr FormatKernels format_kernels(decltype(FormatKernels::gemm_bf16) gemm_bf16 = nullptr,
+                                       decltype(FormatKernels::gemm_amx) gemm_amx = nullptr,
                                        decltype(FormatKernels::dot_bf16) dot_bf16 = nullptr,
                                        decltype(FormatKernels::dot_bf16_fma) dot_bf16_fma = nullptr) {
-  return FormatKernels{&dot_typed<S, D>, &gemm_typed<S, D>, gemm_bf16, dot_bf16, dot_bf16_fma};
+  return FormatKernels{&dot_typed<S, D>, &gemm_typed<S, D>, gemm_bf16, gemm_amx, dot_bf16, dot_bf16_fma};
 }
 
 template <class S>
 constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm_bf16) gemm_bf16 = nullptr,
+                                  decltype(FormatKernels::gemm_amx) gemm_amx = nullptr,
                                   decltype(FormatKernels::dot_bf16) dot_bf16 = nullptr,
                                   decltype(FormatKernels::dot_bf16_fma) dot_bf16_fma = nullptr) {
   return IsaKernels{name,
                     format_kernels<S, DType::F32>(),
                     format_kernels<S, DType::F16>(),
-                    format_kernels<S, DType::BF16>(gemm_bf16, dot_bf16, dot_bf16_fma),
+                    format_kernels<S, DType::BF16>(gemm_bf16, gemm_amx, dot_bf16, dot_bf16_fma),
                     S::W * S::NV,
                     S::MR,
                     2 * kNC * kKC,

@@ -99,11 +99,18 @@ struct IsaKernels {
 
 // AVX512-BF16 only: a register-resident vdpbf16ps loop (the bf16 dot peak); FLOPs done.
 double bf16_dot_loop(size_t iters);
+// AMX only (amx_supported()): a TDPBF16PS loop on tiles (their peak); FLOPs done.
+double amx_loop(size_t iters);
+// The rows of x one AMX block reads (two 16-row tiles): FormatKernels::gemm_amx reads x up to
+// this many rows past its last, and the row blocks of a product split at multiples of it.
+inline constexpr size_t kAmxTileRows = 32;
 // AVX512 only: n values (whole blocks) of block format t, bit for bit dequantize_row's.
 void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t n);
 // AVX512-BF16 only: FormatKernels::gemm_bf16 for the block formats (weights dequantized
 // exactly, then rounded to bf16 with x).
 void gemm_bf16dot_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
+// AMX only: the same on AMX tiles (FormatKernels::gemm_amx).
+void gemm_amx_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
 
 // AVX512-BF16 only: attention's products on the bf16 dot (matmul.h, attend). Keys [n, d] (rows ld
 // floats apart) pack as pack_b_pairs packs a weight: panels of 64 keys, words [(d + 1) / 2][64],

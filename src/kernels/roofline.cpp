@@ -126,11 +126,12 @@ double measure_regions_bandwidth(std::span<const std::span<const std::byte>> reg
   return best;
 }
 
-double measure_peak_flops(int threads, Isa isa, Precision precision) {
-  const detail::IsaKernels& k = detail::kernels_for(isa);
-  const bool bf16 = precision == Precision::Bf16;
-  if (bf16 && !bf16_dot_supported()) fail("measure_peak_flops: this CPU has no AVX512-BF16 dot");
-  double (*loop)(size_t) = bf16 ? &detail::bf16_dot_loop : k.fma_loop;
+double measure_peak_flops(int threads, Isa isa, Bf16Gemm kernels) {
+  if (kernels == Bf16Gemm::Dot && !bf16_dot_supported()) fail("measure_peak_flops: this CPU has no AVX512-BF16 dot");
+  if (kernels == Bf16Gemm::Amx && !amx_supported()) fail("measure_peak_flops: this CPU gives this process no AMX tiles");
+  double (*loop)(size_t) = kernels == Bf16Gemm::Dot   ? &detail::bf16_dot_loop
+                           : kernels == Bf16Gemm::Amx ? &detail::amx_loop
+                                                      : detail::kernels_for(isa).fma_loop;
   ThreadPool pool(threads);
   const size_t n = size_t(threads);
   // Calibrate to about 0.1 s per run. The best of 8 short runs: on a shared machine another

@@ -37,9 +37,10 @@ MappedKb mapped_kb(std::span<const std::span<const std::byte>> regions);
 // where smaps cannot be read. Such pages stream faster (docs/gguf.md, "Decode streams").
 double huge_page_share(std::span<const std::span<const std::byte>> regions);
 
-// Peak FLOP/s (a multiply-add counts 2) of an ISA path: a register-resident loop run on
-// `threads` threads at once; best of a few runs. F32: FMA; Bf16: the AVX512-BF16 dot
-// (vdpbf16ps; throws unless bf16_dot_supported()).
-double measure_peak_flops(int threads, Isa isa = best_isa(), Precision precision = Precision::F32);
+// Peak FLOP/s (a multiply-add counts 2) of an ISA path's products: a register-resident loop run
+// on `threads` threads at once; best of a few runs. Fma: the f32 FMA; Dot: the AVX512-BF16 dot
+// (vdpbf16ps; throws unless bf16_dot_supported()); Amx: TDPBF16PS on tiles (throws unless
+// amx_supported()).
+double measure_peak_flops(int threads, Isa isa = best_isa(), Bf16Gemm kernels = Bf16Gemm::Fma);
 
 }  // namespace vlm::kernels

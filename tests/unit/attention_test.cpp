@@ -136,12 +136,13 @@ const Case kCases[] = {
 void check_paths(bool masked) {
   ThreadPool pool(2);
   std::mt19937 rng(7);
-  // (ISA, Exec::dot_gemm): on AVX512-BF16 Bf16 attention runs on the bf16 pairs with the dot,
-  // on the f32 panels without.
-  std::vector<std::pair<Isa, bool>> paths = {{Isa::Scalar, false}};
-  if (kernels::isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, false});
-  if (kernels::isa_supported(Isa::Avx512)) paths.push_back({Isa::Avx512, false});
-  if (kernels::bf16_dot_supported()) paths.push_back({Isa::Avx512, true});
+  // (ISA, Exec::bf16_gemm): on AVX512-BF16 Bf16 attention runs on the bf16 pairs with Dot, on
+  // the f32 panels with Fma and Amx.
+  using kernels::Bf16Gemm;
+  std::vector<std::pair<Isa, Bf16Gemm>> paths = {{Isa::Scalar, Bf16Gemm::Fma}};
+  if (kernels::isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, Bf16Gemm::Fma});
+  if (kernels::isa_supported(Isa::Avx512)) paths.push_back({Isa::Avx512, Bf16Gemm::Fma});
+  if (kernels::bf16_dot_supported()) paths.push_back({Isa::Avx512, Bf16Gemm::Dot});
   for (const Case& c : kCases) {
     const auto q = random(c.Lq * c.heads * c.d, rng, 1.f);
     const auto k = random(c.Lk * c.kv_heads * c.d, rng, 1.f);
@@ -151,13 +152,13 @@ void check_paths(bool masked) {
     const DenseMask* m = masked ? &mask : nullptr;
     const auto exact = reference(c, q, k, v, m, scale, false);
     const auto rounded = reference(c, q, k, v, m, scale, true);
-    for (auto [isa, dot_gemm] : paths) {
+    for (auto [isa, gemm] : paths) {
       SCOPED_TRACE(testing::Message() << "Lq " << c.Lq << " Lk " << c.Lk << " d " << c.d << " isa "
-                                      << kernels::isa_name(isa) << (dot_gemm ? " (dot)" : ""));
+                                      << kernels::isa_name(isa) << " " << kernels::bf16_gemm_name(gemm));
       const Errors f32 = compare(run(c, q, k, v, m, scale, Exec(pool, isa, Precision::F32)), exact);
       EXPECT_LT(f32.max, 1e-5);
       Exec bf(pool, isa, Precision::Bf16);
-      bf.dot_gemm = dot_gemm;
+      bf.bf16_gemm = gemm;
       const auto ours = run(c, q, k, v, m, scale, bf);
       // A probability on a bf16 rounding boundary may round one step the other way (its f32
       // value differs from the float64 one in the last bits): a few cells move by up to
@@ -229,7 +230,7 @@ TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
   }
   if (kernels::bf16_dot_supported()) {
     Exec dot(pool, Isa::Avx512, Precision::Bf16), fma(pool, Isa::Avx512, Precision::Bf16);
-    dot.dot_gemm = true, fma.dot_gemm = false;
+    dot.bf16_gemm = kernels::Bf16Gemm::Dot, fma.bf16_gemm = kernels::Bf16Gemm::Fma;
     kernels::pack_kv(k.data(), v.data(), d, n, d, kv, dot);
     kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, dot);
     EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, fma), Error);

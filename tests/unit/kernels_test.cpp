@@ -211,49 +211,69 @@ TEST(Matmul, BiasStridesAndKnLayout) {
   }
 }
 
-TEST(Matmul, Bf16DotPathRoundsXOnly) {
+// The bf16 GEMMs this CPU has (Exec::bf16_gemm Dot: vdpbf16ps; Amx: TDPBF16PS tiles).
+std::vector<Bf16Gemm> bf16_gemms() {
+  std::vector<Bf16Gemm> v;
+  if (bf16_dot_supported()) v.push_back(Bf16Gemm::Dot);
+  if (amx_supported()) v.push_back(Bf16Gemm::Amx);
+  return v;
+}
+
+TEST(Matmul, Bf16GemmsRoundXOnly) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   ThreadPool pool(2);
-  Exec dot(pool, Isa::Avx512, Precision::Bf16);
-  dot.dot_gemm = true;  // the packed GEMM whichever kernels this CPU runs faster
   const Exec exact(pool, Isa::Avx512);
   std::mt19937 rng(12);
   struct Shape {
     size_t M, N, K;
   };
-  // M > 32: the packed GEMM; M <= 32: the dot kernels (M = 1, the 4-row groups and their
+  // M > 32: the packed GEMM (AMX: 32-row blocks and their remainders, 16-column tiles and
+  // K steps of 32 with theirs); M <= 32: the dot kernels (M = 1, the 4-row groups and their
   // remainders, tails of K below one 32-value vector).
   const Shape shapes[] = {{33, 70, 45},  {40, 1, 1},   {37, 65, 17},  {50, 130, 256}, {45, 64, 257},
                           {100, 520, 600}, {64, 17, 31}, {200, 96, 33}, {1, 37, 45},   {1, 300, 1000},
                           {1, 9, 7},     {2, 5, 1},    {3, 19, 129},  {4, 130, 256},  {7, 66, 300},
-                          {8, 70, 2560}, {32, 21, 95}, {1, 1027, 130}};
-  for (const Shape& s : shapes) {
-    const StoredWeight w = make_weight(DType::BF16, s.N, s.K, rng);
-    const auto x = random_vec(s.M * s.K, rng);
-    std::vector<float> y(s.M * s.N, NAN), y_exact(s.M * s.N);
-    matmul(x.data(), s.M, w.w, y.data(), dot);
-    matmul(x.data(), s.M, w.w, y_exact.data(), exact);
-    // Against the exact product of x rounded to bf16 (nearest even): only the f32
-    // summation differs, so the usual (K + 2)·u·Σ|x·w| bound applies.
-    std::vector<float> xr(x.size());
-    for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
-    const std::string what = "bf16dot M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
-                             " K=" + std::to_string(s.K);
-    expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
-    // and the stated bound against the exact f32-activation product: 2^-8·Σ|x·w| more.
-    size_t differ = 0;
-    for (size_t m = 0; m < s.M; ++m)
-      for (size_t n = 0; n < s.N; ++n) {
-        double exact = 0, mag = 0;
-        for (size_t k = 0; k < s.K; ++k) {
-          const double p = double(x[m * s.K + k]) * w.values[n * s.K + k];
-          exact += p;
-          mag += std::fabs(p);
+                          {8, 70, 2560}, {32, 21, 95}, {1, 1027, 130}, {96, 48, 64}, {65, 600, 530}};
+  for (Bf16Gemm gemm : bf16_gemms()) {
+    Exec bf(pool, Isa::Avx512, Precision::Bf16);
+    bf.bf16_gemm = gemm;
+    for (const Shape& s : shapes) {
+      const StoredWeight w = make_weight(DType::BF16, s.N, s.K, rng);
+      const auto x = random_vec(s.M * s.K, rng);
+      std::vector<float> y(s.M * s.N, NAN), y_exact(s.M * s.N);
+      matmul(x.data(), s.M, w.w, y.data(), bf);
+      matmul(x.data(), s.M, w.w, y_exact.data(), exact);
+      // Against the exact product of x rounded to bf16 (nearest even): only the f32
+      // summation differs, so the usual (K + 2)·u·Σ|x·w| bound applies.
+      std::vector<float> xr(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
+      const std::string what = std::string(bf16_gemm_name(gemm)) + " M=" + std::to_string(s.M) +
+                               " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
+      expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
+      // and the stated bound against the exact f32-activation product: 2^-8·Σ|x·w| more.
+      size_t differ = 0;
+      for (size_t m = 0; m < s.M; ++m)
+        for (size_t n = 0; n < s.N; ++n) {
+          double exact = 0, mag = 0;
+          for (size_t k = 0; k < s.K; ++k) {
+            const double p = double(x[m * s.K + k]) * w.values[n * s.K + k];
+            exact += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(y[m * s.N + n], exact, (1.0 / 256 + (s.K + 2) * kU) * mag) << what;
+          differ += y[m * s.N + n] != y_exact[m * s.N + n];
         }
-        ASSERT_NEAR(y[m * s.N + n], exact, (1.0 / 256 + (s.K + 2) * kU) * mag) << what;
-        differ += y[m * s.N + n] != y_exact[m * s.N + n];
-      }
-    if (s.K > 1) EXPECT_GT(differ, 0u) << what << ": the bf16-dot path was not taken";
+      if (s.K > 1) EXPECT_GT(differ, 0u) << what << ": the bf16 path was not taken";
+      // Rows ldx and ldy apart with a bias: y's cells between the rows untouched.
+      const size_t ldx = s.K + 3, ldy = s.N + 5;
+      std::vector<float> xs(s.M * ldx, NAN), ys(s.M * ldy, -7.f), bias(s.N);
+      for (size_t m = 0; m < s.M; ++m) std::copy_n(xr.data() + m * s.K, s.K, xs.data() + m * ldx);
+      for (auto& b : bias) b = random_vec(1, rng)[0];
+      matmul_strided(xs.data(), ldx, s.M, w.w, Layout::NK, bias.data(), ys.data(), ldy, bf);
+      expect_close(ys.data(), ldy, xr.data(), s.K, s.M, w.values, s.N, s.K, false, bias.data(), what + " strided");
+      for (size_t m = 0; m < s.M; ++m)
+        for (size_t n = s.N; n < ldy; ++n) ASSERT_EQ(ys[m * ldy + n], -7.f) << what << " strided: wrote past row " << m;
+    }
   }
 }
 
@@ -269,7 +289,7 @@ TEST(Matmul, Bf16DotAtEveryWeightOffset) {
     const bool dot_gemm = path == 0;
     if (path < 2 ? !bf16_dot_supported() : !isa_supported(isa)) continue;
     Exec dot(pool, isa, Precision::Bf16);
-    dot.dot_gemm = dot_gemm;
+    dot.bf16_gemm = dot_gemm ? Bf16Gemm::Dot : Bf16Gemm::Fma;
     for (size_t M : {1, 3, 8})
       for (size_t K : {32, 96, 2560}) {
         const size_t N = 300;
@@ -292,8 +312,8 @@ TEST(Matmul, Bf16DotAtEveryWeightOffset) {
   }
 }
 
-// Precision::Bf16 on every ISA path and weight dtype (on AVX512-BF16 with the GEMMs on the
-// dot and on the FMAs): the exact products of x rounded to
+// Precision::Bf16 on every ISA path and weight dtype (on AVX512-BF16 with the GEMMs on each
+// Bf16Gemm this CPU has): the exact products of x rounded to
 // bf16 (nearest even) with the stored weights, summed in f32 — so within the usual
 // (K + 2)·u·Σ|x̂·w| of the double product of the rounded x, and equal to matmul_ref's
 // Bf16 mode within twice that; the f32 mode of the same call must differ somewhere.
@@ -303,15 +323,16 @@ TEST(Matmul, Bf16PrecisionOnEveryPathRoundsX) {
   struct Shape {
     size_t M, N, K;
   };
-  // M = 5..32 on AVX512-BF16 without dot_gemm: the dot's FMA twin, K across its 256-column
+  // M = 5..32 on AVX512-BF16 with Fma or Amx: the dot's FMA twin, K across its 256-column
   // blocks and off whole 32-value groups.
   const Shape shapes[] = {{1, 37, 45},  {1, 300, 1000}, {3, 19, 129},   {16, 70, 33},  {33, 70, 45},
                           {40, 130, 300}, {64, 17, 31}, {5, 66, 600},  {8, 130, 2560}, {32, 21, 95}};
   for (Isa isa : isas())
-    for (bool dot_gemm : {false, true}) {
-      if (dot_gemm && !(isa == Isa::Avx512 && bf16_dot_supported())) continue;
+    for (Bf16Gemm gemm : {Bf16Gemm::Fma, Bf16Gemm::Dot, Bf16Gemm::Amx}) {
+      if (gemm != Bf16Gemm::Fma && !(isa == Isa::Avx512 && (gemm == Bf16Gemm::Dot ? bf16_dot_supported() : amx_supported())))
+        continue;
       Exec bf(pool, isa, Precision::Bf16);
-      bf.dot_gemm = dot_gemm;
+      bf.bf16_gemm = gemm;
       const Exec exact(pool, isa);
       for (DType dt : kDTypes)
         for (const Shape& s : shapes) {
@@ -323,7 +344,7 @@ TEST(Matmul, Bf16PrecisionOnEveryPathRoundsX) {
           matmul(x.data(), s.M, w.w, y.data(), bf);
           matmul(x.data(), s.M, w.w, y32.data(), exact);
           matmul_ref(x.data(), s.M, w.w, ref.data(), Precision::Bf16);
-          const std::string what = std::string(isa_name(isa)) + (dot_gemm ? " dot GEMM" : "") + " bf16-precision " +
+          const std::string what = std::string(isa_name(isa)) + " " + bf16_gemm_name(gemm) + " bf16-precision " +
                                    std::string(dtype_name(dt)) + " M=" + std::to_string(s.M) +
                                    " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
           expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);

@@ -282,20 +282,24 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
   if (!missing.empty()) GTEST_SKIP() << "this CPU lacks the " << missing << " path: not tested";
 }
 
-// More rows than the format's dot_rows at Precision::Bf16 on AVX512-BF16 whose vdpbf16ps is the
-// faster route: the weights are dequantized exactly and rounded to bf16 with x, then summed in
-// f32 on vdpbf16ps; so within (K + 2)·u·Σ|x̂·ŵ| of the double product of the rounded values, and
-// not the Q8-activation result of Precision::F32. Up to dot_rows, and at any M where the FMAs are
-// the faster route, that result bit for bit.
+// More rows than the format's dot_rows (AMX: 32) at Precision::Bf16 on AVX512-BF16 with a bf16
+// GEMM (Exec::bf16_gemm Dot or Amx, each this CPU has): the weights are dequantized exactly and
+// rounded to bf16 with x, then summed in f32 on vdpbf16ps or the tiles; so within
+// (K + 2)·u·Σ|x̂·ŵ| of the double product of the rounded values, and not the Q8-activation result
+// of Precision::F32. Up to those rows, and at any M where the FMAs are the faster route, that
+// result bit for bit.
 TEST(Quant, Bf16PrecisionPrefillRoundsDequantizedWeights) {
   if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.f, 1.f);
   ThreadPool pool(3);
   constexpr double kU = 1.0 / (1 << 24);
+  for (Bf16Gemm gemm : {Bf16Gemm::Dot, Bf16Gemm::Amx})
   for (GgmlType t : kBlockTypes) {
+    if (gemm == Bf16Gemm::Amx && !amx_supported()) continue;
     const size_t be = size_t(ggml_traits(t).block_elems);
-    const size_t rows = format_of(dtype_of(t)).dot_rows;  // up to these the int8 kernels stay
+    // up to these the int8 kernels stay
+    const size_t rows = std::min(format_of(dtype_of(t)).dot_rows, gemm == Bf16Gemm::Amx ? size_t(32) : SIZE_MAX);
     for (size_t K : {be, 3 * be, (be == 32 ? 13 : 5) * be})  // K blocks of 256 and their remainders
       for (size_t N : {1, 70, 130})
         for (size_t M : {size_t(50), rows, rows + 1, rows + 40}) {
@@ -307,12 +311,12 @@ TEST(Quant, Bf16PrecisionPrefillRoundsDequantizedWeights) {
           const Weight w{wb.data(), dtype_of(t), N, K};
           std::vector<float> y(M * N, NAN), y32(M * N, NAN);
           Exec bf(pool, Isa::Avx512, Precision::Bf16);
-          // M = 50: a CPU whose vdpbf16ps is the slower route keeps the int8 kernels, and so
-          // does any CPU up to the format's dot_rows
-          bf.dot_gemm = M != 50;
+          // M = 50: a CPU whose bf16 GEMMs are the slower route keeps the int8 kernels, and so
+          // does any CPU up to those rows
+          bf.bf16_gemm = M != 50 ? gemm : Bf16Gemm::Fma;
           matmul(x.data(), M, w, y.data(), bf);
           matmul(x.data(), M, w, y32.data(), Exec(pool, Isa::Avx512, Precision::F32));
-          if (!bf.dot_gemm || M <= rows) {
+          if (bf.bf16_gemm == Bf16Gemm::Fma || M <= rows) {
             for (size_t i = 0; i < y.size(); ++i)
               ASSERT_EQ(y[i], y32[i]) << ggml_type_name(t) << " M" << M << " N" << N << " K" << K << ": not the int8 kernels";
             continue;
@@ -327,7 +331,7 @@ TEST(Quant, Bf16PrecisionPrefillRoundsDequantizedWeights) {
                 mag += std::fabs(p);
               }
               ASSERT_NEAR(y[m * N + n], exact, (K + 2) * kU * mag + 1e-30)
-                  << ggml_type_name(t) << " M" << M << " N" << N << " K" << K;
+                  << bf16_gemm_name(gemm) << " " << ggml_type_name(t) << " M" << M << " N" << N << " K" << K;
               differ += y[m * N + n] != y32[m * N + n];
             }
           EXPECT_GT(differ, 0u) << ggml_type_name(t) << ": the bf16 path was not taken";
