@@ -199,11 +199,14 @@ const float* rounded_x(const GemmArgs& a, const Exec& ex) {
 // multiple of 4 bytes), so the dot kernels can load whole lines of both (aligning_lead). Only
 // AVX512-BF16 CPUs take this path, so the conversion is the AVX512 one (0.9 → 0.2 ns a value
 // against f32_to_bf16 in a loop: 3.8 % of an image's time on the Zen 5 VM before). For the AMX
-// tiles (`amx`), which read packed weights, x starts on a line instead, and kAmxTileRows rows of
-// zeros follow the last (they read x 32 rows at a time).
+// tiles (`amx`), which read packed weights, x starts on a line instead, its rows an odd number of
+// lines apart (a tile's 16 rows in 16 L1 sets, not one when K is a multiple of 2048), and
+// kAmxTileRows rows of zeros follow the last (the tiles read x 32 rows at a time).
 void bf16_x(GemmArgs& a, ThreadPool& pool, bool amx) {
   thread_local std::vector<uint16_t> buf;
-  const size_t ld = (a.K + 31) / 32 * 32, pad = amx ? detail::kAmxTileRows : 0;
+  size_t ld = (a.K + 31) / 32 * 32;
+  if (amx && ld / 32 % 2 == 0) ld += 32;
+  const size_t pad = amx ? detail::kAmxTileRows : 0;
   buf.resize((a.M + pad) * ld + 64);
   const uintptr_t line = (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63);
   uint16_t* out = reinterpret_cast<uint16_t*>(line + (amx ? 0 : reinterpret_cast<uintptr_t>(a.w) & 60));

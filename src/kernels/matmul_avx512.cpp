@@ -537,7 +537,7 @@ void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, siz
 
 namespace {
 // ---- AMX tiles (TDPBF16PS): the bf16 GEMM's products 512 to a tile instruction. Tiles 0-3 hold a
-// 32 × 32 block of y (f32), 4 and 5 x's 16-row halves (16 rows × 32 bf16), 6 and 7 two 16-column
+// 32 × 32 block of f32 sums, 4 and 5 x's 16-row halves (16 rows × 32 bf16), 6 and 7 two 16-column
 // parts of a packed panel (16 pairs × 16 words: pack_b_pairs's panel read 256 bytes a row).
 
 // The tile configuration (palette 1): eight tiles of 16 rows × 64 bytes.
@@ -548,74 +548,64 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
-// y[0:r, 0:c] (r ≤ 32, c ≤ 64, rows ldy apart) = or += A · B over kp pairs (first: = bias or 0):
-// A rows of x as bf16 words (lda words apart; 32 rows and whole 16-pair steps readable, zero past
-// the row's end), B a packed panel (words [16 · ⌈kp / 16⌉][64], zero past kp and c). A block
-// that is not whole passes through `edge`, so no tile touches y outside it.
-void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, float* y, size_t ldy, size_t r,
-               size_t c, bool first, const float* bias) {
-  alignas(64) float edge[32 * kNR];
-  alignas(64) float init[16 * kNR];
-  const bool whole = r == 32 && c == kNR;
-  float* cy = whole ? y : edge;
-  const size_t ldc = whole ? ldy : kNR;
-  if (!whole && !first)
-    for (size_t i = 0; i < r; ++i) std::memcpy(edge + i * kNR, y + i * ldy, c * 4);
-  if (first && bias)
-    for (size_t i = 0; i < 16; ++i)
-      for (size_t j = 0; j < kNR; ++j) init[i * kNR + j] = j < c ? bias[j] : 0.f;
-  const size_t steps = (kp + 15) / 16, sa = lda * 4, sc = ldc * 4;
-  for (size_t h = 0; h < (c > 32 ? 2 : 1); ++h) {
-    float* c0 = cy + 32 * h;
-    if (!first) {
-      _tile_loadd(0, c0, sc);
-      _tile_loadd(1, c0 + 16, sc);
-      _tile_loadd(2, c0 + 16 * ldc, sc);
-      _tile_loadd(3, c0 + 16 * ldc + 16, sc);
-    } else if (bias) {
-      _tile_loadd(0, init + 32 * h, kNR * 4);
-      _tile_loadd(1, init + 32 * h + 16, kNR * 4);
-      _tile_loadd(2, init + 32 * h, kNR * 4);
-      _tile_loadd(3, init + 32 * h + 16, kNR * 4);
-    } else {
+// Columns a task's tiles sum at once: two panels, whose f32 sums over a task's rows (at most 512
+// rows: 256 KiB) stay in L2 across the K blocks, in rows of 256 bytes. Summing into y itself, whose
+// rows are often a multiple of 4 KiB apart (N = 2048, 10240), put a tile's 16 rows in one L1 set.
+constexpr size_t kAmxCols = 2 * kNR;
+
+// C[0:32, 0:64] (rows kNR floats apart) = (first) or += A · B over kp pairs, the second 32 columns
+// only when `wide`: A rows of x as bf16 words (lda words apart; 32 rows and whole 16-pair steps
+// readable, zero past the row's end), B a packed panel (words [16 · ⌈kp / 16⌉][64], zero past kp).
+void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, float* C, bool first, bool wide) {
+  constexpr size_t sc = kNR * 4, sb = kNR * 4;
+  const size_t steps = (kp + 15) / 16, sa = lda * 4;
+  for (size_t h = 0; h < (wide ? 2 : 1); ++h) {
+    float* c = C + 32 * h;
+    if (first) {
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
+    } else {
+      _tile_loadd(0, c, sc);
+      _tile_loadd(1, c + 16, sc);
+      _tile_loadd(2, c + 16 * kNR, sc);
+      _tile_loadd(3, c + 16 * kNR + 16, sc);
     }
     for (size_t s = 0; s < steps; ++s) {
       const uint32_t* b = B + s * 16 * kNR + 32 * h;
       _tile_loadd(4, A + 16 * s, sa);
       _tile_loadd(5, A + 16 * lda + 16 * s, sa);
-      _tile_loadd(6, b, kNR * 4);
-      _tile_loadd(7, b + 16, kNR * 4);
+      _tile_loadd(6, b, sb);
+      _tile_loadd(7, b + 16, sb);
       _tile_dpbf16ps(0, 4, 6);
       _tile_dpbf16ps(1, 4, 7);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
     }
-    _tile_stored(0, c0, sc);
-    _tile_stored(1, c0 + 16, sc);
-    _tile_stored(2, c0 + 16 * ldc, sc);
-    _tile_stored(3, c0 + 16 * ldc + 16, sc);
+    _tile_stored(0, c, sc);
+    _tile_stored(1, c + 16, sc);
+    _tile_stored(2, c + 16 * kNR, sc);
+    _tile_stored(3, c + 16 * kNR + 16, sc);
   }
-  if (!whole)
-    for (size_t i = 0; i < r; ++i) std::memcpy(y + i * ldy, edge + i * kNR, c * 4);
 }
 
-// gemm_bf16dot_with's loops on micro_amx: per K block the panels of a column block packed, then
-// each panel against x 32 rows at a time (the panel, 32 KiB, stays in L1 while x streams from L2).
+// y[mb:me, nb:ne] on micro_amx: per kAmxCols columns, per K block (kKCb) their panels packed, then
+// per kMCb rows each panel against x 32 rows at a time (the panel, 32 KiB, stays in L1 while x
+// streams from L2), the sums in a per-thread scratch; then y = the sums + bias.
 template <class PackB>
 void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB&& pack_b) {
   static const TileConfig config;
   _tile_loadconfig(&config);
   auto* bpack = reinterpret_cast<uint32_t*>(pack);
   const auto* xq = reinterpret_cast<const uint32_t*>(a.xq);
-  const size_t lda = a.ldxq / 4;
+  const size_t lda = a.ldxq / 4, rows = (me - mb + kAmxTileRows - 1) / kAmxTileRows * kAmxTileRows;
   constexpr size_t panel_words = kKCb / 2 * kNR;
-  const size_t step = column_block(ne - nb, kNR);
-  for (size_t n0 = nb; n0 < ne; n0 += step) {
-    const size_t nc = ne - n0 < step ? ne - n0 : step;
+  thread_local std::vector<float> sums_buf;
+  sums_buf.resize(rows * kAmxCols + 16);
+  float* sums = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(sums_buf.data()) + 63) & ~uintptr_t(63));
+  for (size_t n0 = nb; n0 < ne; n0 += kAmxCols) {
+    const size_t nc = ne - n0 < kAmxCols ? ne - n0 : kAmxCols;
     const size_t panels = (nc + kNR - 1) / kNR;
     for (size_t k0 = 0; k0 < a.K; k0 += kKCb) {
       const size_t kc = a.K - k0 < kKCb ? a.K - k0 : kKCb, kp = (kc + 1) / 2;
@@ -625,12 +615,26 @@ void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me
         pack_b(n0 + p * kNR, c, k0, kc, bpack + p * panel_words);
         std::memset(bpack + p * panel_words + kp * kNR, 0, (kp16 - kp) * kNR * 4);  // a whole last step
       }
-      const float* bias = a.bias && k0 == 0 ? a.bias + n0 : nullptr;
-      for (size_t p = 0; p < panels; ++p) {
-        const size_t c = nc - p * kNR < kNR ? nc - p * kNR : kNR;
-        for (size_t m = mb; m < me; m += kAmxTileRows)
-          micro_amx(kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, a.y + m * a.ldy + n0 + p * kNR, a.ldy,
-                    me - m < kAmxTileRows ? me - m : kAmxTileRows, c, k0 == 0, bias ? bias + p * kNR : nullptr);
+      for (size_t m0 = mb; m0 < me; m0 += kMCb) {  // kMCb rows of x (96 KiB of a K block) in L2
+        const size_t m1 = me - m0 < kMCb ? me : m0 + kMCb;
+        for (size_t p = 0; p < panels; ++p)
+          for (size_t m = m0; m < m1; m += kAmxTileRows)
+            micro_amx(kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, sums + (p * rows + m - mb) * kNR,
+                      k0 == 0, nc - p * kNR > 32);
+      }
+    }
+    for (size_t p = 0; p < panels; ++p) {
+      const size_t c = nc - p * kNR < kNR ? nc - p * kNR : kNR, n = n0 + p * kNR;
+      const __mmask16 tail = __mmask16((1u << (c % 16)) - 1);
+      for (size_t m = mb; m < me; ++m) {
+        const float* src = sums + (p * rows + m - mb) * kNR;
+        float* dst = a.y + m * a.ldy + n;
+        for (size_t j = 0; j < c; j += 16) {
+          const __mmask16 k = c - j >= 16 ? __mmask16(0xFFFF) : tail;
+          __m512 v = _mm512_load_ps(src + j);
+          if (a.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, a.bias + n + j));
+          _mm512_mask_storeu_ps(dst + j, k, v);
+        }
       }
     }
   }
