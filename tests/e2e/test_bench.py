@@ -15,7 +15,7 @@ FIXTURES = os.environ.get("VLM_FIXTURES")
 SRC = os.environ.get("VLM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 FIELDS = ["pp_tok_s", "tg_tok_s", "image_s", "batch_tok_s", "rss_bytes", "roofline_tg_tok_s", "peak_gflops",
           "read_gb_s", "weight_bytes_per_token", "peak_f32_gflops", "weights_read_gb_s",
-          "tg_fraction_of_weights_read", "load_s", "first_token_s", "batch_limit_tok_s"]
+          "tg_fraction_of_weights_read", "load_s", "first_token_s", "batch_limit_tok_s", "pp_cold_s"]
 
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
