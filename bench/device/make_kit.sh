@@ -4,10 +4,12 @@
 # the unit tests (vlm_tests) stripped, with their shared libraries (its Debian differs); llama-bench with node-llama-cpp's
 # prebuilt libraries, whose loader picks the CPU's variant; the header of a bf16 GGUF of the 4B
 # shapes (bench/device/fill_gguf.py writes the rest there) and of each QUANT file (`vlm quantize`'s
-# Q8_0, Q4_K_M, ... of the same shapes: 6.5 MB each); the Gemma 3 tokenizer for
+# Q8_0, Q4_K_M, ... of the same shapes: 6.5 MB each); with MMPROJ, the header of that mmproj GGUF
+# and llama-mtmd-cli with libmtmd (run.sh's image stage); the Gemma 3 tokenizer for
 # tools/make_checkpoint.py. Then: run(command="bash bench/device/run.sh", carry=[".dev"]).
 #   bench/device/make_kit.sh GGUF [QUANT...]   (GGUF: e.g. bench/peer.sh's gemma3-4b-bf16.gguf)
-# Env: KIT (.dev), LLAMA_BUILD (a bench/build_llama.sh folder holding llama-bench; default
+# Env: KIT (.dev), MMPROJ (an mmproj GGUF of the same model, e.g. convert_hf_to_gguf.py --mmproj-out),
+# LLAMA_BUILD (a bench/build_llama.sh folder holding llama-bench; default
 # /work/llama/build).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -16,7 +18,7 @@ shift
 kit=${KIT:-$here/.dev}
 llama_build=${LLAMA_BUILD:-/work/llama/build}
 npm=$here/tools/npm/node_modules
-rm -rf "$kit/vlm" "$kit/llama" "$kit"/quant-*.gguf
+rm -rf "$kit/vlm" "$kit/llama" "$kit"/quant-*.gguf "$kit/mmproj-header.gguf"
 mkdir -p "$kit/vlm" "$kit/llama"
 cp "$here/build/vlm" "$here/build/bench_kernels" "$here/build/tests/vlm_tests" "$kit/vlm/"
 for lib in $(ldd "$kit"/vlm/* | awk '/=>/ {print $3}' | sort -u); do
@@ -34,6 +36,11 @@ cp "$llama_build/bin/llama-bench" "$llama_build/bin/libllama-bench-impl.so" "$ki
 (cd "$kit/llama" && ln -sf libllama.v*.so libllama.so.0 && ln -sf libggml.v*.so libggml.so.0 &&
   ln -sf libggml-base.so libggml-base.so.0 && ln -sf libllama-common.so libllama-common.so.0)
 /usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$gguf" "$kit/header.gguf"
+if [ -n "${MMPROJ:-}" ]; then
+  /usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$MMPROJ" "$kit/mmproj-header.gguf"
+  cp "$llama_build/bin/llama-mtmd-cli" "$kit/llama/"
+  cp -L "$llama_build/bin/libmtmd.so.0" "$kit/llama/"
+fi
 for q in "$@"; do
   /usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$q" "$kit/quant-$(basename "$q")"
 done

@@ -6,7 +6,9 @@
 # replayed op by op at each of PROFILE_THREADS; (4) a prefill of PP tokens replayed op by op at
 # each of PREFILL_THREADS; (5) decode after a LONG-token prompt, vlm bench --depth beside llama-bench -d,
 # at the last of THREADS; (6) each of the kit's quantized files (make_kit.sh QUANT), written there,
-# through vlm bench and llama-bench at the last of THREADS. The stages run in that order, each
+# through vlm bench and llama-bench at the last of THREADS; (7) with the kit's mmproj (make_kit.sh
+# MMPROJ), one 896x896 image through vlm bench --image and llama-mtmd-cli at the last of THREADS.
+# The stages run in that order, each
 # writing its files into $OUT as it ends, so a run cut short still returns the stages before.
 # Env: PY (python3 with numpy), TESTS (a --gtest_filter; "Matmul.*:Quant.*:Attention*"), " " skips (0);
 # SKIP_HF=1 skips (1); THREADS ("4 8 16"), PP (512), TG (32),
@@ -76,4 +78,31 @@ for q in "$kit"/quant-*.gguf; do
     2>&1 | tee -a "$out/quant.txt"
   rm -f "$file"
 done
+if [ -e "$kit/mmproj-header.gguf" ]; then
+  stage "one image, $last threads"
+  mmproj=/tmp/vlm-4b-mmproj.gguf
+  "${PY:-python3}" "$here/bench/device/fill_gguf.py" "$kit/mmproj-header.gguf" "$mmproj"
+  sync
+  timeout 120 "$kit/vlm/vlm" bench --model "$model" --mmproj "$mmproj" --threads "$last" --pp 64 --tg 4 --batch 1 \
+    --image --json 2>&1 | tee "$out/image.txt"
+  # A PNG of random pixels, written with the standard library (no imaging package needed here).
+  "${PY:-python3}" -c "
+import os, struct, sys, zlib
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))
+rows = b''.join(b'\\0' + os.urandom(896 * 3) for _ in range(896))
+open(sys.argv[1], 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 896, 896, 8, 2, 0, 0, 0))
+                             + chunk(b'IDAT', zlib.compress(rows)) + chunk(b'IEND', b''))" /tmp/vlm-image.png
+  # llama-mtmd-cli was linked against the build's libggml-cpu; the prebuilt variant for this CPU
+  # answers to it (llama-bench's loader picks the same one).
+  for v in sapphirerapids:amx_tile icelake:avx512_vnni haswell:avx2 x64:sse2; do
+    if grep -qw "${v#*:}" /proc/cpuinfo && [ -e "$kit/llama/libggml-cpu-${v%%:*}.so" ]; then
+      ln -sf "libggml-cpu-${v%%:*}.so" "$kit/llama/libggml-cpu.so.0"
+      break
+    fi
+  done
+  # Flash attention off: llama.cpp's fastest CPU setting for the vision tower (bench/peer.sh).
+  timeout 300 "$kit/llama/llama-mtmd-cli" -m "$model" --mmproj "$mmproj" --image /tmp/vlm-image.png -p "Describe." \
+    -n 1 -t "$last" --temp 0 -fa off 2>&1 | grep -E "encod|error|failed" | tee -a "$out/image.txt"
+fi
 stage done
