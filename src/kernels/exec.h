@@ -51,9 +51,11 @@ bool amx_supported();
 //        attention on bf16 pairs).
 //   Amx: matrix products of more than 32 rows on AMX tiles (TDPBF16PS), block formats
 //        dequantized into them; everything else as Fma.
+//   AmxModel: Amx with a scalar model of the tiles (the same sums, slowly), so that tests run the
+//        tile kernels' blocking and layouts on any AVX512-BF16 CPU; never chosen by itself.
 // Up to four rows (decode) the dot streams the weights at the memory's rate either way.
-enum class Bf16Gemm { Fma, Dot, Amx };
-const char* bf16_gemm_name(Bf16Gemm g);  // "fma", "dot", "amx"
+enum class Bf16Gemm { Fma, Dot, Amx, AmxModel };
+const char* bf16_gemm_name(Bf16Gemm g);  // "fma", "dot", "amx", "amx-model"
 // The fastest of them on this CPU: Amx where amx_supported(); else Dot where vdpbf16ps does
 // more products per cycle than the f32 FMA, measured once per process (well under 1 ms): on the
 // AMD Zen 4 VM the dot GEMM was the faster; on the Intel Xeon VM of 2026-12-01 the dot did half

@@ -66,8 +66,10 @@ template <GgmlType G>
 Format block_format(const char* name, FormatKernels detail::QuantKernels::*member, size_t dot_rows) {
   using namespace detail;
   FormatKernels wide = (quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2).*member;
-  if (bf16_dot_supported()) wide.gemm_bf16 = &gemm_bf16dot_blocks;
-  if (amx_supported()) wide.gemm_amx = &gemm_amx_blocks;
+  if (bf16_dot_supported()) {
+    wide.gemm_bf16 = &gemm_bf16dot_blocks;
+    wide.gemm_amx = &gemm_amx_blocks;
+  }
   return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
                 &dequantize<G>, takes_q8k(G) ? DType::Q8KAct : DType::Q8Act, nullptr, false,
                 {kQuantScalar.*member, kQuantAvx2.*member, wide}, dot_rows};
@@ -320,7 +322,8 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // and the block formats, which have none, stay on their int8 kernels: against the bf16 GEMM's
   // FMA twin those ran 1.2-1.65x faster, Q6_K 8 % slower before its lane tiles (M = 512, an
   // Intel VM; docs/gguf.md, "Prefill on the bf16 dot").
-  const bool amx = hw_bf16 && ex.bf16_gemm == Bf16Gemm::Amx && fk.gemm_amx != nullptr;
+  const bool amx = hw_bf16 && (ex.bf16_gemm == Bf16Gemm::Amx || ex.bf16_gemm == Bf16Gemm::AmxModel) &&
+                   fk.gemm_amx != nullptr;
   const bool gemm_bf16 = amx || (hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.gemm_bf16 != nullptr);
   const size_t dot_rows = amx ? std::min(f.dot_rows, kAmxRows) : f.dot_rows;
   const bool use_dot = !a.kn && (a.M <= dot_rows || !(fk.gemm || gemm_bf16));
@@ -379,6 +382,7 @@ void run(GemmArgs a, const Exec& ex) {
   const Route r = route_of(a, ex);
   prepare_x(a, r, ex);
   if (r.use_dot) return run_dots({&a, 1}, r, ex);
+  a.tiles_model = ex.bf16_gemm == Bf16Gemm::AmxModel;
   const IsaKernels& k = detail::kernels_for(ex.isa);
   auto* gemm = r.amx ? r.fk->gemm_amx : r.native ? r.fk->gemm_bf16 : r.fk->gemm;
   ThreadPool& pool = ex.threads();
@@ -545,6 +549,7 @@ const char* bf16_gemm_name(Bf16Gemm g) {
   switch (g) {
     case Bf16Gemm::Dot: return "dot";
     case Bf16Gemm::Amx: return "amx";
+    case Bf16Gemm::AmxModel: return "amx-model";
     case Bf16Gemm::Fma: break;
   }
   return "fma";

@@ -2,6 +2,7 @@
 // AVX512-BF16 path of Precision::Bf16 (vdpbf16ps on bf16 pairs): the GEMM and dot kernels for
 // bf16 weights, and the GEMM for block-quantized weights dequantized into it.
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cstring>
 #include <type_traits>
@@ -548,6 +549,102 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
 
+// The tiles' operations, with the tile numbers as template arguments (the instructions encode
+// them): on the hardware, and as a scalar model of it (Bf16Gemm::AmxModel, tests on CPUs without
+// tiles), so that every CPU with AVX512-BF16 runs the kernels' blocking and layouts.
+struct HwTiles {
+  static void begin() {
+    static const TileConfig config;
+    _tile_loadconfig(&config);
+  }
+  static void end() { _tile_release(); }  // the tile state back to init: no 8 KiB saved at each switch
+  // GCC's tile macros paste their tile number into the instruction's text: literals only.
+  template <int T>
+  static void load(const void* p, size_t stride) {
+    static_assert(T >= 0 && T < 8);
+    switch (T) {
+      case 0: _tile_loadd(0, p, stride); break;
+      case 1: _tile_loadd(1, p, stride); break;
+      case 2: _tile_loadd(2, p, stride); break;
+      case 3: _tile_loadd(3, p, stride); break;
+      case 4: _tile_loadd(4, p, stride); break;
+      case 5: _tile_loadd(5, p, stride); break;
+      case 6: _tile_loadd(6, p, stride); break;
+      case 7: _tile_loadd(7, p, stride); break;
+    }
+  }
+  template <int T>
+  static void store(void* p, size_t stride) {
+    static_assert(T >= 0 && T < 4);
+    switch (T) {
+      case 0: _tile_stored(0, p, stride); break;
+      case 1: _tile_stored(1, p, stride); break;
+      case 2: _tile_stored(2, p, stride); break;
+      case 3: _tile_stored(3, p, stride); break;
+    }
+  }
+  template <int T>
+  static void zero() {
+    static_assert(T >= 0 && T < 4);
+    switch (T) {
+      case 0: _tile_zero(0); break;
+      case 1: _tile_zero(1); break;
+      case 2: _tile_zero(2); break;
+      case 3: _tile_zero(3); break;
+    }
+  }
+  // The four products of a 2 × 2 block: sums 0-3, x halves 4 and 5, panel parts 6 and 7.
+  template <int C, int A, int B>
+  static void dot() {
+    static_assert(C >= 0 && C < 4 && A == 4 + C / 2 && B == 6 + C % 2);
+    switch (C) {
+      case 0: _tile_dpbf16ps(0, 4, 6); break;
+      case 1: _tile_dpbf16ps(1, 4, 7); break;
+      case 2: _tile_dpbf16ps(2, 5, 6); break;
+      case 3: _tile_dpbf16ps(3, 5, 7); break;
+    }
+  }
+};
+
+// TDPBF16PS as Intel's SDM writes it: C[m][n] (f32) += A[m][2p + 1]·B[p][2n + 1], then += A[m][2p]·B[p][2n],
+// for each pair p in turn, bf16 subnormal inputs read as zero and subnormal sums flushed.
+struct ModelTiles {
+  static inline thread_local uint8_t tile[8][16][64];
+  static void begin() {}
+  static void end() {}
+  template <int T>
+  static void load(const void* p, size_t stride) {
+    for (size_t r = 0; r < 16; ++r) std::memcpy(tile[T][r], static_cast<const std::byte*>(p) + r * stride, 64);
+  }
+  template <int T>
+  static void store(void* p, size_t stride) {
+    for (size_t r = 0; r < 16; ++r) std::memcpy(static_cast<std::byte*>(p) + r * stride, tile[T][r], 64);
+  }
+  template <int T>
+  static void zero() {
+    std::memset(tile[T], 0, sizeof(tile[T]));
+  }
+  template <int C, int A, int B>
+  static void dot() {
+    auto bf = [](const uint8_t* row, size_t i) {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * i, 2);
+      return (h & 0x7F80) == 0 ? 0.f : bf16_to_f32(h);  // DAZ
+    };
+    for (size_t m = 0; m < 16; ++m)
+      for (size_t n = 0; n < 16; ++n) {
+        float c;
+        std::memcpy(&c, tile[C][m] + 4 * n, 4);
+        for (size_t p = 0; p < 16; ++p) {
+          c += bf(tile[A][m], 2 * p + 1) * bf(tile[B][p], 2 * n + 1);
+          c += bf(tile[A][m], 2 * p) * bf(tile[B][p], 2 * n);
+        }
+        if (std::fabs(c) < 1.17549435e-38f) c = std::copysign(0.f, c);  // FTZ
+        std::memcpy(tile[C][m] + 4 * n, &c, 4);
+      }
+  }
+};
+
 // Columns a task's tiles sum at once: two panels, whose f32 sums over a task's rows (at most 512
 // rows: 256 KiB) stay in L2 across the K blocks, in rows of 256 bytes. Summing into y itself, whose
 // rows are often a multiple of 4 KiB apart (N = 2048, 10240), put a tile's 16 rows in one L1 set.
@@ -556,47 +653,47 @@ constexpr size_t kAmxCols = 2 * kNR;
 // C[0:32, 0:64] (rows kNR floats apart) = (first) or += A · B over kp pairs, the second 32 columns
 // only when `wide`: A rows of x as bf16 words (lda words apart; 32 rows and whole 16-pair steps
 // readable, zero past the row's end), B a packed panel (words [16 · ⌈kp / 16⌉][64], zero past kp).
+template <class Tiles>
 void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, float* C, bool first, bool wide) {
   constexpr size_t sc = kNR * 4, sb = kNR * 4;
   const size_t steps = (kp + 15) / 16, sa = lda * 4;
   for (size_t h = 0; h < (wide ? 2 : 1); ++h) {
     float* c = C + 32 * h;
     if (first) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
+      Tiles::template zero<0>();
+      Tiles::template zero<1>();
+      Tiles::template zero<2>();
+      Tiles::template zero<3>();
     } else {
-      _tile_loadd(0, c, sc);
-      _tile_loadd(1, c + 16, sc);
-      _tile_loadd(2, c + 16 * kNR, sc);
-      _tile_loadd(3, c + 16 * kNR + 16, sc);
+      Tiles::template load<0>(c, sc);
+      Tiles::template load<1>(c + 16, sc);
+      Tiles::template load<2>(c + 16 * kNR, sc);
+      Tiles::template load<3>(c + 16 * kNR + 16, sc);
     }
     for (size_t s = 0; s < steps; ++s) {
       const uint32_t* b = B + s * 16 * kNR + 32 * h;
-      _tile_loadd(4, A + 16 * s, sa);
-      _tile_loadd(5, A + 16 * lda + 16 * s, sa);
-      _tile_loadd(6, b, sb);
-      _tile_loadd(7, b + 16, sb);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+      Tiles::template load<4>(A + 16 * s, sa);
+      Tiles::template load<5>(A + 16 * lda + 16 * s, sa);
+      Tiles::template load<6>(b, sb);
+      Tiles::template load<7>(b + 16, sb);
+      Tiles::template dot<0, 4, 6>();
+      Tiles::template dot<1, 4, 7>();
+      Tiles::template dot<2, 5, 6>();
+      Tiles::template dot<3, 5, 7>();
     }
-    _tile_stored(0, c, sc);
-    _tile_stored(1, c + 16, sc);
-    _tile_stored(2, c + 16 * kNR, sc);
-    _tile_stored(3, c + 16 * kNR + 16, sc);
+    Tiles::template store<0>(c, sc);
+    Tiles::template store<1>(c + 16, sc);
+    Tiles::template store<2>(c + 16 * kNR, sc);
+    Tiles::template store<3>(c + 16 * kNR + 16, sc);
   }
 }
 
 // y[mb:me, nb:ne] on micro_amx: per kAmxCols columns, per K block (kKCb) their panels packed, then
 // per kMCb rows each panel against x 32 rows at a time (the panel, 32 KiB, stays in L1 while x
 // streams from L2), the sums in a per-thread scratch; then y = the sums + bias.
-template <class PackB>
+template <class Tiles, class PackB>
 void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB&& pack_b) {
-  static const TileConfig config;
-  _tile_loadconfig(&config);
+  Tiles::begin();
   auto* bpack = reinterpret_cast<uint32_t*>(pack);
   const auto* xq = reinterpret_cast<const uint32_t*>(a.xq);
   const size_t lda = a.ldxq / 4, rows = (me - mb + kAmxTileRows - 1) / kAmxTileRows * kAmxTileRows;
@@ -619,7 +716,7 @@ void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me
         const size_t m1 = me - m0 < kMCb ? me : m0 + kMCb;
         for (size_t p = 0; p < panels; ++p)
           for (size_t m = m0; m < m1; m += kAmxTileRows)
-            micro_amx(kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, sums + (p * rows + m - mb) * kNR,
+            micro_amx<Tiles>(kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, sums + (p * rows + m - mb) * kNR,
                       k0 == 0, nc - p * kNR > 32);
       }
     }
@@ -638,13 +735,13 @@ void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me
       }
     }
   }
-  _tile_release();  // the thread's tile state back to init: no 8 KiB saved at each switch
+  Tiles::end();
 }
 
 void gemm_amx(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  gemm_amx_with(a, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
-    pack_b_pairs(a, n0, cols, k0, kc, dst);
-  });
+  auto pack_b = [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) { pack_b_pairs(a, n0, cols, k0, kc, dst); };
+  if (a.tiles_model) return gemm_amx_with<ModelTiles>(a, nb, ne, mb, me, pack, pack_b);
+  gemm_amx_with<HwTiles>(a, nb, ne, mb, me, pack, pack_b);
 }
 }  // namespace
 
@@ -823,34 +920,35 @@ double bf16_dot_loop(size_t iters) {
 }
 
 double amx_loop(size_t iters) {
-  static const TileConfig config;
-  _tile_loadconfig(&config);
+  using T = HwTiles;
+  T::begin();
   alignas(64) uint16_t small[16 * 32];
   std::fill(small, small + 16 * 32, uint16_t(0x3A83));  // bf16 ≈ 1e-3: the sums stay small
-  _tile_loadd(4, small, 64);
-  _tile_loadd(5, small, 64);
-  _tile_loadd(6, small, 64);
-  _tile_loadd(7, small, 64);
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  T::load<4>(small, 64);
+  T::load<5>(small, 64);
+  T::load<6>(small, 64);
+  T::load<7>(small, 64);
+  T::zero<0>();
+  T::zero<1>();
+  T::zero<2>();
+  T::zero<3>();
   for (size_t it = 0; it < iters; ++it) {
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+    T::dot<0, 4, 6>();
+    T::dot<1, 4, 7>();
+    T::dot<2, 5, 6>();
+    T::dot<3, 5, 7>();
   }
   alignas(64) float sink[16 * 16];
-  _tile_stored(0, sink, 64);
-  _tile_release();
+  T::store<0>(sink, 64);
+  T::end();
   volatile float v = sink[0];
   (void)v;
   return 4.0 * 2 * 16 * 16 * 32 * double(iters);  // 4 tiles × 16 × 16 outputs × 32 products each
 }
 
 void gemm_amx_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  gemm_amx_with(a, nb, ne, mb, me, pack, BlockPacker(a));
+  if (a.tiles_model) return gemm_amx_with<ModelTiles>(a, nb, ne, mb, me, pack, BlockPacker(a));
+  gemm_amx_with<HwTiles>(a, nb, ne, mb, me, pack, BlockPacker(a));
 }
 
 const IsaKernels kAvx512Kernels =

@@ -41,6 +41,8 @@ struct GemmArgs {
   // bsums each), [M][K / 32]: a Q4_K or Q5_K sub-block's min meets its whole sum, two sub-blocks in
   // one vpdpwssd; an IQ4_XS sub-block's signed sum starts from −128 times it.
   const int16_t* xs32 = nullptr;
+  // FormatKernels::gemm_amx: a scalar model of the tiles in place of the tiles (Bf16Gemm::AmxModel).
+  bool tiles_model = false;
 };
 
 // The decode kernels (dot_bf16_row1, the block formats' dot_row1, and the bf16 tiles of batched decode) ask

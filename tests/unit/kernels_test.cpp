@@ -211,10 +211,11 @@ TEST(Matmul, BiasStridesAndKnLayout) {
   }
 }
 
-// The bf16 GEMMs this CPU has (Exec::bf16_gemm Dot: vdpbf16ps; Amx: TDPBF16PS tiles).
+// The bf16 GEMMs this CPU has (Exec::bf16_gemm Dot: vdpbf16ps; Amx: TDPBF16PS tiles; AmxModel: the
+// tile kernels on a scalar model of the tiles, wherever the dot is).
 std::vector<Bf16Gemm> bf16_gemms() {
   std::vector<Bf16Gemm> v;
-  if (bf16_dot_supported()) v.push_back(Bf16Gemm::Dot);
+  if (bf16_dot_supported()) v.insert(v.end(), {Bf16Gemm::Dot, Bf16Gemm::AmxModel});
   if (amx_supported()) v.push_back(Bf16Gemm::Amx);
   return v;
 }
@@ -327,10 +328,11 @@ TEST(Matmul, Bf16PrecisionOnEveryPathRoundsX) {
   // blocks and off whole 32-value groups.
   const Shape shapes[] = {{1, 37, 45},  {1, 300, 1000}, {3, 19, 129},   {16, 70, 33},  {33, 70, 45},
                           {40, 130, 300}, {64, 17, 31}, {5, 66, 600},  {8, 130, 2560}, {32, 21, 95}};
+  std::vector<Bf16Gemm> gemms = bf16_gemms();
+  gemms.insert(gemms.begin(), Bf16Gemm::Fma);
   for (Isa isa : isas())
-    for (Bf16Gemm gemm : {Bf16Gemm::Fma, Bf16Gemm::Dot, Bf16Gemm::Amx}) {
-      if (gemm != Bf16Gemm::Fma && !(isa == Isa::Avx512 && (gemm == Bf16Gemm::Dot ? bf16_dot_supported() : amx_supported())))
-        continue;
+    for (Bf16Gemm gemm : gemms) {
+      if (gemm != Bf16Gemm::Fma && isa != Isa::Avx512) continue;
       Exec bf(pool, isa, Precision::Bf16);
       bf.bf16_gemm = gemm;
       const Exec exact(pool, isa);

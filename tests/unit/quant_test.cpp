@@ -283,7 +283,7 @@ TEST(Quant, MatmulMatchesDequantizedReferenceOnEveryIsa) {
 }
 
 // More rows than the format's dot_rows (AMX: 32) at Precision::Bf16 on AVX512-BF16 with a bf16
-// GEMM (Exec::bf16_gemm Dot or Amx, each this CPU has): the weights are dequantized exactly and
+// GEMM (Exec::bf16_gemm Dot, Amx where this CPU has tiles, and AmxModel): the weights are dequantized exactly and
 // rounded to bf16 with x, then summed in f32 on vdpbf16ps or the tiles; so within
 // (K + 2)·u·Σ|x̂·ŵ| of the double product of the rounded values, and not the Q8-activation result
 // of Precision::F32. Up to those rows, and at any M where the FMAs are the faster route, that
@@ -294,12 +294,12 @@ TEST(Quant, Bf16PrecisionPrefillRoundsDequantizedWeights) {
   std::normal_distribution<float> normal(0.f, 1.f);
   ThreadPool pool(3);
   constexpr double kU = 1.0 / (1 << 24);
-  for (Bf16Gemm gemm : {Bf16Gemm::Dot, Bf16Gemm::Amx})
+  for (Bf16Gemm gemm : {Bf16Gemm::Dot, Bf16Gemm::Amx, Bf16Gemm::AmxModel})
   for (GgmlType t : kBlockTypes) {
     if (gemm == Bf16Gemm::Amx && !amx_supported()) continue;
     const size_t be = size_t(ggml_traits(t).block_elems);
     // up to these the int8 kernels stay
-    const size_t rows = std::min(format_of(dtype_of(t)).dot_rows, gemm == Bf16Gemm::Amx ? size_t(32) : SIZE_MAX);
+    const size_t rows = std::min(format_of(dtype_of(t)).dot_rows, gemm == Bf16Gemm::Dot ? SIZE_MAX : size_t(32));
     for (size_t K : {be, 3 * be, (be == 32 ? 13 : 5) * be})  // K blocks of 256 and their remainders
       for (size_t N : {1, 70, 130})
         for (size_t M : {size_t(50), rows, rows + 1, rows + 40}) {
