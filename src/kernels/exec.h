@@ -49,8 +49,8 @@ bool amx_supported();
 //        keep their int8 kernels.
 //   Dot: on vdpbf16ps (the bf16 GEMM, the block formats dequantized into it past dot_rows,
 //        attention on bf16 pairs).
-//   Amx: matrix products of more than 32 rows on AMX tiles (TDPBF16PS), block formats
-//        dequantized into them; everything else as Fma.
+//   Amx: matrix products of more than 32 rows and attention on AMX tiles (TDPBF16PS), block
+//        formats dequantized into them; products of 5..32 rows as Fma.
 //   AmxModel: Amx with a scalar model of the tiles (the same sums, slowly), so that tests run the
 //        tile kernels' blocking and layouts on any AVX512-BF16 CPU; never chosen by itself.
 // Up to four rows (decode) the dot streams the weights at the memory's rate either way.

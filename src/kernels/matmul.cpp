@@ -585,22 +585,30 @@ Bf16Gemm Exec::gemm_kernels() const {
 }
 
 namespace {
-// Attention's products on the bf16 dot where it is the faster route (Exec::bf16_gemm Dot), else on
-// the f32 panels with rounded copies (docs/gguf.md, "Which kernels a bf16 product takes").
+// Attention's products on bf16 pairs where a bf16 route is the faster (Exec::bf16_gemm Dot: the dot,
+// Amx and AmxModel: the tiles), else on the f32 panels with rounded copies (docs/gguf.md, "Which
+// kernels a bf16 product takes").
 bool bf16_pairs(const Exec& ex) {
   return ex.precision == Precision::Bf16 && ex.isa == Isa::Avx512 && bf16_dot_supported() &&
-         ex.bf16_gemm == Bf16Gemm::Dot;
+         ex.bf16_gemm != Bf16Gemm::Fma;
+}
+bool tile_pairs(const Exec& ex) {
+  if (!bf16_pairs(ex) || ex.bf16_gemm == Bf16Gemm::Dot) return false;
+  if (ex.bf16_gemm == Bf16Gemm::Amx && !amx_supported())
+    fail("attention: this CPU (or kernel) does not give AMX tiles to this process");
+  return true;
 }
 }  // namespace
 
 void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, PackedKv& kv, const Exec& ex) {
-  kv.n = n, kv.d = d, kv.isa = ex.isa, kv.precision = ex.precision, kv.pairs = bf16_pairs(ex);
+  kv.n = n, kv.d = d, kv.isa = ex.isa, kv.precision = ex.precision, kv.pairs = bf16_pairs(ex), kv.tiles = tile_pairs(ex);
   if (kv.pairs) {
-    const size_t panels = (n + 63) / 64;
-    kv.k_pairs.resize(panels * ((d + 1) / 2) * 64);
-    kv.v_pairs.resize(panels * 32 * ((d + 15) / 16 * 16));
-    detail::pack_keys_bf16(k, ld, n, d, kv.k_pairs.data());
-    detail::pack_values_bf16(v, ld, n, d, kv.v_pairs.data());
+    // The tiles read keys in whole 16-pair steps and values 16 words past the last pair.
+    const size_t panels = (n + 63) / 64, dp = (d + 1) / 2, pair_rows = kv.tiles ? (dp + 15) / 16 * 16 : dp;
+    kv.k_pairs.resize(panels * pair_rows * 64);
+    kv.v_pairs.assign(panels * 32 * ((d + 15) / 16 * 16) + (kv.tiles ? 16 : 0), 0);
+    detail::pack_keys_bf16(k, ld, n, d, kv.k_pairs.data(), pair_rows);
+    detail::pack_values_bf16(v, ld, n, d, kv.v_pairs.data(), kv.tiles);
     return;
   }
   const detail::IsaKernels& ik = detail::kernels_for(ex.isa);
@@ -616,14 +624,15 @@ void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, Pack
 
 void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t k0, size_t k1, float scale,
             const float* mask, size_t ldm, float* out, size_t ldo, const Exec& ex) {
-  if (kv.isa != ex.isa || kv.precision != ex.precision || kv.pairs != bf16_pairs(ex))
+  if (kv.isa != ex.isa || kv.precision != ex.precision || kv.pairs != bf16_pairs(ex) || kv.tiles != tile_pairs(ex))
     fail("attend: keys and values packed for {} at another precision, ISA or route than {}", isa_name(kv.isa),
          isa_name(ex.isa));
   if (k0 >= k1 || k1 > kv.n) fail("attend: keys [{}, {}) outside the {} packed", k0, k1, kv.n);
   if (rows == 0) return;
   const bool round = ex.precision == Precision::Bf16;
   detail::AttendArgs a{q, ldq, rows, kv.k.data(), kv.v.data(), kv.k_pairs.data(), kv.v_pairs.data(), kv.n, kv.d,
-                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, round, nullptr, 0};
+                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, round, ex.bf16_gemm == Bf16Gemm::AmxModel, nullptr, 0};
+  if (kv.tiles) return detail::attend_amx(a);
   if (kv.pairs) return detail::attend_bf16(a);
   // The scores of whole panels in rows kScoresPad floats longer (4096 keys would put the six rows
   // of a register tile 16 KiB apart, all in one L1 set), and under Bf16 the queries rounded (the

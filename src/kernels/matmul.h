@@ -66,8 +66,8 @@ void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layou
 
 // Attention's products (nn/attention): the keys and values [n, d] of one KV head (rows ld floats
 // apart), packed once for every query row that reads them, in the form the Exec's kernels take:
-// bf16 pairs for the AVX512-BF16 dot (Precision::Bf16 where Exec::bf16_gemm says the dot is the
-// faster route), else f32 panels of the Exec's ISA, rounded to bf16 under Precision::Bf16. The
+// bf16 pairs for the AVX512-BF16 dot or the AMX tiles (Precision::Bf16 where Exec::bf16_gemm is Dot,
+// Amx or AmxModel), else f32 panels of the Exec's ISA, rounded to bf16 under Precision::Bf16. The
 // f32 panels hold about as much as k and v.
 struct PackedKv {
   std::vector<float> k, v;               // f32 panels
@@ -76,6 +76,7 @@ struct PackedKv {
   Isa isa = Isa::Scalar;
   Precision precision = Precision::F32;
   bool pairs = false;  // which of the two forms
+  bool tiles = false;  // pairs laid out for the tiles
 };
 void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, PackedKv& kv, const Exec& ex);
 // out[rows, d] = softmax(q·kᵀ · scale + mask) · v over the keys [k0, k1) of kv, for query rows

@@ -650,13 +650,14 @@ struct ModelTiles {
 // rows are often a multiple of 4 KiB apart (N = 2048, 10240), put a tile's 16 rows in one L1 set.
 constexpr size_t kAmxCols = 2 * kNR;
 
-// C[0:32, 0:64] (rows kNR floats apart) = (first) or += A · B over kp pairs, the second 32 columns
+// C[0:32, 0:64] (rows ldc floats apart) = (first) or += A · B over kp pairs, the second 32 columns
 // only when `wide`: A rows of x as bf16 words (lda words apart; 32 rows and whole 16-pair steps
-// readable, zero past the row's end), B a packed panel (words [16 · ⌈kp / 16⌉][64], zero past kp).
+// readable, zero past the row's end), B pairs × columns of words (rows ldb words apart; whole
+// 16-pair steps readable, zero past kp).
 template <class Tiles>
-void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, float* C, bool first, bool wide) {
-  constexpr size_t sc = kNR * 4, sb = kNR * 4;
-  const size_t steps = (kp + 15) / 16, sa = lda * 4;
+void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* C, size_t ldc,
+               bool first, bool wide) {
+  const size_t steps = (kp + 15) / 16, sa = lda * 4, sb = ldb * 4, sc = ldc * 4;
   for (size_t h = 0; h < (wide ? 2 : 1); ++h) {
     float* c = C + 32 * h;
     if (first) {
@@ -667,11 +668,11 @@ void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, floa
     } else {
       Tiles::template load<0>(c, sc);
       Tiles::template load<1>(c + 16, sc);
-      Tiles::template load<2>(c + 16 * kNR, sc);
-      Tiles::template load<3>(c + 16 * kNR + 16, sc);
+      Tiles::template load<2>(c + 16 * ldc, sc);
+      Tiles::template load<3>(c + 16 * ldc + 16, sc);
     }
     for (size_t s = 0; s < steps; ++s) {
-      const uint32_t* b = B + s * 16 * kNR + 32 * h;
+      const uint32_t* b = B + s * 16 * ldb + 32 * h;
       Tiles::template load<4>(A + 16 * s, sa);
       Tiles::template load<5>(A + 16 * lda + 16 * s, sa);
       Tiles::template load<6>(b, sb);
@@ -683,8 +684,8 @@ void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, floa
     }
     Tiles::template store<0>(c, sc);
     Tiles::template store<1>(c + 16, sc);
-    Tiles::template store<2>(c + 16 * kNR, sc);
-    Tiles::template store<3>(c + 16 * kNR + 16, sc);
+    Tiles::template store<2>(c + 16 * ldc, sc);
+    Tiles::template store<3>(c + 16 * ldc + 16, sc);
   }
 }
 
@@ -716,8 +717,8 @@ void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me
         const size_t m1 = me - m0 < kMCb ? me : m0 + kMCb;
         for (size_t p = 0; p < panels; ++p)
           for (size_t m = m0; m < m1; m += kAmxTileRows)
-            micro_amx<Tiles>(kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, sums + (p * rows + m - mb) * kNR,
-                      k0 == 0, nc - p * kNR > 32);
+            micro_amx<Tiles>(kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, kNR,
+                             sums + (p * rows + m - mb) * kNR, kNR, k0 == 0, nc - p * kNR > 32);
       }
     }
     for (size_t p = 0; p < panels; ++p) {
@@ -758,15 +759,15 @@ const uint16_t* bf16_row(const float* r, size_t d, std::vector<uint16_t>& buf) {
 }
 inline uint32_t pair_word(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
-void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst) {
+void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst, size_t pair_rows) {
   const size_t dp = (d + 1) / 2, panels = (n + kNR - 1) / kNR;
   thread_local std::vector<uint16_t> buf;
   for (size_t p = 0; p < panels; ++p) {
-    uint32_t* panel = dst + p * dp * kNR;
+    uint32_t* panel = dst + p * pair_rows * kNR;
     for (size_t j = 0; j < kNR; ++j) {
       const size_t key = p * kNR + j;
       const uint16_t* h = key < n ? bf16_row(k + key * ld, d, buf) : nullptr;
-      for (size_t i = 0; i < dp; ++i) panel[i * kNR + j] = h ? pair_word(h[2 * i], h[2 * i + 1]) : 0;
+      for (size_t i = 0; i < pair_rows; ++i) panel[i * kNR + j] = h && i < dp ? pair_word(h[2 * i], h[2 * i + 1]) : 0;
     }
   }
 }
@@ -777,9 +778,9 @@ void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst
 // their 6 × 1 tile took 5.8 % of an image's encode for 1/9 of P·v's columns.
 inline size_t interleaved_tail(size_t d) { return d % 16 <= 8 ? d % 16 : 0; }
 
-void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst) {
+void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst, bool plain) {
   const size_t dv = (d + 15) / 16 * 16, pairs = (n + kNR - 1) / kNR * kNR / 2;  // pairs: whole panels, even
-  const size_t tail = interleaved_tail(d), full = d - tail;
+  const size_t tail = plain ? 0 : interleaved_tail(d), full = d - tail;
   thread_local std::vector<uint16_t> buf[4];
   for (size_t p = 0; p < pairs; p += 2) {
     const uint16_t* key[4];  // keys 2p .. 2p + 3 as bf16, zeros past n
@@ -898,6 +899,60 @@ void attend_bf16(const AttendArgs& a) {
         tails[std::min(kMR, a.rows - m) - 1](kc, pa + m * w + kb, w, vb + full, dv, a.out + m * a.ldo + full, a.ldo,
                                              tail, kb == 0);
   }
+}
+
+// Attention's products on the AMX tiles (matmul.h, attend; Bf16Gemm Amx and AmxModel), as attend_bf16
+// computes them: 32 query rows at a time, their scores over every key panel (keys packed with
+// their pairs zero-padded to whole 16-pair steps), the softmax into bf16 pairs in place, then
+// P · v over the values in the plain layout.
+template <class Tiles>
+void attend_amx_with(const AttendArgs& a) {
+  const size_t d = a.d, dp = (d + 1) / 2, dpa = (dp + 15) / 16 * 16, dv = (d + 15) / 16 * 16;
+  const size_t a0 = a.k0 / kNR * kNR, a1 = (a.k1 + kNR - 1) / kNR * kNR, w = a1 - a0, wp = w / 2, n = a.k1 - a.k0;
+  // Score rows 16 floats longer than whole panels (4096 keys would put a tile's 16 rows in one L1
+  // set); the outputs' columns in whole 64-column blocks.
+  const size_t lds = w + 16, oc = (dv + kNR - 1) / kNR * kNR;
+  thread_local std::vector<uint32_t> qa;
+  thread_local std::vector<float> scores, o;
+  thread_local std::vector<uint16_t> buf;
+  qa.assign((a.rows + kAmxTileRows - 1) / kAmxTileRows * kAmxTileRows * dpa, 0);
+  scores.resize(kAmxTileRows * lds);
+  o.resize(kAmxTileRows * oc);
+  for (size_t r = 0; r < a.rows; ++r) std::memcpy(qa.data() + r * dpa, bf16_row(a.q + r * a.ldq, d, buf), dp * 4);
+  const auto* pa = reinterpret_cast<const uint32_t*>(scores.data());
+  Tiles::begin();
+  for (size_t m = 0; m < a.rows; m += kAmxTileRows) {
+    const size_t rm = std::min(kAmxTileRows, a.rows - m);
+    for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
+      micro_amx<Tiles>(dpa, qa.data() + m * dpa, dpa, a.key_pairs + p * dpa * kNR, kNR, scores.data() + (p * kNR - a0),
+                       lds, true, true);
+    for (size_t r = 0; r < kAmxTileRows; ++r) {
+      float* row = scores.data() + r * lds;
+      if (r >= rm) {  // a row past the last: probabilities 0
+        std::fill(row, row + wp, 0.f);
+        continue;
+      }
+      float* x = row + (a.k0 - a0);
+      const float sum = scaled_exp(x, n, a.scale, a.mask ? a.mask + (m + r) * a.ldm : nullptr, Isa::Avx512);
+      const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);
+      std::fill(row, x, 0.f);
+      std::fill(x + n, row + w, 0.f);
+      for (size_t j = 0; j < w; j += 32) {  // in place, as in attend_bf16
+        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16), inv),
+                                               _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+        _mm512_storeu_si512(row + j / 2, reinterpret_cast<const __m512i&>(h));
+      }
+    }
+    for (size_t c0 = 0; c0 < dv; c0 += kNR)
+      micro_amx<Tiles>(wp, pa, lds, a.value_pairs + a0 / 2 * dv + c0, dv, o.data() + c0, oc, true, dv - c0 > 32);
+    for (size_t r = 0; r < rm; ++r) std::memcpy(a.out + (m + r) * a.ldo, o.data() + r * oc, d * 4);
+  }
+  Tiles::end();
+}
+
+void attend_amx(const AttendArgs& a) {
+  if (a.tiles_model) return attend_amx_with<ModelTiles>(a);
+  attend_amx_with<HwTiles>(a);
 }
 
 double bf16_dot_loop(size_t iters) {

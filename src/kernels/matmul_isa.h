@@ -63,15 +63,16 @@ struct AttendArgs {
   const float* q;
   size_t ldq, rows;
   const float *keys, *values;               // f32 panels (IsaKernels::attend)
-  const uint32_t *key_pairs, *value_pairs;  // bf16 pairs (attend_bf16, pack_keys_bf16)
+  const uint32_t *key_pairs, *value_pairs;  // bf16 pairs (attend_bf16 and attend_amx, pack_keys_bf16)
   size_t n, d, k0, k1;                      // n keys packed, d values each; [k0, k1) attended
   float scale;
   const float* mask;  // [rows, k1 - k0], rows ldm apart, or null
   size_t ldm;
   float* out;
   size_t ldo;
-  Isa isa;         // of softmax and the rounding
-  bool round;      // f32 panels: the probabilities rounded to bf16 (q arrives rounded)
+  Isa isa;           // of softmax and the rounding
+  bool round;        // f32 panels: the probabilities rounded to bf16 (q arrives rounded)
+  bool tiles_model;  // attend_amx: a scalar model of the tiles in place of the tiles
   float* scratch;  // f32 panels: the scores, rows lds floats apart (at least the whole panels
   size_t lds;      // spanning [k0, k1))
 };
@@ -111,16 +112,21 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
 // AVX512-BF16 only: FormatKernels::gemm_bf16 for the block formats (weights dequantized
 // exactly, then rounded to bf16 with x).
 void gemm_bf16dot_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
-// AMX only: the same on AMX tiles (FormatKernels::gemm_amx).
+// AVX512-BF16 only: the same on AMX tiles (FormatKernels::gemm_amx; GemmArgs::tiles_model: on the
+// scalar model of them).
 void gemm_amx_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
 
 // AVX512-BF16 only: attention's products on the bf16 dot (matmul.h, attend). Keys [n, d] (rows ld
-// floats apart) pack as pack_b_pairs packs a weight: panels of 64 keys, words [(d + 1) / 2][64],
-// zero past n and d. Values [n, d] pack as words [pairs][dv], with n padded to whole panels
-// of 64 keys and dv = d rounded up to 16: word (p, j) holds V(2p, j) low and V(2p + 1, j) high.
-void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst);
-void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst);
+// floats apart) pack as pack_b_pairs packs a weight: panels of 64 keys, words [pair_rows][64]
+// (pair_rows at least (d + 1) / 2), zero past n and d. Values [n, d] pack as words [pairs][dv],
+// with n padded to whole panels of 64 keys and dv = d rounded up to 16: word (p, j) holds V(2p, j)
+// low and V(2p + 1, j) high, except (unless `plain`) the interleaved tail of attend_bf16.
+void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst, size_t pair_rows);
+void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst, bool plain);
 void attend_bf16(const AttendArgs& a);
+// AVX512-BF16 only: the same products on AMX tiles (AttendArgs::tiles_model: on the scalar model):
+// keys packed with pair_rows a multiple of 16, values plain, 16 words readable past the last pair.
+void attend_amx(const AttendArgs& a);
 
 extern const IsaKernels kScalarKernels;
 extern const IsaKernels kAvx2Kernels;

@@ -136,13 +136,17 @@ const Case kCases[] = {
 void check_paths(bool masked) {
   ThreadPool pool(2);
   std::mt19937 rng(7);
-  // (ISA, Exec::bf16_gemm): on AVX512-BF16 Bf16 attention runs on the bf16 pairs with Dot, on
-  // the f32 panels with Fma and Amx.
+  // (ISA, Exec::bf16_gemm): on AVX512-BF16 Bf16 attention runs on the f32 panels with Fma, on bf16
+  // pairs with the dot (Dot) or the tiles (Amx, and their scalar model AmxModel).
   using kernels::Bf16Gemm;
   std::vector<std::pair<Isa, Bf16Gemm>> paths = {{Isa::Scalar, Bf16Gemm::Fma}};
   if (kernels::isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, Bf16Gemm::Fma});
   if (kernels::isa_supported(Isa::Avx512)) paths.push_back({Isa::Avx512, Bf16Gemm::Fma});
-  if (kernels::bf16_dot_supported()) paths.push_back({Isa::Avx512, Bf16Gemm::Dot});
+  if (kernels::bf16_dot_supported()) {
+    paths.push_back({Isa::Avx512, Bf16Gemm::Dot});
+    paths.push_back({Isa::Avx512, Bf16Gemm::AmxModel});
+  }
+  if (kernels::amx_supported()) paths.push_back({Isa::Avx512, Bf16Gemm::Amx});
   for (const Case& c : kCases) {
     const auto q = random(c.Lq * c.heads * c.d, rng, 1.f);
     const auto k = random(c.Lk * c.kv_heads * c.d, rng, 1.f);
@@ -207,6 +211,17 @@ TEST(Attention, SlidingWindowBlocksStartOffThePanels) {
     EXPECT_LT(bf16.max, 4e-3);
     EXPECT_GT(bf16.frac_tight, 0.97) << "max " << bf16.max;
   }
+  // Each bf16 route of AVX512-BF16 (the default above is one of them).
+  using kernels::Bf16Gemm;
+  for (Bf16Gemm gemm : {Bf16Gemm::Fma, Bf16Gemm::Dot, Bf16Gemm::Amx, Bf16Gemm::AmxModel}) {
+    if (!kernels::bf16_dot_supported() || (gemm == Bf16Gemm::Amx && !kernels::amx_supported())) continue;
+    SCOPED_TRACE(kernels::bf16_gemm_name(gemm));
+    Exec bf(pool, Isa::Avx512, Precision::Bf16);
+    bf.bf16_gemm = gemm;
+    const Errors e = compare(run(c, q, k, v, &mask, scale, bf), rounded);
+    EXPECT_LT(e.max, 4e-3);
+    EXPECT_GT(e.frac_tight, 0.97) << "max " << e.max;
+  }
 }
 
 // Packed keys and values hold one Exec's layout and rounding: attend refuses them under another
@@ -230,10 +245,16 @@ TEST(Attention, PackedKeysAndValuesRefuseAnotherExec) {
   }
   if (kernels::bf16_dot_supported()) {
     Exec dot(pool, Isa::Avx512, Precision::Bf16), fma(pool, Isa::Avx512, Precision::Bf16);
+    Exec tiles(pool, Isa::Avx512, Precision::Bf16);
     dot.bf16_gemm = kernels::Bf16Gemm::Dot, fma.bf16_gemm = kernels::Bf16Gemm::Fma;
+    tiles.bf16_gemm = kernels::Bf16Gemm::AmxModel;
     kernels::pack_kv(k.data(), v.data(), d, n, d, kv, dot);
     kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, dot);
     EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, fma), Error);
+    EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, tiles), Error);
+    kernels::pack_kv(k.data(), v.data(), d, n, d, kv, tiles);  // the tiles' layout: not the dot's
+    kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, tiles);
+    EXPECT_THROW(kernels::attend(q.data(), d, 1, kv, 0, n, 1.f, nullptr, 0, out.data(), d, dot), Error);
   }
 }
 
