@@ -280,18 +280,27 @@ TEST(Matmul, Bf16GemmsRoundXOnly) {
 
 // The M = 1 bf16 dot peels the values before the weights' first 64-byte line boundary and
 // places x at the same offset (aligning_lead, bf16_x), and the FMA twins (AVX512: 5..32 rows,
-// AVX2: 2..32) start their groups there (fma_dot_shift, wide_x): the same products at every offset a
-// tensor can sit at in a file, including ones with no whole line in a short row.
+// AVX2: 2..32) start their groups there (fma_dot_shift, wide_x); the tile kernels (40 rows, on the
+// model) pack weights from any offset: the same products at every offset a tensor can sit at in a
+// file, including ones with no whole line in a short row.
 TEST(Matmul, Bf16DotAtEveryWeightOffset) {
   ThreadPool pool(2);
   std::mt19937 rng(13);
-  for (int path = 0; path < 3; ++path) {  // AVX512-BF16 on the dot, on the FMAs; AVX2
-    const Isa isa = path < 2 ? Isa::Avx512 : Isa::Avx2;
-    const bool dot_gemm = path == 0;
-    if (path < 2 ? !bf16_dot_supported() : !isa_supported(isa)) continue;
+  struct Path {
+    Isa isa;
+    Bf16Gemm gemm;
+    std::vector<size_t> rows;
+  };
+  std::vector<Path> paths;
+  if (bf16_dot_supported())
+    paths = {{Isa::Avx512, Bf16Gemm::Dot, {1, 3, 8}}, {Isa::Avx512, Bf16Gemm::Fma, {1, 3, 8}},
+             {Isa::Avx512, Bf16Gemm::AmxModel, {40}}};
+  if (isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, Bf16Gemm::Fma, {1, 3, 8}});
+  for (const Path& path : paths) {
+    const Isa isa = path.isa;
     Exec dot(pool, isa, Precision::Bf16);
-    dot.bf16_gemm = dot_gemm ? Bf16Gemm::Dot : Bf16Gemm::Fma;
-    for (size_t M : {1, 3, 8})
+    dot.bf16_gemm = path.gemm;
+    for (size_t M : path.rows)
       for (size_t K : {32, 96, 2560}) {
         const size_t N = 300;
         const StoredWeight w = make_weight(DType::BF16, N, K, rng);
@@ -306,8 +315,8 @@ TEST(Matmul, Bf16DotAtEveryWeightOffset) {
           std::vector<float> y(M * N, NAN);
           matmul(x.data(), M, Weight{p, DType::BF16, N, K}, y.data(), dot);
           expect_close(y.data(), N, xr.data(), K, M, w.values, N, K, false, nullptr,
-                       std::string(isa_name(isa)) + " M=" + std::to_string(M) + " K=" + std::to_string(K) +
-                           " offset " + std::to_string(off) + (dot_gemm ? "" : " (FMA twin)"));
+                       std::string(isa_name(isa)) + " " + bf16_gemm_name(path.gemm) + " M=" + std::to_string(M) +
+                           " K=" + std::to_string(K) + " offset " + std::to_string(off));
         }
       }
   }
