@@ -307,6 +307,14 @@ struct Route {
 // times the FMAs' rate, for every format (not measured per format, as dot_rows is for Dot).
 constexpr size_t kAmxRows = 32;
 
+// Whether the Exec asks for the tiles (Amx, or their model AmxModel); a vlm::Error when it asks for
+// tiles this process does not have.
+bool wants_tiles(const Exec& ex, const char* what) {
+  if (ex.bf16_gemm == Bf16Gemm::Amx && !amx_supported())
+    fail("{}: this CPU (or kernel) does not give AMX tiles to this process", what);
+  return ex.bf16_gemm == Bf16Gemm::Amx || ex.bf16_gemm == Bf16Gemm::AmxModel;
+}
+
 Route route_of(const GemmArgs& a, const Exec& ex) {
   const Format& f = format_of(a.dtype);
   const FormatKernels& fk = f.isa[int(ex.isa)];
@@ -315,15 +323,12 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
   // and block formats quantize x per block as at f32.
   const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
-  if (hw_bf16 && ex.bf16_gemm == Bf16Gemm::Amx && !amx_supported())
-    fail("matmul: this CPU (or kernel) does not give AMX tiles to this process");
   // Past the format's dot_rows (Amx: kAmxRows) a bf16 GEMM runs only where it is the faster
   // route (Exec::bf16_gemm Dot or Amx). Elsewhere f32/f16/bf16 weights widen into the f32 GEMM
   // and the block formats, which have none, stay on their int8 kernels: against the bf16 GEMM's
   // FMA twin those ran 1.2-1.65x faster, Q6_K 8 % slower before its lane tiles (M = 512, an
   // Intel VM; docs/gguf.md, "Prefill on the bf16 dot").
-  const bool amx = hw_bf16 && (ex.bf16_gemm == Bf16Gemm::Amx || ex.bf16_gemm == Bf16Gemm::AmxModel) &&
-                   fk.gemm_amx != nullptr;
+  const bool amx = hw_bf16 && wants_tiles(ex, "matmul") && fk.gemm_amx != nullptr;
   const bool gemm_bf16 = amx || (hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.gemm_bf16 != nullptr);
   const size_t dot_rows = amx ? std::min(f.dot_rows, kAmxRows) : f.dot_rows;
   const bool use_dot = !a.kn && (a.M <= dot_rows || !(fk.gemm || gemm_bf16));
@@ -592,12 +597,7 @@ bool bf16_pairs(const Exec& ex) {
   return ex.precision == Precision::Bf16 && ex.isa == Isa::Avx512 && bf16_dot_supported() &&
          ex.bf16_gemm != Bf16Gemm::Fma;
 }
-bool tile_pairs(const Exec& ex) {
-  if (!bf16_pairs(ex) || ex.bf16_gemm == Bf16Gemm::Dot) return false;
-  if (ex.bf16_gemm == Bf16Gemm::Amx && !amx_supported())
-    fail("attention: this CPU (or kernel) does not give AMX tiles to this process");
-  return true;
-}
+bool tile_pairs(const Exec& ex) { return bf16_pairs(ex) && wants_tiles(ex, "attention"); }
 }  // namespace
 
 void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, PackedKv& kv, const Exec& ex) {

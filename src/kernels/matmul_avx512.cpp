@@ -2,8 +2,8 @@
 // AVX512-BF16 path of Precision::Bf16 (vdpbf16ps on bf16 pairs): the GEMM and dot kernels for
 // bf16 weights, and the GEMM for block-quantized weights dequantized into it.
 #include <algorithm>
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -839,6 +839,26 @@ constexpr std::array<MicroBf16Tail, sizeof...(R)> tail_table(std::index_sequence
   return {&micro_bf16_tail<int(R) + 1>...};
 }
 
+namespace {
+// A row of scores over whole key panels (w of them) becomes its probabilities as bf16 pairs in its
+// own first w / 2 words: the softmax of the n scores from `off` on (scale, mask: scaled_exp's),
+// zero for the keys outside them, the division folded into the conversion to bf16.
+void probabilities_as_pairs(float* row, size_t w, size_t off, size_t n, float scale, const float* mask) {
+  float* x = row + off;
+  const float sum = scaled_exp(x, n, scale, mask, Isa::Avx512);
+  const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);
+  std::fill(row, x, 0.f);
+  std::fill(x + n, row + w, 0.f);
+  // In place: pairs j / 2 .. j / 2 + 15 take the bytes of scores j / 2 .. j / 2 + 15, which are
+  // read before (j = 0) or were read by an earlier step.
+  for (size_t j = 0; j < w; j += 32) {
+    const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16), inv),
+                                           _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
+    _mm512_storeu_si512(row + j / 2, reinterpret_cast<const __m512i&>(h));
+  }
+}
+}  // namespace
+
 void attend_bf16(const AttendArgs& a) {
   const MicroTable& table = micro_table();
   const size_t d = a.d, dp = (d + 1) / 2, dv = (d + 15) / 16 * 16;
@@ -864,22 +884,8 @@ void attend_bf16(const AttendArgs& a) {
     for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
       table.f[rm - 1][3](dp, qa.data() + m * dp, dp, a.key_pairs + p * dp * kNR, kNR,
                          scores.data() + m * w + (p * kNR - a0), w, kNR, true, nullptr);
-    for (size_t r = m; r < m + rm; ++r) {
-      float* row = scores.data() + r * w;
-      float* x = row + (a.k0 - a0);
-      // softmax's division folded into the conversion to bf16 (the same products: scaled_exp).
-      const float sum = scaled_exp(x, n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr, Isa::Avx512);
-      const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);
-      std::fill(row, x, 0.f);
-      std::fill(x + n, row + w, 0.f);
-      // In place: pairs j / 2 .. j / 2 + 15 take the bytes of scores j / 2 .. j / 2 + 15, which are
-      // read before (j = 0) or were read by an earlier step.
-      for (size_t j = 0; j < w; j += 32) {
-        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16), inv),
-                                               _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
-        _mm512_storeu_si512(row + j / 2, reinterpret_cast<const __m512i&>(h));
-      }
-    }
+    for (size_t r = m; r < m + rm; ++r)
+      probabilities_as_pairs(scores.data() + r * w, w, a.k0 - a0, n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr);
   }
   // o = P·v, in blocks of kKCb keys so a block of values stays in L1 across the rows; the blocks
   // start on even pairs, as the interleaved tail needs (a0 is whole panels, kKCb / 2 even).
@@ -932,16 +938,7 @@ void attend_amx_with(const AttendArgs& a) {
         std::fill(row, row + wp, 0.f);
         continue;
       }
-      float* x = row + (a.k0 - a0);
-      const float sum = scaled_exp(x, n, a.scale, a.mask ? a.mask + (m + r) * a.ldm : nullptr, Isa::Avx512);
-      const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);
-      std::fill(row, x, 0.f);
-      std::fill(x + n, row + w, 0.f);
-      for (size_t j = 0; j < w; j += 32) {  // in place, as in attend_bf16
-        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16), inv),
-                                               _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
-        _mm512_storeu_si512(row + j / 2, reinterpret_cast<const __m512i&>(h));
-      }
+      probabilities_as_pairs(row, w, a.k0 - a0, n, a.scale, a.mask ? a.mask + (m + r) * a.ldm : nullptr);
     }
     for (size_t c0 = 0; c0 < dv; c0 += kNR)
       micro_amx<Tiles>(wp, pa, lds, a.value_pairs + a0 / 2 * dv + c0, dv, o.data() + c0, oc, true, dv - c0 > 32);
