@@ -4,11 +4,12 @@
 # the unit tests (vlm_tests) stripped, with their shared libraries (its Debian differs); llama-bench with node-llama-cpp's
 # prebuilt libraries, whose loader picks the CPU's variant; the header of a bf16 GGUF of the 4B
 # shapes (bench/device/fill_gguf.py writes the rest there) and of each QUANT file (`vlm quantize`'s
-# Q8_0, Q4_K_M, ... of the same shapes: 6.5 MB each); with MMPROJ, the header of that mmproj GGUF
-# and llama-mtmd-cli with libmtmd (run.sh's image stage); the Gemma 3 tokenizer for
+# Q8_0, Q4_K_M, ... of the same shapes: 6.5 MB each); with MMPROJ, the header of each mmproj GGUF
+# it names (bf16 and f16 take different routes) and llama-mtmd-cli with libmtmd (run.sh's image stage); the Gemma 3 tokenizer for
 # tools/make_checkpoint.py. Then: run(command="bash bench/device/run.sh", carry=[".dev"]).
 #   bench/device/make_kit.sh GGUF [QUANT...]   (GGUF: e.g. bench/peer.sh's gemma3-4b-bf16.gguf)
-# Env: KIT (.dev), MMPROJ (an mmproj GGUF of the same model, e.g. convert_hf_to_gguf.py --mmproj-out),
+# Env: KIT (.dev), MMPROJ (mmproj GGUFs of the same model, space-separated, e.g. convert_hf_to_gguf.py
+# --mmproj-out),
 # LLAMA_BUILD (a bench/build_llama.sh folder holding llama-bench; default
 # /work/llama/build).
 set -euo pipefail
@@ -18,7 +19,7 @@ shift
 kit=${KIT:-$here/.dev}
 llama_build=${LLAMA_BUILD:-/work/llama/build}
 npm=$here/tools/npm/node_modules
-rm -rf "$kit/vlm" "$kit/llama" "$kit"/quant-*.gguf "$kit/mmproj-header.gguf"
+rm -rf "$kit/vlm" "$kit/llama" "$kit"/quant-*.gguf "$kit"/mmproj-*.gguf
 mkdir -p "$kit/vlm" "$kit/llama"
 cp "$here/build/vlm" "$here/build/bench_kernels" "$here/build/tests/vlm_tests" "$kit/vlm/"
 for lib in $(ldd "$kit"/vlm/* | awk '/=>/ {print $3}' | sort -u); do
@@ -37,7 +38,9 @@ cp "$llama_build/bin/llama-bench" "$llama_build/bin/libllama-bench-impl.so" "$ki
   ln -sf libggml-base.so libggml-base.so.0 && ln -sf libllama-common.so libllama-common.so.0)
 /usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$gguf" "$kit/header.gguf"
 if [ -n "${MMPROJ:-}" ]; then
-  /usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$MMPROJ" "$kit/mmproj-header.gguf"
+  for m in $MMPROJ; do
+    /usr/bin/python3 "$here/bench/device/fill_gguf.py" --header "$m" "$kit/mmproj-$(basename "$m")"
+  done
   cp "$llama_build/bin/llama-mtmd-cli" "$kit/llama/"
   cp -L "$llama_build/bin/libmtmd.so.0" "$kit/llama/"
 fi

@@ -24,7 +24,8 @@ struct FormatKernels {
   // The same with x rounded to bf16 by the hardware dot (Precision::Bf16); nullptr: none.
   void (*gemm_bf16)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
   // The same on AMX tiles (Exec::bf16_gemm Amx), x as bf16 words in GemmArgs::xq followed by
-  // kAmxTileRows rows of zeros (matmul_isa.h); nullptr: none.
+  // kAmxTileRows rows of zeros (matmul_isa.h), for f16 weights each x value twice (a pair);
+  // nullptr: none.
   void (*gemm_amx)(const detail::GemmArgs&, size_t n0, size_t n1, size_t m0, size_t m1, float* pack) = nullptr;
   // dot's counterpart on the hardware bf16 dot: x as bf16 words in GemmArgs::xq, each row
   // zero-padded to whole 64-byte vectors; nullptr: none.

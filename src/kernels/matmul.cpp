@@ -203,10 +203,13 @@ const float* rounded_x(const GemmArgs& a, const Exec& ex) {
 // against f32_to_bf16 in a loop: 3.8 % of an image's time on the Zen 5 VM before). For the AMX
 // tiles (`amx`), which read packed weights, x starts on a line instead, its rows an odd number of
 // lines apart (a tile's 16 rows in 16 L1 sets, not one when K is a multiple of 2048), and
-// kAmxTileRows rows of zeros follow the last (the tiles read x 32 rows at a time).
+// kAmxTileRows rows of zeros follow the last (the tiles read x 32 rows at a time). f16 weights on
+// the tiles take each x value twice, as a pair (gemm_amx_f16: a product over 2K values).
 void bf16_x(GemmArgs& a, ThreadPool& pool, bool amx) {
   thread_local std::vector<uint16_t> buf;
-  size_t ld = (a.K + 31) / 32 * 32;
+  const bool pairs = amx && a.dtype == DType::F16;
+  const size_t n = pairs ? 2 * a.K : a.K;
+  size_t ld = (n + 31) / 32 * 32;
   if (amx && ld / 32 % 2 == 0) ld += 32;
   const size_t pad = amx ? detail::kAmxTileRows : 0;
   buf.resize((a.M + pad) * ld + 64);
@@ -214,8 +217,16 @@ void bf16_x(GemmArgs& a, ThreadPool& pool, bool amx) {
   uint16_t* out = reinterpret_cast<uint16_t*>(line + (amx ? 0 : reinterpret_cast<uintptr_t>(a.w) & 60));
   pool.parallel_for(a.M, [&](size_t m0, size_t m1) {
     for (size_t m = m0; m < m1; ++m) {
-      to_bf16(a.x + m * a.ldx, out + m * ld, a.K, Isa::Avx512);
-      std::fill(out + m * ld + a.K, out + (m + 1) * ld, uint16_t(0));
+      if (pairs) {
+        thread_local std::vector<uint16_t> row;
+        row.resize(a.K);
+        to_bf16(a.x + m * a.ldx, row.data(), a.K, Isa::Avx512);
+        uint16_t* o = out + m * ld;
+        for (size_t k = 0; k < a.K; ++k) o[2 * k] = o[2 * k + 1] = row[k];
+      } else {
+        to_bf16(a.x + m * a.ldx, out + m * ld, a.K, Isa::Avx512);
+      }
+      std::fill(out + m * ld + n, out + (m + 1) * ld, uint16_t(0));
     }
   }, std::max<size_t>(1, (size_t(16) << 10) / ld));
   std::fill(out + a.M * ld, out + (a.M + pad) * ld, uint16_t(0));

@@ -536,7 +536,44 @@ void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, siz
   gemm_bf16dot_with(a, nb, ne, mb, me, pack, BlockPacker(a));
 }
 
+// f16 weights on the tiles (docs/gguf.md, "f16 weights on the tiles"): a value w is hi + lo
+// exactly, hi = w rounded to bf16 (nearest even) and lo = w − hi, which has at most three
+// significant bits and so is a bf16 too. The product over K runs as one over 2K: x's values
+// doubled into pairs (bf16_x) against the pairs (hi, lo). Twice the tile products of a bf16
+// weight; the weight's every bit kept, as on the f32 FMAs. An Inf or NaN w keeps lo = 0.
 namespace {
+class F16PairPacker {
+ public:
+  explicit F16PairPacker(const GemmArgs& a) : a_(a), dense_(a) {
+    dense_.w = reinterpret_cast<const std::byte*>(rows_);
+    dense_.ldw_bytes = 2 * kKCb;
+  }
+  // W(n0 .. n0+cols) as pairs over [k0, k0 + kc) of the 2K pair values into dst as pack_b_pairs
+  // packs them (k0 and kc even).
+  void operator()(size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
+    const size_t n = kc / 2;
+    for (size_t i = 0; i < cols; ++i) {
+      const auto* w = reinterpret_cast<const uint16_t*>(a_.w + (n0 + i) * a_.ldw_bytes) + k0 / 2;
+      auto* out = reinterpret_cast<__m512i*>(rows_ + i * kKCb);
+      for (size_t k = 0; k < n; k += 16) {
+        const __mmask16 m = n - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - k)) - 1);
+        const __m512 f = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + k));
+        const __m512i hi = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f)));
+        const __mmask16 finite = ~_mm512_fpclass_ps_mask(f, 0x99);  // not ±Inf or a NaN
+        const __m512 lo = _mm512_maskz_sub_ps(finite, f, _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)));
+        const __m512i lo16 = _mm512_cvtepu16_epi32(reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(lo)));
+        _mm512_store_si512(out + k / 16, _mm512_or_si512(hi, _mm512_slli_epi32(lo16, 16)));
+      }
+    }
+    pack_b_pairs(dense_, 0, cols, 0, kc, dst);
+  }
+
+ private:
+  const GemmArgs& a_;
+  GemmArgs dense_;
+  alignas(64) uint16_t rows_[kNR * kKCb];
+};
+
 // ---- AMX tiles (TDPBF16PS): the bf16 GEMM's products 512 to a tile instruction. Tiles 0-3 hold a
 // 32 × 32 block of f32 sums, 4 and 5 x's 16-row halves (16 rows × 32 bf16), 6 and 7 two 16-column
 // parts of a packed panel (16 pairs × 16 words: pack_b_pairs's panel read 256 bytes a row).
@@ -743,6 +780,13 @@ void gemm_amx(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, flo
   auto pack_b = [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) { pack_b_pairs(a, n0, cols, k0, kc, dst); };
   if (a.tiles_model) return gemm_amx_with<ModelTiles>(a, nb, ne, mb, me, pack, pack_b);
   gemm_amx_with<HwTiles>(a, nb, ne, mb, me, pack, pack_b);
+}
+
+void gemm_amx_f16(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  GemmArgs pairs = a;
+  pairs.K = 2 * a.K;  // x doubled into pairs by bf16_x, W as (hi, lo): F16PairPacker
+  if (a.tiles_model) return gemm_amx_with<ModelTiles>(pairs, nb, ne, mb, me, pack, F16PairPacker(a));
+  gemm_amx_with<HwTiles>(pairs, nb, ne, mb, me, pack, F16PairPacker(a));
 }
 }  // namespace
 
@@ -1004,6 +1048,6 @@ void gemm_amx_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t 
 }
 
 const IsaKernels kAvx512Kernels =
-    make_kernels<S512>("avx512", &gemm_bf16dot, &gemm_amx, &dot_bf16dot, &dot_bf16_fma);
+    make_kernels<S512>("avx512", &gemm_bf16dot, &gemm_amx, &dot_bf16dot, &dot_bf16_fma, &gemm_amx_f16);
 
 }  // namespace vlm::kernels::detail

@@ -235,46 +235,82 @@ TEST(Matmul, Bf16GemmsRoundXOnly) {
                           {100, 520, 600}, {64, 17, 31}, {200, 96, 33}, {1, 37, 45},   {1, 300, 1000},
                           {1, 9, 7},     {2, 5, 1},    {3, 19, 129},  {4, 130, 256},  {7, 66, 300},
                           {8, 70, 2560}, {32, 21, 95}, {1, 1027, 130}, {96, 48, 64}, {65, 600, 530}};
-  for (Bf16Gemm gemm : bf16_gemms()) {
-    Exec bf(pool, Isa::Avx512, Precision::Bf16);
-    bf.bf16_gemm = gemm;
-    for (const Shape& s : shapes) {
-      const StoredWeight w = make_weight(DType::BF16, s.N, s.K, rng);
-      const auto x = random_vec(s.M * s.K, rng);
-      std::vector<float> y(s.M * s.N, NAN), y_exact(s.M * s.N);
-      matmul(x.data(), s.M, w.w, y.data(), bf);
-      matmul(x.data(), s.M, w.w, y_exact.data(), exact);
-      // Against the exact product of x rounded to bf16 (nearest even): only the f32
-      // summation differs, so the usual (K + 2)·u·Σ|x·w| bound applies.
-      std::vector<float> xr(x.size());
-      for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
-      const std::string what = std::string(bf16_gemm_name(gemm)) + " M=" + std::to_string(s.M) +
-                               " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
-      expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
-      // and the stated bound against the exact f32-activation product: 2^-8·Σ|x·w| more.
-      size_t differ = 0;
-      for (size_t m = 0; m < s.M; ++m)
-        for (size_t n = 0; n < s.N; ++n) {
-          double exact = 0, mag = 0;
-          for (size_t k = 0; k < s.K; ++k) {
-            const double p = double(x[m * s.K + k]) * w.values[n * s.K + k];
-            exact += p;
-            mag += std::fabs(p);
+  // f16 weights too: on the tiles as (hi, lo) bf16 pairs (gemm_amx_f16), elsewhere on the f32
+  // kernels; either way every bit of the weight counts (dropping lo is off by 2^-9 of a product).
+  for (Bf16Gemm gemm : bf16_gemms())
+    for (DType dt : {DType::BF16, DType::F16}) {
+      Exec bf(pool, Isa::Avx512, Precision::Bf16);
+      bf.bf16_gemm = gemm;
+      for (const Shape& s : shapes) {
+        const StoredWeight w = make_weight(dt, s.N, s.K, rng);
+        const auto x = random_vec(s.M * s.K, rng);
+        std::vector<float> y(s.M * s.N, NAN), y_exact(s.M * s.N);
+        matmul(x.data(), s.M, w.w, y.data(), bf);
+        matmul(x.data(), s.M, w.w, y_exact.data(), exact);
+        // Against the exact product of x rounded to bf16 (nearest even): only the f32
+        // summation differs, so the usual (K + 2)·u·Σ|x·w| bound applies.
+        std::vector<float> xr(x.size());
+        for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
+        const std::string what = std::string(bf16_gemm_name(gemm)) + " " + std::string(dtype_name(dt)) +
+                                 " M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
+        expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
+        // and the stated bound against the exact f32-activation product: 2^-8·Σ|x·w| more.
+        size_t differ = 0;
+        for (size_t m = 0; m < s.M; ++m)
+          for (size_t n = 0; n < s.N; ++n) {
+            double exact = 0, mag = 0;
+            for (size_t k = 0; k < s.K; ++k) {
+              const double p = double(x[m * s.K + k]) * w.values[n * s.K + k];
+              exact += p;
+              mag += std::fabs(p);
+            }
+            ASSERT_NEAR(y[m * s.N + n], exact, (1.0 / 256 + (s.K + 2) * kU) * mag) << what;
+            differ += y[m * s.N + n] != y_exact[m * s.N + n];
           }
-          ASSERT_NEAR(y[m * s.N + n], exact, (1.0 / 256 + (s.K + 2) * kU) * mag) << what;
-          differ += y[m * s.N + n] != y_exact[m * s.N + n];
-        }
-      if (s.K > 1) EXPECT_GT(differ, 0u) << what << ": the bf16 path was not taken";
-      // Rows ldx and ldy apart with a bias: y's cells between the rows untouched.
-      const size_t ldx = s.K + 3, ldy = s.N + 5;
-      std::vector<float> xs(s.M * ldx, NAN), ys(s.M * ldy, -7.f), bias(s.N);
-      for (size_t m = 0; m < s.M; ++m) std::copy_n(xr.data() + m * s.K, s.K, xs.data() + m * ldx);
-      for (auto& b : bias) b = random_vec(1, rng)[0];
-      matmul_strided(xs.data(), ldx, s.M, w.w, Layout::NK, bias.data(), ys.data(), ldy, bf);
-      expect_close(ys.data(), ldy, xr.data(), s.K, s.M, w.values, s.N, s.K, false, bias.data(), what + " strided");
-      for (size_t m = 0; m < s.M; ++m)
-        for (size_t n = s.N; n < ldy; ++n) ASSERT_EQ(ys[m * ldy + n], -7.f) << what << " strided: wrote past row " << m;
+        if (s.K > 1) EXPECT_GT(differ, 0u) << what << ": the bf16 path was not taken";
+        // Rows ldx and ldy apart with a bias: y's cells between the rows untouched.
+        const size_t ldx = s.K + 3, ldy = s.N + 5;
+        std::vector<float> xs(s.M * ldx, NAN), ys(s.M * ldy, -7.f), bias(s.N);
+        for (size_t m = 0; m < s.M; ++m) std::copy_n(xr.data() + m * s.K, s.K, xs.data() + m * ldx);
+        for (auto& b : bias) b = random_vec(1, rng)[0];
+        matmul_strided(xs.data(), ldx, s.M, w.w, Layout::NK, bias.data(), ys.data(), ldy, bf);
+        expect_close(ys.data(), ldy, xr.data(), s.K, s.M, w.values, s.N, s.K, false, bias.data(), what + " strided");
+        for (size_t m = 0; m < s.M; ++m)
+          for (size_t n = s.N; n < ldy; ++n)
+            ASSERT_EQ(ys[m * ldy + n], -7.f) << what << " strided: wrote past row " << m;
+      }
     }
+}
+
+// An f16 weight of ±Inf or NaN stays what it is on the tiles (its lo is 0, not Inf − Inf): the
+// f32 kernels' ±Inf and NaN in those columns, every other column finite.
+TEST(Matmul, F16NonFiniteWeightsOnTheTiles) {
+  if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  ThreadPool pool(2);
+  std::mt19937 rng(14);
+  const size_t M = 40, N = 20, K = 70;
+  StoredWeight w = make_weight(DType::F16, N, K, rng);
+  const uint16_t specials[] = {0x7C00, 0xFC00, 0x7E00};  // +Inf, -Inf, NaN
+  for (size_t j = 0; j < 3; ++j) std::memcpy(w.bytes.data() + 2 * ((3 + 5 * j) * K + 11), &specials[j], 2);
+  std::vector<float> x(M * K);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(0.5f, 1.f)(rng);
+  std::vector<Bf16Gemm> gemms{Bf16Gemm::Fma};
+  for (Bf16Gemm g : bf16_gemms())
+    if (g != Bf16Gemm::Dot) gemms.push_back(g);
+  for (Bf16Gemm g : gemms) {
+    Exec ex(pool, Isa::Avx512, Precision::Bf16);
+    ex.bf16_gemm = g;
+    std::vector<float> y(M * N);
+    matmul(x.data(), M, w.w, y.data(), ex);
+    for (size_t m = 0; m < M; ++m)
+      for (size_t n = 0; n < N; ++n) {
+        const float v = y[m * N + n];
+        const std::string at = std::string(bf16_gemm_name(g)) + " m=" + std::to_string(m) + " n=" + std::to_string(n);
+        if (n == 3) EXPECT_EQ(v, INFINITY) << at;
+        else if (n == 8) EXPECT_EQ(v, -INFINITY) << at;
+        else if (n == 13) EXPECT_TRUE(std::isnan(v)) << at;
+        else EXPECT_TRUE(std::isfinite(v)) << at;
+      }
   }
 }
 
