@@ -5,8 +5,9 @@
 # prebuilt libraries, whose loader picks the CPU's variant; the header of a bf16 GGUF of the 4B
 # shapes (bench/device/fill_gguf.py writes the rest there) and of each QUANT file (`vlm quantize`'s
 # Q8_0, Q4_K_M, ... of the same shapes: 6.5 MB each); with MMPROJ, the header of each mmproj GGUF
-# it names (bf16 and f16 take different routes) and llama-mtmd-cli with libmtmd (run.sh's image stage); the Gemma 3 tokenizer for
-# tools/make_checkpoint.py. Then: run(command="bash bench/device/run.sh", carry=[".dev"]).
+# it names (bf16 and f16 take different routes) and llama-mtmd-cli with libmtmd (run.sh's image
+# stage); the Gemma 3 tokenizer for tools/make_checkpoint.py.
+# Then: run(command="bash bench/device/run.sh", carry=[".dev"]).
 #   bench/device/make_kit.sh GGUF [QUANT...]   (GGUF: e.g. bench/peer.sh's gemma3-4b-bf16.gguf)
 # Env: KIT (.dev), MMPROJ (mmproj GGUFs of the same model, space-separated, e.g. convert_hf_to_gguf.py
 # --mmproj-out),

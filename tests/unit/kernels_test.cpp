@@ -251,8 +251,8 @@ TEST(Matmul, Bf16GemmsRoundXOnly) {
         // summation differs, so the usual (K + 2)·u·Σ|x·w| bound applies.
         std::vector<float> xr(x.size());
         for (size_t i = 0; i < x.size(); ++i) xr[i] = round_bf16(x[i]);
-        const std::string what = std::string(bf16_gemm_name(gemm)) + " " + std::string(dtype_name(dt)) +
-                                 " M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
+        const std::string what = std::string(bf16_gemm_name(gemm)) + " " + std::string(dtype_name(dt)) + " M=" +
+                                 std::to_string(s.M) + " N=" + std::to_string(s.N) + " K=" + std::to_string(s.K);
         expect_close(y.data(), s.N, xr.data(), s.K, s.M, w.values, s.N, s.K, false, nullptr, what);
         // and the stated bound against the exact f32-activation product: 2^-8·Σ|x·w| more.
         size_t differ = 0;
