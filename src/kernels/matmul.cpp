@@ -612,7 +612,8 @@ bool tile_pairs(const Exec& ex) { return bf16_pairs(ex) && wants_tiles(ex, "atte
 }  // namespace
 
 void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, PackedKv& kv, const Exec& ex) {
-  kv.n = n, kv.d = d, kv.isa = ex.isa, kv.precision = ex.precision, kv.pairs = bf16_pairs(ex), kv.tiles = tile_pairs(ex);
+  kv.n = n, kv.d = d, kv.isa = ex.isa, kv.precision = ex.precision;
+  kv.pairs = bf16_pairs(ex), kv.tiles = tile_pairs(ex);
   if (kv.pairs) {
     // The tiles read keys in whole 16-pair steps and values 16 words past the last pair.
     const size_t panels = (n + 63) / 64, dp = (d + 1) / 2, pair_rows = kv.tiles ? (dp + 15) / 16 * 16 : dp;
@@ -641,8 +642,9 @@ void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t 
   if (k0 >= k1 || k1 > kv.n) fail("attend: keys [{}, {}) outside the {} packed", k0, k1, kv.n);
   if (rows == 0) return;
   const bool round = ex.precision == Precision::Bf16;
+  const bool model = ex.bf16_gemm == Bf16Gemm::AmxModel;
   detail::AttendArgs a{q, ldq, rows, kv.k.data(), kv.v.data(), kv.k_pairs.data(), kv.v_pairs.data(), kv.n, kv.d,
-                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, round, ex.bf16_gemm == Bf16Gemm::AmxModel, nullptr, 0};
+                       k0, k1, scale, mask, ldm, out, ldo, ex.isa, round, model, nullptr, 0};
   if (kv.tiles) return detail::attend_amx(a);
   if (kv.pairs) return detail::attend_bf16(a);
   // The scores of whole panels in rows kScoresPad floats longer (4096 keys would put the six rows

@@ -682,6 +682,13 @@ struct ModelTiles {
   }
 };
 
+// f(HwTiles{}), or f(ModelTiles{}) where a kernel's arguments ask for the model.
+template <class F>
+void on_tiles(bool model, F&& f) {
+  if (model) return f(ModelTiles{});
+  f(HwTiles{});
+}
+
 // Columns a task's tiles sum at once: two panels, whose f32 sums over a task's rows (at most 512
 // rows: 256 KiB) stay in L2 across the K blocks, in rows of 256 bytes. Summing into y itself, whose
 // rows are often a multiple of 4 KiB apart (N = 2048, 10240), put a tile's 16 rows in one L1 set.
@@ -777,16 +784,16 @@ void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me
 }
 
 void gemm_amx(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  auto pack_b = [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) { pack_b_pairs(a, n0, cols, k0, kc, dst); };
-  if (a.tiles_model) return gemm_amx_with<ModelTiles>(a, nb, ne, mb, me, pack, pack_b);
-  gemm_amx_with<HwTiles>(a, nb, ne, mb, me, pack, pack_b);
+  auto pack_b = [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
+    pack_b_pairs(a, n0, cols, k0, kc, dst);
+  };
+  on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, pack_b); });
 }
 
 void gemm_amx_f16(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
   GemmArgs pairs = a;
   pairs.K = 2 * a.K;  // x doubled into pairs by bf16_x, W as (hi, lo): F16PairPacker
-  if (a.tiles_model) return gemm_amx_with<ModelTiles>(pairs, nb, ne, mb, me, pack, F16PairPacker(a));
-  gemm_amx_with<HwTiles>(pairs, nb, ne, mb, me, pack, F16PairPacker(a));
+  on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(pairs, nb, ne, mb, me, pack, F16PairPacker(a)); });
 }
 }  // namespace
 
@@ -992,8 +999,7 @@ void attend_amx_with(const AttendArgs& a) {
 }
 
 void attend_amx(const AttendArgs& a) {
-  if (a.tiles_model) return attend_amx_with<ModelTiles>(a);
-  attend_amx_with<HwTiles>(a);
+  on_tiles(a.tiles_model, [&](auto t) { attend_amx_with<decltype(t)>(a); });
 }
 
 double bf16_dot_loop(size_t iters) {
@@ -1043,8 +1049,7 @@ double amx_loop(size_t iters) {
 }
 
 void gemm_amx_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  if (a.tiles_model) return gemm_amx_with<ModelTiles>(a, nb, ne, mb, me, pack, BlockPacker(a));
-  gemm_amx_with<HwTiles>(a, nb, ne, mb, me, pack, BlockPacker(a));
+  on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, BlockPacker(a)); });
 }
 
 const IsaKernels kAvx512Kernels =
