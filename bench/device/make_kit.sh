@@ -9,10 +9,9 @@
 # stage); the Gemma 3 tokenizer for tools/make_checkpoint.py.
 # Then: run(command="bash bench/device/run.sh", carry=[".dev"]).
 #   bench/device/make_kit.sh GGUF [QUANT...]   (GGUF: e.g. bench/peer.sh's gemma3-4b-bf16.gguf)
-# Env: KIT (.dev), MMPROJ (mmproj GGUFs of the same model, space-separated, e.g. convert_hf_to_gguf.py
-# --mmproj-out),
-# LLAMA_BUILD (a bench/build_llama.sh folder holding llama-bench; default
-# /work/llama/build).
+# Env: KIT (.dev), MMPROJ (mmproj GGUFs of the same model, space-separated, e.g. from
+# convert_hf_to_gguf.py --mmproj-out), LLAMA_BUILD (a bench/build_llama.sh folder holding
+# llama-bench; default /work/llama/build).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 gguf=${1:?usage: bench/device/make_kit.sh GGUF [QUANT...]}

@@ -7,9 +7,9 @@
 # each of PREFILL_THREADS; (5) decode after a LONG-token prompt, vlm bench --depth beside llama-bench -d,
 # at the last of THREADS; (6) each of the kit's quantized files (make_kit.sh QUANT), written there,
 # through vlm bench and llama-bench at the last of THREADS; (7) with each of the kit's mmproj files
-# (make_kit.sh MMPROJ), one 896x896 image through vlm bench --image and llama-mtmd-cli at the last of THREADS.
-# The stages run in that order, each
-# writing its files into $OUT as it ends, so a run cut short still returns the stages before.
+# (make_kit.sh MMPROJ), one 896x896 image through vlm bench --image and llama-mtmd-cli at the last
+# of THREADS. The stages run in that order, each writing its files into $OUT as it ends, so a run
+# cut short still returns the stages before.
 # Env: PY (python3 with numpy), TESTS (a --gtest_filter; "Matmul.*:Quant.*:Attention*"), " " skips (0);
 # SKIP_HF=1 skips (1); THREADS ("4 8 16"), PP (512), TG (32),
 # PROFILE_THREADS ("16"), PREFILL_THREADS ("4 16"), LONG (4096); " " or 0 skips a stage; SKIP_SCALING=1
@@ -78,14 +78,8 @@ for q in "$kit"/quant-*.gguf; do
     2>&1 | tee -a "$out/quant.txt"
   rm -f "$file"
 done
-for header in "$kit"/mmproj-*.gguf; do
-  [ -e "$header" ] || continue
-  stage "one image with $(basename "$header"), $last threads"
-  mmproj=/tmp/vlm-4b-mmproj.gguf
-  "${PY:-python3}" "$here/bench/device/fill_gguf.py" "$header" "$mmproj"
-  sync
-  timeout 120 "$kit/vlm/vlm" bench --model "$model" --mmproj "$mmproj" --threads "$last" --pp 64 --tg 4 --batch 1 \
-    --image --json 2>&1 | tee -a "$out/image.txt"
+headers=("$kit"/mmproj-*.gguf)
+if [ -e "${headers[0]}" ]; then
   # A PNG of random pixels, written with the standard library (no imaging package needed here).
   "${PY:-python3}" -c "
 import os, struct, sys, zlib
@@ -102,9 +96,17 @@ open(sys.argv[1], 'wb').write(b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.
       break
     fi
   done
-  # Flash attention off: llama.cpp's fastest CPU setting for the vision tower (bench/peer.sh).
-  timeout 300 "$kit/llama/llama-mtmd-cli" -m "$model" --mmproj "$mmproj" --image /tmp/vlm-image.png -p "Describe." \
-    -n 1 -t "$last" --temp 0 -fa off 2>&1 | grep -E "encod|error|failed" | tee -a "$out/image.txt"
-  rm -f "$mmproj"
-done
+  for header in "${headers[@]}"; do
+    stage "one image with $(basename "$header"), $last threads"
+    mmproj=/tmp/vlm-4b-mmproj.gguf
+    "${PY:-python3}" "$here/bench/device/fill_gguf.py" "$header" "$mmproj"
+    sync
+    timeout 120 "$kit/vlm/vlm" bench --model "$model" --mmproj "$mmproj" --threads "$last" --pp 64 --tg 4 --batch 1 \
+      --image --json 2>&1 | tee -a "$out/image.txt"
+    # Flash attention off: llama.cpp's fastest CPU setting for the vision tower (bench/peer.sh).
+    timeout 300 "$kit/llama/llama-mtmd-cli" -m "$model" --mmproj "$mmproj" --image /tmp/vlm-image.png -p "Describe." \
+      -n 1 -t "$last" --temp 0 -fa off 2>&1 | grep -E "encod|error|failed" | tee -a "$out/image.txt"
+    rm -f "$mmproj"
+  done
+fi
 stage done
