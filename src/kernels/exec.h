@@ -47,8 +47,8 @@ bool amx_supported();
 //   Fma: on the f32 FMAs, the inputs widened exactly: bf16/f16/f32 weights through the f32 GEMM or
 //        dot_bf16_fma, attention through the FMA twin of the bf16 micro-kernel; block formats
 //        keep their int8 kernels.
-//   Dot: on vdpbf16ps (the bf16 GEMM, the block formats dequantized into it past dot_rows,
-//        attention on bf16 pairs).
+//   Dot: on vdpbf16ps (the bf16 GEMM past 64 rows of bf16 weights and past 32 of f32/f16, the block
+//        formats dequantized into it past dot_rows, attention on bf16 pairs).
 //   Amx: matrix products of more than 32 rows and attention on AMX tiles (TDPBF16PS), block
 //        formats dequantized into them; products of 5..32 rows as Fma.
 //   AmxModel: Amx with a scalar model of the tiles (the same sums, slowly), so that tests run the

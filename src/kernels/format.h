@@ -55,8 +55,9 @@ struct Format {
   FormatKernels isa[3];      // indexed by Isa; a null dot: no kernels on that ISA
   // The most activation rows the dot kernels take where a GEMM could (more rows pack, or
   // dequantize into the bf16 GEMM): streaming each weight row once beats packing up to 32 rows
-  // of f32/f16/bf16; a block format's int8 kernels beat dequantizing up to the rows measured
-  // per format (docs/gguf.md, "Prefill on the bf16 dot").
+  // of f32/f16/bf16 (bf16 on the bf16 dot: up to kBf16DotRows, matmul_isa.h); a block format's
+  // int8 kernels beat dequantizing up to the rows measured per format (docs/gguf.md, "Prefill on
+  // the bf16 dot").
   size_t dot_rows = 32;
 
   size_t row_bytes(size_t n) const { return n / block * block_bytes; }

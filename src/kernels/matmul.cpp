@@ -341,7 +341,10 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // Intel VM; docs/gguf.md, "Prefill on the bf16 dot").
   const bool amx = hw_bf16 && wants_tiles(ex, "matmul") && fk.gemm_amx != nullptr;
   const bool gemm_bf16 = amx || (hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.gemm_bf16 != nullptr);
-  const size_t dot_rows = amx ? std::min(f.dot_rows, kAmxRows) : f.dot_rows;
+  // On the Dot route the bf16 dot takes up to kBf16DotRows rows: it reads the weights as they are,
+  // where the bf16 GEMM packs them for every call (docs/performance.md, "the bf16 dot up to 64 rows").
+  const bool dot_bf16 = hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.dot_bf16 != nullptr;
+  const size_t dot_rows = amx ? std::min(f.dot_rows, kAmxRows) : dot_bf16 ? detail::kBf16DotRows : f.dot_rows;
   const bool use_dot = !a.kn && (a.M <= dot_rows || !(fk.gemm || gemm_bf16));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : gemm_bf16);
   // The dot's FMA twin: past four rows where vdpbf16ps is the slower (the dot is compute-bound

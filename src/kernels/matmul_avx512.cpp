@@ -291,9 +291,9 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, siz
 }
 
 // Columns per pass when more than four activation rows meet the same weight rows: the
-// weights' piece (RN · 1 KiB) and the rows' (up to 32 KiB) stay in L1 while every group of
-// four rows meets them. Sweeping whole rows instead, the second group read them back from L2
-// and the step took 1.5× as long at M = 8 as at M = 4 (the weights' read alone sets both).
+// weights' piece (RN · 1 KiB) and the rows' (1 KiB a row: at 64 rows partly in L2) stay in L1
+// while every group of four rows meets them. Sweeping whole rows instead, the second group read them
+// back from L2 and the step took 1.5× as long at M = 8 as at M = 4 (the weights' read alone sets both).
 // Wide rows are f32, twice the bytes per value.
 template <bool Wide>
 constexpr size_t kDotBlock = Wide ? 256 : 512;
@@ -301,7 +301,7 @@ constexpr size_t kDotBlock = Wide ? 256 : 512;
 // Every activation row × the RN weight rows n0, n0 + stride, …
 template <bool Wide, int RN>
 void dot_bf16_rows(const GemmArgs& a, size_t n0, size_t stride) {
-  alignas(64) __m512 acc[32 / 4][4 * RN];  // the sums of each group between column blocks
+  alignas(64) __m512 acc[kBf16DotRows / 4][4 * RN];  // the sums of each group between column blocks
   const size_t shift = Wide ? fma_dot_shift(a) : 0, K = a.K + shift;
   const std::byte* wr[RN];
   VLM_UNROLL
@@ -315,7 +315,7 @@ void dot_bf16_rows(const GemmArgs& a, size_t n0, size_t stride) {
   }
 }
 
-// M = 2..32: kStreams weight rows at a time, one from each of kStreams parts of the range
+// M = 2..kBf16DotRows: kStreams weight rows at a time, one from each of kStreams parts of the range
 // (kStreams streams per thread, as at M = 1: batched decode ×8 +11 %).
 template <bool Wide>
 void dot_bf16_streams(const GemmArgs& a, size_t n0, size_t n1) {

@@ -50,6 +50,13 @@ struct GemmArgs {
 // alone left 20-30 % of the read bandwidth unused (docs/gguf.md, "Decode streams").
 inline constexpr size_t kRowAhead = 2048;
 
+// The most activation rows the bf16 dot kernels take (dot_bf16, and dot_bf16_fma up to the bf16
+// format's dot_rows, 32): their groups' sums between column blocks are held for this many. matmul.cpp
+// routes bf16 weights on the Dot route to them up to here: the bf16 GEMM packs the weights again for
+// every call, which only many rows pay back (a 10240 × 2560 product at 33 rows: 4.1 ms on the dot,
+// 7.1 on the GEMM; the two even at about 96 rows, 2560 × 10240 at about 72; Zen 5, two threads).
+inline constexpr size_t kBf16DotRows = 64;
+
 // FormatKernels::dot_bf16_fma's x and weights are read in 32-value groups that start on the
 // weights' 64-byte lines (a load split across two lines costs 30 % here): the bf16 values of a
 // row before its first line boundary form the tail of group 0, whose head is `shift` zeros.

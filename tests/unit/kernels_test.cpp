@@ -228,13 +228,15 @@ TEST(Matmul, Bf16GemmsRoundXOnly) {
   struct Shape {
     size_t M, N, K;
   };
-  // M > 32: the packed GEMM (AMX: 32-row blocks and their remainders, 16-column tiles and
-  // K steps of 32 with theirs); M <= 32: the dot kernels (M = 1, the 4-row groups and their
-  // remainders, tails of K below one 32-value vector).
+  // Past the dot's rows (bf16 weights on Dot: 64, else 32) the packed GEMM (AMX: 32-row blocks and
+  // their remainders, 16-column tiles and K steps of 32 with theirs); up to them the dot kernels
+  // (M = 1, the 4-row groups and their remainders, their sums held across 512-column blocks for up
+  // to 64 rows, tails of K below one 32-value vector).
   const Shape shapes[] = {{33, 70, 45},  {40, 1, 1},   {37, 65, 17},  {50, 130, 256}, {45, 64, 257},
                           {100, 520, 600}, {64, 17, 31}, {200, 96, 33}, {1, 37, 45},   {1, 300, 1000},
                           {1, 9, 7},     {2, 5, 1},    {3, 19, 129},  {4, 130, 256},  {7, 66, 300},
-                          {8, 70, 2560}, {32, 21, 95}, {1, 1027, 130}, {96, 48, 64}, {65, 600, 530}};
+                          {8, 70, 2560}, {32, 21, 95}, {1, 1027, 130}, {96, 48, 64}, {65, 600, 530},
+                          {48, 70, 1100}, {61, 33, 700}};
   // f16 weights too: on the tiles as (hi, lo) bf16 pairs (gemm_amx_f16), elsewhere on the f32
   // kernels; either way every bit of the weight counts (dropping lo is off by 2^-9 of a product).
   for (Bf16Gemm gemm : bf16_gemms())
