@@ -27,6 +27,33 @@ Weight as_weight(const TensorView& t) {
   return Weight{t.data, t.dtype, size_t(t.shape[0]), size_t(t.shape[1])};
 }
 
+namespace {
+// An f16 value that is also a bf16 value: a normal one has its three low mantissa bits zero (bf16
+// keeps 7 of f16's 10), a subnormal one (m · 2^-24) at most 8 significant bits (bf16 holds it as a
+// normal number); ±Inf and NaN count, as the tiles' pairs keep them whole in hi.
+bool f16_in_bf16(uint16_t h) {
+  const unsigned e = (h >> 10) & 31, m = h & 0x3FF;
+  if (e) return e == 31 || (m & 7) == 0;
+  return (m & (m >= 512 ? 3 : m >= 256 ? 1 : 0)) == 0;
+}
+}  // namespace
+
+void mark_bf16_exact(Weight& w) {
+  if (w.dtype != DType::F16) return;
+  w.bf16_exact = false;
+  for (size_t r = 0; r < w.rows; ++r) {
+    const std::byte* row = w.data + r * w.stride_bytes();
+    bool all = true;
+    for (size_t c = 0; c < w.cols; ++c) {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * c, 2);
+      all &= f16_in_bf16(h);
+    }
+    if (!all) return;
+  }
+  w.bf16_exact = true;
+}
+
 Weight f32_weight(const float* data, size_t rows, size_t cols, size_t ld) {
   return Weight{reinterpret_cast<const std::byte*>(data), DType::F32, rows, cols, ld * 4};
 }
@@ -61,14 +88,14 @@ void dequantize(const std::byte* src, float* dst, size_t n) {
 // the K-quants Q8KAct, per 256), [N, K] layout only. Without AVX512-VNNI the Avx512 row runs
 // the AVX2 kernels. Where a bf16 GEMM is the faster route (Exec::bf16_gemm Dot or Amx), a
 // Precision::Bf16 product of more rows than it takes dequantizes the weights into it instead
-// (gemm_bf16dot_blocks, gemm_amx_blocks).
+// (gemm_bf16dot_rounded, gemm_amx_rounded).
 template <GgmlType G>
 Format block_format(const char* name, FormatKernels detail::QuantKernels::*member, size_t dot_rows) {
   using namespace detail;
   FormatKernels wide = (quant_vnni_supported() ? kQuantAvx512 : kQuantAvx2).*member;
   if (bf16_dot_supported()) {
-    wide.gemm_bf16 = &gemm_bf16dot_blocks;
-    wide.gemm_amx = &gemm_amx_blocks;
+    wide.gemm_bf16 = &gemm_bf16dot_rounded;
+    wide.gemm_amx = &gemm_amx_rounded;
   }
   return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
                 &dequantize<G>, takes_q8k(G) ? DType::Q8KAct : DType::Q8Act, nullptr, false,
@@ -204,10 +231,11 @@ const float* rounded_x(const GemmArgs& a, const Exec& ex) {
 // tiles (`amx`), which read packed weights, x starts on a line instead, its rows an odd number of
 // lines apart (a tile's 16 rows in 16 L1 sets, not one when K is a multiple of 2048), and
 // kAmxTileRows rows of zeros follow the last (the tiles read x 32 rows at a time). f16 weights on
-// the tiles take each x value twice, as a pair (gemm_amx_f16: a product over 2K values).
+// the tiles take each x value twice, as a pair (gemm_amx_f16: a product over 2K values), unless
+// their values are bf16 values (GemmArgs::bf16_exact).
 void bf16_x(GemmArgs& a, ThreadPool& pool, bool amx) {
   thread_local std::vector<uint16_t> buf;
-  const bool pairs = amx && a.dtype == DType::F16;
+  const bool pairs = amx && a.dtype == DType::F16 && !a.bf16_exact;
   const size_t n = pairs ? 2 * a.K : a.K;
   size_t ld = (n + 31) / 32 * 32;
   if (amx && ld / 32 % 2 == 0) ld += 32;
@@ -340,7 +368,10 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // FMA twin those ran 1.2-1.65x faster, Q6_K 8 % slower before its lane tiles (M = 512, an
   // Intel VM; docs/gguf.md, "Prefill on the bf16 dot").
   const bool amx = hw_bf16 && wants_tiles(ex, "matmul") && fk.gemm_amx != nullptr;
-  const bool gemm_bf16 = amx || (hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.gemm_bf16 != nullptr);
+  // f16 weights take the bf16 dot's GEMM only when their values are bf16 values; the tiles take any,
+  // as (hi, lo) pairs where they are not (gemm_amx_f16).
+  const bool as_bf16 = a.dtype != DType::F16 || a.bf16_exact;
+  const bool gemm_bf16 = amx || (hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.gemm_bf16 != nullptr && as_bf16);
   // On the Dot route the bf16 dot takes up to kBf16DotRows rows: it reads the weights as they are,
   // where the bf16 GEMM packs them for every call (docs/performance.md, "the bf16 dot up to 64 rows").
   const bool dot_bf16 = hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.dot_bf16 != nullptr;
@@ -441,7 +472,9 @@ GemmArgs args_of(const float* x, size_t ldx, size_t M, const Weight& w, Layout l
   if (w.stride_bytes() < dense || (M > 1 && ldx < K) || (M > 1 && ldy < N))
     fail("matmul: row stride below row length (w {} < {} bytes, x {} < {} or y {} < {})", w.stride_bytes(),
          dense, ldx, K, ldy, N);
-  return GemmArgs{x, ldx, M, w.data, w.dtype, w.stride_bytes(), kn, K, N, bias, y, ldy};
+  GemmArgs a{x, ldx, M, w.data, w.dtype, w.stride_bytes(), kn, K, N, bias, y, ldy};
+  a.bf16_exact = w.dtype == DType::F16 && w.bf16_exact;
+  return a;
 }
 
 }  // namespace

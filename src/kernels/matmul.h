@@ -27,10 +27,17 @@ struct Weight {
   DType dtype = DType::F32;
   size_t rows = 0, cols = 0;
   size_t row_bytes = 0;
+  // F16 only: every value is also a bf16 value (mark_bf16_exact found it so), as in an f16 file made
+  // from a bf16 checkpoint (mmproj-model-f16.gguf). Under Precision::Bf16 the bf16 GEMMs then take
+  // the weight as bf16, the products unchanged (docs/gguf.md, "f16 weights that are bf16 values").
+  bool bf16_exact = false;
   size_t stride_bytes() const { return row_bytes ? row_bytes : format_of(dtype).row_bytes(cols); }
 };
 // A 2-D tensor view as a Weight; throws if it is not 2-D.
 Weight as_weight(const TensorView& t);
+// Sets w.bf16_exact when w is f16 and every value of it is a bf16 value too: one pass over its
+// bytes. Other formats are left as they are.
+void mark_bf16_exact(Weight& w);
 // An f32 buffer [rows, cols] with row stride ld floats (0: cols) as a Weight.
 Weight f32_weight(const float* data, size_t rows, size_t cols, size_t ld = 0);
 

@@ -499,13 +499,17 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
 // Block-quantized weights on the bf16 GEMMs: each row's K block (kKCb = 256 values, whole
 // blocks of every format) is dequantized exactly (dequantize_blocks_avx512) and rounded to bf16
 // (nearest even) into a dense [kNR][kKCb] scratch, which is then packed like bf16 weights.
-// The dequantization is paid once per weight value and call, against M products.
+// The dequantization is paid once per weight value and call, against M products. f16 weights
+// whose values are bf16 values (GemmArgs::bf16_exact) take the same way, widened instead, and the
+// rounding leaves them as they are (docs/gguf.md, "f16 weights that are bf16 values").
 namespace {
-class BlockPacker {
+class RoundedPacker {
  public:
-  explicit BlockPacker(const GemmArgs& a)
-      : a_(a), t_(ggml_type_of(a.dtype)), block_(size_t(ggml_traits(t_).block_elems)),
-        block_bytes_(ggml_traits(t_).block_bytes), dense_(a) {
+  explicit RoundedPacker(const GemmArgs& a) : a_(a), dense_(a) {
+    if (a.dtype != DType::F16) {
+      const GgmlType t = ggml_type_of(a.dtype);
+      t_ = t, block_ = size_t(ggml_traits(t).block_elems), block_bytes_ = ggml_traits(t).block_bytes;
+    }
     static_assert(kKCb % 256 == 0, "K blocks must hold whole blocks of every format");
     dense_.w = reinterpret_cast<const std::byte*>(rows_);
     dense_.ldw_bytes = 2 * kKCb;
@@ -513,8 +517,18 @@ class BlockPacker {
   // W(n0 .. n0+cols, k0 .. k0+kc) into dst as pack_b_pairs packs it.
   void operator()(size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
     for (size_t i = 0; i < cols; ++i) {
-      dequantize_blocks_avx512(t_, a_.w + (n0 + i) * a_.ldw_bytes + k0 / block_ * block_bytes_, tmp_, kc);
-      for (size_t k = 0; k < kc; k += 32) {  // kc is whole blocks: a multiple of 32
+      const std::byte* row = a_.w + (n0 + i) * a_.ldw_bytes;
+      if (block_) {
+        dequantize_blocks_avx512(t_, row + k0 / block_ * block_bytes_, tmp_, kc);
+      } else {  // f16, zero past kc up to whole groups of 32
+        const auto* h = reinterpret_cast<const uint16_t*>(row) + k0;
+        for (size_t k = 0; k < kc; k += 32)
+          for (size_t j = k; j < k + 32; j += 16) {
+            const size_t n = kc > j ? std::min<size_t>(16, kc - j) : 0;
+            _mm512_store_ps(tmp_ + j, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), h + j)));
+          }
+      }
+      for (size_t k = 0; k < kc; k += 32) {  // block formats: kc is whole blocks, a multiple of 32
         const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp_ + k + 16), _mm512_load_ps(tmp_ + k));
         _mm512_store_si512(rows_ + i * kKCb + k, reinterpret_cast<const __m512i&>(h));
       }
@@ -524,16 +538,16 @@ class BlockPacker {
 
  private:
   const GemmArgs& a_;
-  GgmlType t_;
-  size_t block_, block_bytes_;
+  GgmlType t_{};
+  size_t block_ = 0, block_bytes_ = 0;  // 0: f16
   GemmArgs dense_;
   alignas(64) uint16_t rows_[kNR * kKCb];
   alignas(64) float tmp_[kKCb];
 };
 }  // namespace
 
-void gemm_bf16dot_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  gemm_bf16dot_with(a, nb, ne, mb, me, pack, BlockPacker(a));
+void gemm_bf16dot_rounded(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  gemm_bf16dot_with(a, nb, ne, mb, me, pack, RoundedPacker(a));
 }
 
 // f16 weights on the tiles (docs/gguf.md, "f16 weights on the tiles"): a value w is hi + lo
@@ -791,6 +805,7 @@ void gemm_amx(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, flo
 }
 
 void gemm_amx_f16(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  if (a.bf16_exact) return gemm_amx_rounded(a, nb, ne, mb, me, pack);  // hi alone: lo is zero
   GemmArgs pairs = a;
   pairs.K = 2 * a.K;  // x doubled into pairs by bf16_x, W as (hi, lo): F16PairPacker
   on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(pairs, nb, ne, mb, me, pack, F16PairPacker(a)); });
@@ -1048,11 +1063,12 @@ double amx_loop(size_t iters) {
   return 4.0 * 2 * 16 * 16 * 32 * double(iters);  // 4 tiles × 16 × 16 outputs × 32 products each
 }
 
-void gemm_amx_blocks(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, BlockPacker(a)); });
+void gemm_amx_rounded(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
+  on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, RoundedPacker(a)); });
 }
 
 const IsaKernels kAvx512Kernels =
-    make_kernels<S512>("avx512", &gemm_bf16dot, &gemm_amx, &dot_bf16dot, &dot_bf16_fma, &gemm_amx_f16);
+    make_kernels<S512>("avx512", &gemm_bf16dot, &gemm_amx, &dot_bf16dot, &dot_bf16_fma, &gemm_amx_f16,
+                       &gemm_bf16dot_rounded);
 
 }  // namespace vlm::kernels::detail

@@ -566,10 +566,11 @@ constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm
                                   decltype(FormatKernels::gemm_amx) gemm_amx = nullptr,
                                   decltype(FormatKernels::dot_bf16) dot_bf16 = nullptr,
                                   decltype(FormatKernels::dot_bf16_fma) dot_bf16_fma = nullptr,
-                                  decltype(FormatKernels::gemm_amx) f16_amx = nullptr) {
+                                  decltype(FormatKernels::gemm_amx) f16_amx = nullptr,
+                                  decltype(FormatKernels::gemm_bf16) f16_bf16 = nullptr) {
   return IsaKernels{name,
                     format_kernels<S, DType::F32>(),
-                    format_kernels<S, DType::F16>(nullptr, f16_amx),
+                    format_kernels<S, DType::F16>(f16_bf16, f16_amx),
                     format_kernels<S, DType::BF16>(gemm_bf16, gemm_amx, dot_bf16, dot_bf16_fma),
                     S::W * S::NV,
                     S::MR,

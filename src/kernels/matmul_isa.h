@@ -43,6 +43,8 @@ struct GemmArgs {
   const int16_t* xs32 = nullptr;
   // FormatKernels::gemm_amx: a scalar model of the tiles in place of the tiles (Bf16Gemm::AmxModel).
   bool tiles_model = false;
+  // F16 weights: Weight::bf16_exact.
+  bool bf16_exact = false;
 };
 
 // The decode kernels (dot_bf16_row1, the block formats' dot_row1, and the bf16 tiles of batched decode) ask
@@ -117,11 +119,12 @@ inline constexpr size_t kAmxTileRows = 32;
 // AVX512 only: n values (whole blocks) of block format t, bit for bit dequantize_row's.
 void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t n);
 // AVX512-BF16 only: FormatKernels::gemm_bf16 for the block formats (weights dequantized
-// exactly, then rounded to bf16 with x).
-void gemm_bf16dot_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
+// exactly, then rounded to bf16 with x) and for f16 weights whose values are bf16 values
+// (GemmArgs::bf16_exact; the rounding leaves them as they are).
+void gemm_bf16dot_rounded(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
 // AVX512-BF16 only: the same on AMX tiles (FormatKernels::gemm_amx; GemmArgs::tiles_model: on the
 // scalar model of them).
-void gemm_amx_blocks(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
+void gemm_amx_rounded(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
 
 // AVX512-BF16 only: attention's products on the bf16 dot (matmul.h, attend). Keys [n, d] (rows ld
 // floats apart) pack as pack_b_pairs packs a weight: panels of 64 keys, words [pair_rows][64]

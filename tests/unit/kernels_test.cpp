@@ -316,6 +316,52 @@ TEST(Matmul, F16NonFiniteWeightsOnTheTiles) {
   }
 }
 
+// mark_bf16_exact: an f16 value counts when it is a bf16 value (or a NaN), checked for all 65536
+// of them against round_bf16. An f16 weight of bf16 values, marked, runs on the bf16 GEMMs as the
+// same values stored in bf16 do, to the bit (past the dot's rows: K blocks with tails, odd K);
+// one value off by its last bit leaves the weight unmarked.
+TEST(Matmul, F16OfBf16ValuesRunsAsBf16) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const uint16_t v = uint16_t(h);
+    Weight w{reinterpret_cast<const std::byte*>(&v), DType::F16, 1, 1};
+    mark_bf16_exact(w);
+    const float f = f16_to_f32(v);
+    ASSERT_EQ(w.bf16_exact, std::isnan(f) || round_bf16(f) == f) << "f16 0x" << std::hex << h;
+  }
+  std::mt19937 rng(15);
+  StoredWeight random = make_weight(DType::F16, 4, 40, rng);
+  mark_bf16_exact(random.w);
+  EXPECT_FALSE(random.w.bf16_exact);
+  if (!bf16_dot_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  ThreadPool pool(2);
+  struct Shape {
+    size_t M, N, K;
+  };
+  const Shape shapes[] = {{70, 33, 45}, {100, 130, 300}, {65, 64, 257}, {96, 20, 600}};
+  for (const Shape& s : shapes) {
+    const StoredWeight b = make_weight(DType::BF16, s.N, s.K, rng);
+    std::vector<uint16_t> h(s.N * s.K);
+    for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_f16(b.values[i]);
+    Weight f{reinterpret_cast<const std::byte*>(h.data()), DType::F16, s.N, s.K};
+    mark_bf16_exact(f);
+    ASSERT_TRUE(f.bf16_exact) << "N=" << s.N << " K=" << s.K;
+    const auto x = random_vec(s.M * s.K, rng);
+    for (Bf16Gemm gemm : bf16_gemms()) {
+      Exec bf(pool, Isa::Avx512, Precision::Bf16);
+      bf.bf16_gemm = gemm;
+      std::vector<float> yb(s.M * s.N), yf(s.M * s.N, NAN);
+      matmul(x.data(), s.M, b.w, yb.data(), bf);
+      matmul(x.data(), s.M, f, yf.data(), bf);
+      for (size_t i = 0; i < yb.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(yf[i]), std::bit_cast<uint32_t>(yb[i]))
+            << bf16_gemm_name(gemm) << " M=" << s.M << " N=" << s.N << " K=" << s.K << " at " << i;
+    }
+    h[h.size() / 2] ^= 1;
+    mark_bf16_exact(f);
+    EXPECT_FALSE(f.bf16_exact);
+  }
+}
+
 // The M = 1 bf16 dot peels the values before the weights' first 64-byte line boundary and
 // places x at the same offset (aligning_lead, bf16_x), and the FMA twins (AVX512: 5..32 rows,
 // AVX2: 2..32) start their groups there (fma_dot_shift, wide_x); the tile kernels (40 rows, on the
