@@ -173,7 +173,7 @@ int cmd_bench(int argc, char** argv) {
                   model_dir, tc.num_layers, tc.hidden_size, m.vocab(), ck.weight_dtypes(), threads,
                   kernels::isa_name(m.exec().isa), kernels::precision_name(prec),
                   gemm == kernels::Bf16Gemm::Dot   ? " (AVX512-BF16 dot)"
-                  : gemm == kernels::Bf16Gemm::Amx ? " (AMX tiles past 32 rows)"
+                  : gemm == kernels::Bf16Gemm::Amx ? " (AMX tiles: past 32 rows, bf16 weights from 6)"
                   : int8_blocks ? " (int8 kernels on the blocks)"
                   : prec == kernels::Precision::Bf16 ? " (rounded x, f32 FMA GEMMs)"
                                                      : ""));
@@ -319,10 +319,11 @@ int cmd_bench(int argc, char** argv) {
   }
   // Its limit: a step reads the weights once (its sequences' few KV rows left out) and multiplies
   // them by B rows, so it takes at least the longer of the read and B rows' FLOPs at the peak of
-  // the dot kernels (the AMX tiles take more than 32 rows). The int8 block kernels' peak is not
-  // measured (it is above the f32 one): there only the read counts.
+  // the kernels they take (the AMX tiles: bf16 weights from 6 rows). The int8 block kernels' peak
+  // is not measured (it is above the f32 one): there only the read counts.
   const double batch_memory = double(batch) * bw / step_bytes;
-  const double dot_peak = gemm == kernels::Bf16Gemm::Dot ? peak : peak_f32;
+  const bool tiles = gemm == kernels::Bf16Gemm::Amx && matrices == DType::BF16 && batch >= 6;
+  const double dot_peak = gemm == kernels::Bf16Gemm::Dot || tiles ? peak : peak_f32;
   const double batch_limit =
       int8_blocks ? batch_memory : std::min(batch_memory, dot_peak / (2.0 * (layer_params + head_params)));
   say(fmt::format("batched decode: {} sequences x {} steps = {:.3f} tok/s aggregate = {:.2f}x batch 1; "

@@ -50,7 +50,8 @@ bool amx_supported();
 //   Dot: on vdpbf16ps (the bf16 GEMM past 64 rows of bf16 weights and past 32 of f32/f16, the block
 //        formats dequantized into it past dot_rows, attention on bf16 pairs).
 //   Amx: matrix products of more than 32 rows and attention on AMX tiles (TDPBF16PS), block
-//        formats dequantized into them; products of 5..32 rows as Fma.
+//        formats dequantized into them; bf16 weights from 6 rows on the tiles too, as their A
+//        operand (dot_amx); other products of 5..32 rows as Fma.
 //   AmxModel: Amx with a scalar model of the tiles (the same sums, slowly), so that tests run the
 //        tile kernels' blocking and layouts on any AVX512-BF16 CPU; never chosen by itself.
 // Up to four rows (decode) the dot streams the weights at the memory's rate either way.

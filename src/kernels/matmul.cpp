@@ -262,6 +262,29 @@ void bf16_x(GemmArgs& a, ThreadPool& pool, bool amx) {
   a.ldxq = 2 * ld;
 }
 
+// x for FormatKernels::dot_amx, the tiles' B operand: [pairs][cols] 32-bit words, cols 16 (32 past
+// 16 rows), word (p, m) the pair x[m][2p], x[m][2p + 1] as bf16 (nearest even), zero past K and M,
+// whole 16-pair steps; in a per-thread buffer, pair rows spread over the pool.
+void pair_x(GemmArgs& a, ThreadPool& pool) {
+  thread_local std::vector<uint32_t> buf;
+  const size_t cols = a.M > 16 ? 32 : 16, pairs = (a.K + 31) / 32 * 16;
+  buf.resize(pairs * cols + 16);
+  uint32_t* out = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
+  pool.parallel_for(pairs, [&](size_t p0, size_t p1) {
+    thread_local std::vector<uint16_t> row;
+    row.assign(2 * (p1 - p0), 0);  // past K: stays zero for every m
+    std::fill(out + p0 * cols, out + p1 * cols, 0u);
+    const size_t k0 = std::min(2 * p0, a.K), k1 = std::min(2 * p1, a.K);
+    for (size_t m = 0; m < a.M && k0 < k1; ++m) {
+      to_bf16(a.x + m * a.ldx + k0, row.data(), k1 - k0, Isa::Avx512);
+      for (size_t p = p0; p < p1; ++p)
+        out[p * cols + m] = uint32_t(row[2 * (p - p0)]) | uint32_t(row[2 * (p - p0) + 1]) << 16;
+    }
+  }, 256);
+  a.xq = reinterpret_cast<const std::byte*>(out);
+  a.ldxq = 4 * cols;
+}
+
 // x rows rounded to bf16 as f32 in a.xq for FormatKernels::dot_bf16_fma: in 32-value groups
 // from `shift` zeros on (fma_dot_shift), each group's even entries, then its odd ones (how a
 // bf16 weight vector widens in two exact halves), rows zero-padded to whole groups, 64-byte
@@ -338,7 +361,7 @@ void convert_x(GemmArgs& a, const Format& act) {
 // and on AVX512-BF16 the native bf16 kernels (the AMX tiles among them) or their FMA twin.
 struct Route {
   const FormatKernels* fk;
-  bool use_dot, native, fma_dot, amx;
+  bool use_dot, native, fma_dot, amx, amx_dot;
 };
 
 // The most rows the dot route takes where the AMX tiles could: at 32 the bf16 dot still streams
@@ -385,13 +408,20 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   const bool fma_dot = use_dot && fk.dot_bf16_fma &&
                        (native ? ex.bf16_gemm != Bf16Gemm::Dot && a.M > 4
                                : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2 && a.M > 1);
-  return Route{&fk, use_dot, native, fma_dot, amx && !use_dot};
+  // On the tiles, 6..kAmxRows rows of bf16 weights take them as the A operand (dot_amx): from 6 rows
+  // on the tiles' fewer products beat the FMA twin's (docs/gguf.md, "Few rows on AMX tiles").
+  static_assert(kAmxRows <= detail::kAmxTileRows);
+  const bool amx_dot = amx && use_dot && a.M >= 6 && fk.dot_amx != nullptr;
+  return Route{&fk, use_dot, native, fma_dot && !amx_dot, amx && !use_dot, amx_dot};
 }
 
 // x in the form the route's kernels take.
 void prepare_x(GemmArgs& a, const Route& r, const Exec& ex) {
   const Format& f = format_of(a.dtype);
-  if (r.fma_dot) {
+  a.tiles_model = ex.bf16_gemm == Bf16Gemm::AmxModel;
+  if (r.amx_dot) {
+    pair_x(a, ex.threads());
+  } else if (r.fma_dot) {
     wide_x(a, ex);
   } else if (r.native) {
     bf16_x(a, ex.threads(), r.amx);
@@ -406,7 +436,7 @@ void prepare_x(GemmArgs& a, const Route& r, const Exec& ex) {
 // The dot route over the rows of one or more products that share x (prepared once), numbered
 // one after another, in chunks over the pool.
 void run_dots(std::span<const GemmArgs> parts, const Route& r, const Exec& ex) {
-  auto* dot = r.fma_dot ? r.fk->dot_bf16_fma : r.native ? r.fk->dot_bf16 : r.fk->dot;
+  auto* dot = r.amx_dot ? r.fk->dot_amx : r.fma_dot ? r.fk->dot_bf16_fma : r.native ? r.fk->dot_bf16 : r.fk->dot;
   ThreadPool& pool = ex.threads();
   size_t rows = 0;
   for (const GemmArgs& p : parts) rows += p.N;
@@ -432,7 +462,6 @@ void run(GemmArgs a, const Exec& ex) {
   const Route r = route_of(a, ex);
   prepare_x(a, r, ex);
   if (r.use_dot) return run_dots({&a, 1}, r, ex);
-  a.tiles_model = ex.bf16_gemm == Bf16Gemm::AmxModel;
   const IsaKernels& k = detail::kernels_for(ex.isa);
   auto* gemm = r.amx ? r.fk->gemm_amx : r.native ? r.fk->gemm_bf16 : r.fk->gemm;
   ThreadPool& pool = ex.threads();
@@ -507,7 +536,7 @@ void matmul_each(const float* x, size_t M, std::span<const Product> products, co
   for (size_t i = 1; i < n; ++i) {
     GemmArgs& a = parts[i];
     a.x = parts[0].x, a.ldx = parts[0].ldx, a.xq = parts[0].xq, a.ldxq = parts[0].ldxq;
-    a.xd4 = parts[0].xd4, a.xs4 = parts[0].xs4, a.xs32 = parts[0].xs32;
+    a.xd4 = parts[0].xd4, a.xs4 = parts[0].xs4, a.xs32 = parts[0].xs32, a.tiles_model = parts[0].tiles_model;
   }
   run_dots({parts.data(), n}, r, ex);
 }

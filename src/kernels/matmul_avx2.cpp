@@ -105,6 +105,6 @@ void dot_bf16_fma(const GemmArgs& a, size_t n0, size_t n1) {
 
 }  // namespace
 
-const IsaKernels kAvx2Kernels = make_kernels<S256>("avx2", nullptr, nullptr, nullptr, &dot_bf16_fma);
+const IsaKernels kAvx2Kernels = make_kernels<S256>("avx2", {}, {.dot_bf16_fma = &dot_bf16_fma});
 
 }  // namespace vlm::kernels::detail

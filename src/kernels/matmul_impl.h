@@ -553,25 +553,21 @@ float read_loop(const float* p, size_t n, size_t streams, size_t stride) {
   return S::hsum(S::add(S::add(s0, s1), S::add(s2, s3)));
 }
 
+// The ISA's own kernels for D (dot, gemm) beside `native`'s (the AVX512-BF16 and AMX kernels, and
+// AVX2's FMA twin).
 template <class S, DType D>
-constexpr FormatKernels format_kernels(decltype(FormatKernels::gemm_bf16) gemm_bf16 = nullptr,
-                                       decltype(FormatKernels::gemm_amx) gemm_amx = nullptr,
-                                       decltype(FormatKernels::dot_bf16) dot_bf16 = nullptr,
-                                       decltype(FormatKernels::dot_bf16_fma) dot_bf16_fma = nullptr) {
-  return FormatKernels{&dot_typed<S, D>, &gemm_typed<S, D>, gemm_bf16, gemm_amx, dot_bf16, dot_bf16_fma};
+constexpr FormatKernels format_kernels(FormatKernels native = {}) {
+  native.dot = &dot_typed<S, D>;
+  native.gemm = &gemm_typed<S, D>;
+  return native;
 }
 
 template <class S>
-constexpr IsaKernels make_kernels(const char* name, decltype(FormatKernels::gemm_bf16) gemm_bf16 = nullptr,
-                                  decltype(FormatKernels::gemm_amx) gemm_amx = nullptr,
-                                  decltype(FormatKernels::dot_bf16) dot_bf16 = nullptr,
-                                  decltype(FormatKernels::dot_bf16_fma) dot_bf16_fma = nullptr,
-                                  decltype(FormatKernels::gemm_amx) f16_amx = nullptr,
-                                  decltype(FormatKernels::gemm_bf16) f16_bf16 = nullptr) {
+constexpr IsaKernels make_kernels(const char* name, FormatKernels f16 = {}, FormatKernels bf16 = {}) {
   return IsaKernels{name,
                     format_kernels<S, DType::F32>(),
-                    format_kernels<S, DType::F16>(f16_bf16, f16_amx),
-                    format_kernels<S, DType::BF16>(gemm_bf16, gemm_amx, dot_bf16, dot_bf16_fma),
+                    format_kernels<S, DType::F16>(f16),
+                    format_kernels<S, DType::BF16>(bf16),
                     S::W * S::NV,
                     S::MR,
                     2 * kNC * kKC,

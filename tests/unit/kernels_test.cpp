@@ -231,12 +231,13 @@ TEST(Matmul, Bf16GemmsRoundXOnly) {
   // Past the dot's rows (bf16 weights on Dot: 64, else 32) the packed GEMM (AMX: 32-row blocks and
   // their remainders, 16-column tiles and K steps of 32 with theirs); up to them the dot kernels
   // (M = 1, the 4-row groups and their remainders, their sums held across 512-column blocks for up
-  // to 64 rows, tails of K below one 32-value vector).
+  // to 64 rows, tails of K below one 32-value vector; on the tiles, bf16 weights from 6 rows as A
+  // tiles: 16 or 32 x rows, blocks of 32 weight rows and their remainders, K's tail past whole steps).
   const Shape shapes[] = {{33, 70, 45},  {40, 1, 1},   {37, 65, 17},  {50, 130, 256}, {45, 64, 257},
                           {100, 520, 600}, {64, 17, 31}, {200, 96, 33}, {1, 37, 45},   {1, 300, 1000},
                           {1, 9, 7},     {2, 5, 1},    {3, 19, 129},  {4, 130, 256},  {7, 66, 300},
                           {8, 70, 2560}, {32, 21, 95}, {1, 1027, 130}, {96, 48, 64}, {65, 600, 530},
-                          {48, 70, 1100}, {61, 33, 700}};
+                          {48, 70, 1100}, {61, 33, 700}, {20, 70, 45},  {17, 64, 33},  {12, 200, 31}};
   // f16 weights too: on the tiles as (hi, lo) bf16 pairs (gemm_amx_f16), elsewhere on the f32
   // kernels; either way every bit of the weight counts (dropping lo is off by 2^-9 of a product).
   for (Bf16Gemm gemm : bf16_gemms())
@@ -378,7 +379,7 @@ TEST(Matmul, Bf16DotAtEveryWeightOffset) {
   std::vector<Path> paths;
   if (bf16_dot_supported())
     paths = {{Isa::Avx512, Bf16Gemm::Dot, {1, 3, 8}}, {Isa::Avx512, Bf16Gemm::Fma, {1, 3, 8}},
-             {Isa::Avx512, Bf16Gemm::AmxModel, {40}}};
+             {Isa::Avx512, Bf16Gemm::AmxModel, {8, 17, 40}}};
   if (isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, Bf16Gemm::Fma, {1, 3, 8}});
   for (const Path& path : paths) {
     const Isa isa = path.isa;
@@ -481,28 +482,38 @@ TEST(Matmul, EachEqualsOneMatmulPerProduct) {
       {DType::Q5_0, GgmlType::Q5_0}, {DType::Q5_1, GgmlType::Q5_1},     {DType::Q2_K, GgmlType::Q2_K},
       {DType::Q3_K, GgmlType::Q3_K}, {DType::Q4_K, GgmlType::Q4_K},     {DType::Q5_K, GgmlType::Q5_K},
       {DType::Q6_K, GgmlType::Q6_K}, {DType::IQ4_NL, GgmlType::IQ4_NL}, {DType::IQ4_XS, GgmlType::IQ4_XS}};
+  std::vector<Exec> execs;
   for (Isa isa : isas())
-    for (Precision pr : {Precision::F32, Precision::Bf16})
-      for (size_t M : {1, 3, 8, 40})
-        for (int mix = 0; mix < 3; ++mix)  // one format; v in another; v at another offset
-          for (size_t f = 0; f < std::size(formats); ++f) {
-            const Exec ex(pool, isa, pr);
-            const auto [dt, gt] = formats[f];
-            const auto [vdt, vgt] = mix != 1 ? formats[f] : formats[f == 2 ? 1 : 2];  // Q8_0, or BF16 beside Q8_0
-            const Stored q = make(dt, gt, 300, 0), k = make(dt, gt, 70, 0), v = make(vdt, vgt, 130, mix == 2 ? 32 : 0);
-            const auto x = random_vec(M * K, rng);
-            std::vector<float> yq(M * 300), yk(M * 70), yv(M * 130), eq(yq.size()), ek(yk.size()), ev(yv.size());
-            matmul(x.data(), M, q.w, eq.data(), ex);
-            matmul(x.data(), M, k.w, ek.data(), ex);
-            matmul(x.data(), M, v.w, ev.data(), ex);
-            const Product ps[] = {{q.w, yq.data()}, {k.w, yk.data()}, {v.w, yv.data()}};
-            matmul_each(x.data(), M, ps, ex);
-            const std::string what = std::string(isa_name(isa)) + " " + precision_name(pr) + " " +
-                                     format_of(dt).name + " M=" + std::to_string(M) + " mix " + std::to_string(mix);
-            EXPECT_EQ(0, std::memcmp(yq.data(), eq.data(), 4 * eq.size())) << what << " q";
-            EXPECT_EQ(0, std::memcmp(yk.data(), ek.data(), 4 * ek.size())) << what << " k";
-            EXPECT_EQ(0, std::memcmp(yv.data(), ev.data(), 4 * ev.size())) << what << " v";
-          }
+    for (Precision pr : {Precision::F32, Precision::Bf16}) {
+      execs.emplace_back(pool, isa, pr);
+      if (isa == Isa::Avx512 && pr == Precision::Bf16 && bf16_dot_supported()) {  // the tiles' model too
+        execs.emplace_back(pool, isa, pr);
+        execs.back().bf16_gemm = Bf16Gemm::AmxModel;
+      }
+    }
+  for (const Exec& ex : execs)
+    for (size_t M : {1, 3, 8, 40})
+      for (int mix = 0; mix < 3; ++mix)  // one format; v in another; v at another offset
+        for (size_t f = 0; f < std::size(formats); ++f) {
+          const Isa isa = ex.isa;
+          const Precision pr = ex.precision;
+          const auto [dt, gt] = formats[f];
+          const auto [vdt, vgt] = mix != 1 ? formats[f] : formats[f == 2 ? 1 : 2];  // Q8_0, or BF16 beside Q8_0
+          const Stored q = make(dt, gt, 300, 0), k = make(dt, gt, 70, 0), v = make(vdt, vgt, 130, mix == 2 ? 32 : 0);
+          const auto x = random_vec(M * K, rng);
+          std::vector<float> yq(M * 300), yk(M * 70), yv(M * 130), eq(yq.size()), ek(yk.size()), ev(yv.size());
+          matmul(x.data(), M, q.w, eq.data(), ex);
+          matmul(x.data(), M, k.w, ek.data(), ex);
+          matmul(x.data(), M, v.w, ev.data(), ex);
+          const Product ps[] = {{q.w, yq.data()}, {k.w, yk.data()}, {v.w, yv.data()}};
+          matmul_each(x.data(), M, ps, ex);
+          const std::string what = std::string(isa_name(isa)) + " " + precision_name(pr) + " " +
+                                   bf16_gemm_name(ex.bf16_gemm) + " " + format_of(dt).name +
+                                   " M=" + std::to_string(M) + " mix " + std::to_string(mix);
+          EXPECT_EQ(0, std::memcmp(yq.data(), eq.data(), 4 * eq.size())) << what << " q";
+          EXPECT_EQ(0, std::memcmp(yk.data(), ek.data(), 4 * ek.size())) << what << " k";
+          EXPECT_EQ(0, std::memcmp(yv.data(), ev.data(), 4 * ev.size())) << what << " v";
+        }
 }
 
 TEST(Matmul, FormatTableRows) {
