@@ -262,12 +262,12 @@ void bf16_x(GemmArgs& a, ThreadPool& pool, bool amx) {
   a.ldxq = 2 * ld;
 }
 
-// x for FormatKernels::dot_amx, the tiles' B operand: [pairs][cols] 32-bit words, cols 16 (32 past
-// 16 rows), word (p, m) the pair x[m][2p], x[m][2p + 1] as bf16 (nearest even), zero past K and M,
-// whole 16-pair steps; in a per-thread buffer, pair rows spread over the pool.
+// x for FormatKernels::dot_amx, the tiles' B operand: [pairs][cols] 32-bit words, cols 16, 32 or 64
+// (whole tiles of x rows), word (p, m) the pair x[m][2p], x[m][2p + 1] as bf16 (nearest even), zero
+// past K and M, whole 16-pair steps; in a per-thread buffer, pair rows spread over the pool.
 void pair_x(GemmArgs& a, ThreadPool& pool) {
   thread_local std::vector<uint32_t> buf;
-  const size_t cols = a.M > 16 ? 32 : 16, pairs = (a.K + 31) / 32 * 16;
+  const size_t cols = a.M > 32 ? 64 : a.M > 16 ? 32 : 16, pairs = (a.K + 31) / 32 * 16;
   buf.resize(pairs * cols + 16);
   uint32_t* out = reinterpret_cast<uint32_t*>((reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63));
   pool.parallel_for(pairs, [&](size_t p0, size_t p1) {
@@ -398,7 +398,10 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // On the Dot route the bf16 dot takes up to kBf16DotRows rows: it reads the weights as they are,
   // where the bf16 GEMM packs them for every call (docs/performance.md, "the bf16 dot up to 64 rows").
   const bool dot_bf16 = hw_bf16 && ex.bf16_gemm == Bf16Gemm::Dot && fk.dot_bf16 != nullptr;
-  const size_t dot_rows = amx ? std::min(f.dot_rows, kAmxRows) : dot_bf16 ? detail::kBf16DotRows : f.dot_rows;
+  const size_t dot_rows = amx && fk.dot_amx ? detail::kAmxDotRows
+                          : amx           ? std::min(f.dot_rows, kAmxRows)
+                          : dot_bf16      ? detail::kBf16DotRows
+                                          : f.dot_rows;
   const bool use_dot = !a.kn && (a.M <= dot_rows || !(fk.gemm || gemm_bf16));
   const bool native = hw_bf16 && (use_dot ? fk.dot_bf16 != nullptr : gemm_bf16);
   // The dot's FMA twin: past four rows where vdpbf16ps is the slower (the dot is compute-bound
@@ -408,9 +411,9 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   const bool fma_dot = use_dot && fk.dot_bf16_fma &&
                        (native ? ex.bf16_gemm != Bf16Gemm::Dot && a.M > 4
                                : ex.precision == Precision::Bf16 && ex.isa == Isa::Avx2 && a.M > 1);
-  // On the tiles, 6..kAmxRows rows of bf16 weights take them as the A operand (dot_amx): from 6 rows
-  // on the tiles' fewer products beat the FMA twin's (docs/gguf.md, "Few rows on AMX tiles").
-  static_assert(kAmxRows <= detail::kAmxTileRows);
+  // On the tiles, 6..kAmxDotRows rows of bf16 weights take them as the A operand (dot_amx): from 6
+  // rows on the tiles' fewer products beat the FMA twin's, and up to 64 the packing of the GEMM
+  // costs more than the products (docs/gguf.md, "Few rows on AMX tiles").
   const bool amx_dot = amx && use_dot && a.M >= 6 && fk.dot_amx != nullptr;
   return Route{&fk, use_dot, native, fma_dot && !amx_dot, amx && !use_dot, amx_dot};
 }

@@ -644,15 +644,18 @@ struct HwTiles {
       case 3: _tile_zero(3); break;
     }
   }
-  // The four products of a 2 × 2 block: sums 0-3, x halves 4 and 5, panel parts 6 and 7.
+  // The four products of a 2 × 2 block: sums 0-3, x halves 4 and 5, panel parts 6 and 7; or of a
+  // 1 × 4 block, sums 2 and 3 from tile 4 too (dot_amx with 64 x rows).
   template <int C, int A, int B>
   static void dot() {
-    static_assert(C >= 0 && C < 4 && A == 4 + C / 2 && B == 6 + C % 2);
-    switch (C) {
+    static_assert(C >= 0 && C < 4 && (A == 4 + C / 2 || (A == 4 && C >= 2)) && B == 6 + C % 2);
+    switch (C + 4 * (A - 4)) {
       case 0: _tile_dpbf16ps(0, 4, 6); break;
       case 1: _tile_dpbf16ps(1, 4, 7); break;
-      case 2: _tile_dpbf16ps(2, 5, 6); break;
-      case 3: _tile_dpbf16ps(3, 5, 7); break;
+      case 2: _tile_dpbf16ps(2, 4, 6); break;
+      case 3: _tile_dpbf16ps(3, 4, 7); break;
+      case 6: _tile_dpbf16ps(2, 5, 6); break;
+      case 7: _tile_dpbf16ps(3, 5, 7); break;
     }
   }
 };
@@ -811,73 +814,83 @@ void gemm_amx_f16(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me,
   on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(pairs, nb, ne, mb, me, pack, F16PairPacker(a)); });
 }
 
-// bf16 weights as the tiles' A operand, for products of up to kAmxTileRows rows (batched decode, short
+// bf16 weights as the tiles' A operand, for products of up to kAmxDotRows rows (batched decode, short
 // prompts; docs/gguf.md, "Few rows on AMX tiles"): an A tile is 16 weight rows × 32 values loaded
 // from the matrix as stored (its row bytes the stride), so nothing is packed; x is the B operand,
-// laid out once per product as pair columns (xq: [pairs][16 or 32] words, zero past K and M). Sums
-// 0 and 2 are weight rows 0-15 and 16-31 against x rows 0-15, sums 1 and 3 against x rows 16-31.
-template <class Tiles, bool Wide>
+// laid out once per product as pair columns (xq: [pairs][Cols] words, zero past K and M). Up to
+// 32 x rows a block is 32 weight rows (tiles 4 and 5), the sums 0 and 2 against x rows 0-15, 1 and
+// 3 against 16-31; with 64 x rows it is 16 weight rows (tile 4), sums 0-3 against x rows 0-15, ...,
+// 48-63, tiles 6 and 7 loaded twice a step.
+template <class Tiles, size_t Cols>
 void dot_amx_steps(size_t steps, const uint32_t* w, size_t stride, const uint32_t* xp) {
-  constexpr size_t cols = Wide ? 32 : 16;
   // No software prefetch: asking for each row's bytes 256 B to 8 KiB ahead (T0 or T1, or in bursts of
   // a row at a time) left these loops 3-20 % slower (docs/gguf.md, "Few rows on AMX tiles").
   for (size_t s = 0; s < steps; ++s) {
+    const uint32_t* x = xp + s * 16 * Cols;
     Tiles::template load<4>(w + 16 * s, stride);
-    Tiles::template load<5>(reinterpret_cast<const std::byte*>(w + 16 * s) + 16 * stride, stride);
-    Tiles::template load<6>(xp + s * 16 * cols, cols * 4);
-    if constexpr (Wide) Tiles::template load<7>(xp + s * 16 * cols + 16, cols * 4);
-    Tiles::template dot<0, 4, 6>();
-    Tiles::template dot<2, 5, 6>();
-    if constexpr (Wide) {
+    Tiles::template load<6>(x, Cols * 4);
+    if constexpr (Cols == 64) {
+      Tiles::template load<7>(x + 16, Cols * 4);
+      Tiles::template dot<0, 4, 6>();
       Tiles::template dot<1, 4, 7>();
-      Tiles::template dot<3, 5, 7>();
+      Tiles::template load<6>(x + 32, Cols * 4);
+      Tiles::template load<7>(x + 48, Cols * 4);
+      Tiles::template dot<2, 4, 6>();
+      Tiles::template dot<3, 4, 7>();
+    } else {
+      Tiles::template load<5>(reinterpret_cast<const std::byte*>(w + 16 * s) + 16 * stride, stride);
+      if constexpr (Cols == 32) Tiles::template load<7>(x + 16, Cols * 4);
+      Tiles::template dot<0, 4, 6>();
+      Tiles::template dot<2, 5, 6>();
+      if constexpr (Cols == 32) {
+        Tiles::template dot<1, 4, 7>();
+        Tiles::template dot<3, 5, 7>();
+      }
     }
   }
 }
 
-template <class Tiles, bool Wide>
+template <class Tiles, size_t Cols>
 void dot_amx_with(const GemmArgs& a, size_t n0, size_t n1) {
-  constexpr size_t cols = Wide ? 32 : 16;
+  constexpr size_t block = Cols == 64 ? 16 : 32, ldc = Cols == 64 ? 64 : 32;  // weight rows; sums' row
   const auto* xp = reinterpret_cast<const uint32_t*>(a.xq);
   const size_t steps = a.K / 32, tail = a.K % 32;
-  // A block of fewer than 32 weight rows, and the K tail past whole 32-value steps, are copied
-  // into zero-padded scratch first: a tile reads 32 rows and whole steps.
+  // A block of fewer weight rows than a whole one, and the K tail past whole 32-value steps, are
+  // copied into zero-padded scratch first: the tiles read whole blocks and steps.
   thread_local std::vector<uint16_t> rows_buf;
-  alignas(64) uint16_t tail_tile[32 * 32];
-  alignas(64) float c[32 * 32];
+  alignas(64) uint16_t tail_tile[block * 32];
+  alignas(64) float c[block * ldc];
   Tiles::begin();
-  for (size_t n = n0; n < n1; n += 32) {
-    const size_t rows = std::min<size_t>(32, n1 - n);
+  for (size_t n = n0; n < n1; n += block) {
+    const size_t rows = std::min(block, n1 - n);
     const std::byte* w = a.w + n * a.ldw_bytes;
     size_t stride = a.ldw_bytes;
-    if (rows < 32) {
+    if (rows < block) {
       const size_t ld = (a.K + 31) / 32 % 2 ? (a.K + 31) / 32 * 32 : (a.K + 31) / 32 * 32 + 32;  // odd lines apart
-      rows_buf.assign(32 * ld + 32, 0);
+      rows_buf.assign(block * ld + 32, 0);
       auto* dst = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(rows_buf.data()) + 63) & ~uintptr_t(63));
       for (size_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, w + r * a.ldw_bytes, 2 * a.K);
       w = reinterpret_cast<const std::byte*>(dst), stride = 2 * ld;
     }
     Tiles::template zero<0>();
+    Tiles::template zero<1>();
     Tiles::template zero<2>();
-    if constexpr (Wide) {
-      Tiles::template zero<1>();
-      Tiles::template zero<3>();
-    }
-    dot_amx_steps<Tiles, Wide>(steps, reinterpret_cast<const uint32_t*>(w), stride, xp);
+    Tiles::template zero<3>();
+    dot_amx_steps<Tiles, Cols>(steps, reinterpret_cast<const uint32_t*>(w), stride, xp);
     if (tail) {
       std::memset(tail_tile, 0, sizeof(tail_tile));
-      for (size_t r = 0; r < 32; ++r) std::memcpy(tail_tile + 32 * r, w + r * stride + 64 * steps, 2 * tail);
-      dot_amx_steps<Tiles, Wide>(1, reinterpret_cast<const uint32_t*>(tail_tile), 64, xp + steps * 16 * cols);
+      for (size_t r = 0; r < block; ++r) std::memcpy(tail_tile + 32 * r, w + r * stride + 64 * steps, 2 * tail);
+      dot_amx_steps<Tiles, Cols>(1, reinterpret_cast<const uint32_t*>(tail_tile), 64, xp + steps * 16 * Cols);
     }
-    Tiles::template store<0>(c, 128);
-    Tiles::template store<2>(c + 16 * 32, 128);
-    if constexpr (Wide) {
-      Tiles::template store<1>(c + 16, 128);
-      Tiles::template store<3>(c + 16 * 32 + 16, 128);
-    }
+    // Sum t: weight rows 16 (t / 2) on and x rows 16 (t % 2) on, or with 64 x rows those from 16 t on.
+    constexpr size_t at1 = 16, at2 = Cols == 64 ? 32 : 16 * ldc, at3 = Cols == 64 ? 48 : 16 * ldc + 16;
+    Tiles::template store<0>(c, 4 * ldc);
+    Tiles::template store<1>(c + at1, 4 * ldc);
+    Tiles::template store<2>(c + at2, 4 * ldc);
+    Tiles::template store<3>(c + at3, 4 * ldc);
     for (size_t r = 0; r < rows; ++r) {
       const float b = a.bias ? a.bias[n + r] : 0.f;
-      for (size_t m = 0; m < a.M; ++m) a.y[m * a.ldy + n + r] = c[32 * r + m] + b;
+      for (size_t m = 0; m < a.M; ++m) a.y[m * a.ldy + n + r] = c[ldc * r + m] + b;
     }
   }
   Tiles::end();
@@ -885,8 +898,11 @@ void dot_amx_with(const GemmArgs& a, size_t n0, size_t n1) {
 
 void dot_amx(const GemmArgs& a, size_t n0, size_t n1) {
   on_tiles(a.tiles_model, [&](auto t) {
-    if (a.M > 16) return dot_amx_with<decltype(t), true>(a, n0, n1);
-    dot_amx_with<decltype(t), false>(a, n0, n1);
+    switch (a.ldxq / 4) {  // pair_x's columns
+      case 16: return dot_amx_with<decltype(t), 16>(a, n0, n1);
+      case 32: return dot_amx_with<decltype(t), 32>(a, n0, n1);
+      default: return dot_amx_with<decltype(t), 64>(a, n0, n1);
+    }
   });
 }
 }  // namespace

@@ -116,6 +116,8 @@ double amx_loop(size_t iters);
 // The rows of x one AMX block reads (two 16-row tiles): FormatKernels::gemm_amx reads x up to
 // this many rows past its last, and the row blocks of a product split at multiples of it.
 inline constexpr size_t kAmxTileRows = 32;
+// The most x rows FormatKernels::dot_amx takes: four B tiles of 16 (pair_x in matmul.cpp).
+inline constexpr size_t kAmxDotRows = 64;
 // AVX512 only: n values (whole blocks) of block format t, bit for bit dequantize_row's.
 void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t n);
 // AVX512-BF16 only: FormatKernels::gemm_bf16 for the block formats (weights dequantized

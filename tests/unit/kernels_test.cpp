@@ -228,11 +228,12 @@ TEST(Matmul, Bf16GemmsRoundXOnly) {
   struct Shape {
     size_t M, N, K;
   };
-  // Past the dot's rows (bf16 weights on Dot: 64, else 32) the packed GEMM (AMX: 32-row blocks and
-  // their remainders, 16-column tiles and K steps of 32 with theirs); up to them the dot kernels
-  // (M = 1, the 4-row groups and their remainders, their sums held across 512-column blocks for up
-  // to 64 rows, tails of K below one 32-value vector; on the tiles, bf16 weights from 6 rows as A
-  // tiles: 16 or 32 x rows, blocks of 32 weight rows and their remainders, K's tail past whole steps).
+  // Past the dot's rows (bf16 weights on Dot or the tiles: 64, else 32) the packed GEMM (AMX: 32-row
+  // blocks and their remainders, 16-column tiles and K steps of 32 with theirs); up to them the dot
+  // kernels (M = 1, the 4-row groups and their remainders, their sums held across 512-column blocks
+  // for up to 64 rows, tails of K below one 32-value vector; on the tiles, bf16 weights from 6 rows
+  // as A tiles: 16, 32 or 64 x rows, blocks of 32 or 16 weight rows and their remainders, K's tail
+  // past whole steps).
   const Shape shapes[] = {{33, 70, 45},  {40, 1, 1},   {37, 65, 17},  {50, 130, 256}, {45, 64, 257},
                           {100, 520, 600}, {64, 17, 31}, {200, 96, 33}, {1, 37, 45},   {1, 300, 1000},
                           {1, 9, 7},     {2, 5, 1},    {3, 19, 129},  {4, 130, 256},  {7, 66, 300},
