@@ -35,9 +35,9 @@ struct FormatKernels {
   // GemmArgs::xq as f32, each 32 values' even entries before their odd ones, rows zero-padded
   // to whole 32-value groups; nullptr: none.
   void (*dot_bf16_fma)(const detail::GemmArgs&, size_t n0, size_t n1) = nullptr;
-  // dot's counterpart on AMX tiles (bf16 weights, up to kAmxTileRows rows, Exec::bf16_gemm Amx): the
-  // weights are the tiles' A operand, read as stored; x as pair columns in GemmArgs::xq (pair_x in
-  // matmul.cpp); nullptr: none.
+  // dot's counterpart on AMX tiles (up to kAmxDotRows rows, Exec::bf16_gemm Amx): the weights are the
+  // tiles' A operand, bf16 read as stored, block formats dequantized into bf16 rows first; x as pair
+  // columns in GemmArgs::xq (pair_x in matmul.cpp); nullptr: none.
   void (*dot_amx)(const detail::GemmArgs&, size_t n0, size_t n1) = nullptr;
 };
 

@@ -96,6 +96,7 @@ Format block_format(const char* name, FormatKernels detail::QuantKernels::*membe
   if (bf16_dot_supported()) {
     wide.gemm_bf16 = &gemm_bf16dot_rounded;
     wide.gemm_amx = &gemm_amx_rounded;
+    wide.dot_amx = &dot_amx_rounded;
   }
   return Format{dtype_of(G), name, size_t(ggml_traits(G).block_elems), ggml_traits(G).block_bytes,
                 &dequantize<G>, takes_q8k(G) ? DType::Q8KAct : DType::Q8Act, nullptr, false,
@@ -414,7 +415,8 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // On the tiles, 6..kAmxDotRows rows of bf16 weights take them as the A operand (dot_amx): from 6
   // rows on the tiles' fewer products beat the FMA twin's, and up to 64 the packing of the GEMM
   // costs more than the products (docs/gguf.md, "Few rows on AMX tiles").
-  const bool amx_dot = amx && use_dot && a.M >= 6 && fk.dot_amx != nullptr;
+  // Block formats keep their int8 kernels up to kAmxRows (not measured against the tiles there).
+  const bool amx_dot = amx && use_dot && a.M >= (f.block > 1 ? kAmxRows + 1 : 6) && fk.dot_amx != nullptr;
   return Route{&fk, use_dot, native, fma_dot && !amx_dot, amx && !use_dot, amx_dot};
 }
 
@@ -478,7 +480,7 @@ void run(GemmArgs a, const Exec& ex) {
   // (docs/performance.md, "Threads: 4 to 16"). On the tiles a block also keeps at most
   // kAmxBlockRows rows, so that its x and its sums over a K block stay in L2 while the task's
   // panels go by: the vision tower's 4096 rows in one block streamed them from L3 (an image 9.4 s
-  // against 8.2 s in blocks of 512 rows on a 2-core Xeon; docs/gguf.md, "Prefill on AMX tiles").
+  // against 7.5-8.2 s in blocks of 512 rows on a 2-core Xeon; docs/gguf.md, "Prefill on AMX tiles").
   constexpr size_t kBlockRows = 64, kAmxBlockRows = 512;
   size_t blocks = 1;
   while ((panels * blocks < 4 * threads || (r.amx && a.M / blocks > kAmxBlockRows)) &&

@@ -905,7 +905,58 @@ void dot_amx(const GemmArgs& a, size_t n0, size_t n1) {
     }
   });
 }
+
+// Block-format weights on dot_amx's tiles (33..64 x rows): each block of 16 weight rows is
+// dequantized exactly and rounded to bf16 (RoundedPacker's arithmetic) 256 values (whole blocks of
+// every format) at a time into scratch rows, which the A tiles read; no panels are packed.
+template <class Tiles>
+void dot_amx_rounded_with(const GemmArgs& a, size_t n0, size_t n1) {
+  constexpr size_t block = 16, cols = 64;
+  const GgmlType t = ggml_type_of(a.dtype);
+  const size_t be = size_t(ggml_traits(t).block_elems), bb = ggml_traits(t).block_bytes;
+  const auto* xp = reinterpret_cast<const uint32_t*>(a.xq);
+  alignas(64) uint16_t rows[block * kKCb];
+  alignas(64) float tmp[kKCb];
+  alignas(64) float c[block * cols];
+  Tiles::begin();
+  for (size_t n = n0; n < n1; n += block) {
+    const size_t nr = std::min(block, n1 - n);
+    Tiles::template zero<0>();
+    Tiles::template zero<1>();
+    Tiles::template zero<2>();
+    Tiles::template zero<3>();
+    for (size_t k0 = 0; k0 < a.K; k0 += kKCb) {
+      const size_t kc = std::min(kKCb, a.K - k0);  // whole blocks: a multiple of 32
+      for (size_t r = 0; r < block; ++r) {
+        uint16_t* row = rows + r * kKCb;
+        if (r >= nr) {
+          std::memset(row, 0, 2 * kc);
+          continue;
+        }
+        dequantize_blocks_avx512(t, a.w + (n + r) * a.ldw_bytes + k0 / be * bb, tmp, kc);
+        for (size_t k = 0; k < kc; k += 32) {
+          const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp + k + 16), _mm512_load_ps(tmp + k));
+          _mm512_store_si512(row + k, reinterpret_cast<const __m512i&>(h));
+        }
+      }
+      dot_amx_steps<Tiles, cols>(kc / 32, reinterpret_cast<const uint32_t*>(rows), 2 * kKCb, xp + k0 / 2 * cols);
+    }
+    Tiles::template store<0>(c, 4 * cols);
+    Tiles::template store<1>(c + 16, 4 * cols);
+    Tiles::template store<2>(c + 32, 4 * cols);
+    Tiles::template store<3>(c + 48, 4 * cols);
+    for (size_t r = 0; r < nr; ++r) {
+      const float b = a.bias ? a.bias[n + r] : 0.f;
+      for (size_t m = 0; m < a.M; ++m) a.y[m * a.ldy + n + r] = c[cols * r + m] + b;
+    }
+  }
+  Tiles::end();
+}
 }  // namespace
+
+void dot_amx_rounded(const GemmArgs& a, size_t n0, size_t n1) {
+  on_tiles(a.tiles_model, [&](auto t) { dot_amx_rounded_with<decltype(t)>(a, n0, n1); });
+}
 
 // ---- attention's products on the bf16 dot (matmul.h, attend): keys, values, queries
 // and probabilities as bf16, f32 sums, on micro_bf16.

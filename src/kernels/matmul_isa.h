@@ -127,6 +127,9 @@ void gemm_bf16dot_rounded(const GemmArgs& a, size_t n0, size_t n1, size_t m0, si
 // AVX512-BF16 only: the same on AMX tiles (FormatKernels::gemm_amx; GemmArgs::tiles_model: on the
 // scalar model of them).
 void gemm_amx_rounded(const GemmArgs& a, size_t n0, size_t n1, size_t m0, size_t m1, float* pack);
+// AMX only: FormatKernels::dot_amx for the block formats, 33..kAmxDotRows rows (x as pair_x writes
+// it, 64 columns), the weights dequantized as for gemm_amx_rounded.
+void dot_amx_rounded(const GemmArgs& a, size_t n0, size_t n1);
 
 // AVX512-BF16 only: attention's products on the bf16 dot (matmul.h, attend). Keys [n, d] (rows ld
 // floats apart) pack as pack_b_pairs packs a weight: panels of 64 keys, words [pair_rows][64]
