@@ -415,7 +415,8 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // On the tiles, 6..kAmxDotRows rows of bf16 weights take them as the A operand (dot_amx): from 6
   // rows on the tiles' fewer products beat the FMA twin's, and up to 64 the packing of the GEMM
   // costs more than the products (docs/gguf.md, "Few rows on AMX tiles").
-  // Block formats keep their int8 kernels up to kAmxRows (not measured against the tiles there).
+  // Block formats keep their int8 kernels up to kAmxRows: dequantizing onto the tiles was 2.3-2.8x
+  // slower at 8 rows, no faster at 32 (docs/gguf.md, "Few rows on AMX tiles").
   const bool amx_dot = amx && use_dot && a.M >= (f.block > 1 ? kAmxRows + 1 : 6) && fk.dot_amx != nullptr;
   return Route{&fk, use_dot, native, fma_dot && !amx_dot, amx && !use_dot, amx_dot};
 }
