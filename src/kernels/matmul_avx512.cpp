@@ -850,16 +850,39 @@ void dot_amx_steps(size_t steps, const uint32_t* w, size_t stride, const uint32_
   }
 }
 
+// A block of weight rows: its sums zeroed, then y[:, n:n+rows] = them (+ bias). Sum t holds weight
+// rows 16 (t / 2) on against x rows 16 (t % 2) on, or with 64 x rows (16-row blocks) x rows 16 t on.
+template <class Tiles>
+void zero_sums() {
+  Tiles::template zero<0>();
+  Tiles::template zero<1>();
+  Tiles::template zero<2>();
+  Tiles::template zero<3>();
+}
+
+template <class Tiles, size_t Cols>
+void store_sums(const GemmArgs& a, size_t n, size_t rows) {
+  constexpr size_t ldc = Cols == 64 ? 64 : 32, at2 = Cols == 64 ? 32 : 16 * ldc, at3 = Cols == 64 ? 48 : 16 * ldc + 16;
+  alignas(64) float c[32 * 32];
+  Tiles::template store<0>(c, 4 * ldc);
+  Tiles::template store<1>(c + 16, 4 * ldc);
+  Tiles::template store<2>(c + at2, 4 * ldc);
+  Tiles::template store<3>(c + at3, 4 * ldc);
+  for (size_t r = 0; r < rows; ++r) {
+    const float b = a.bias ? a.bias[n + r] : 0.f;
+    for (size_t m = 0; m < a.M; ++m) a.y[m * a.ldy + n + r] = c[ldc * r + m] + b;
+  }
+}
+
 template <class Tiles, size_t Cols>
 void dot_amx_with(const GemmArgs& a, size_t n0, size_t n1) {
-  constexpr size_t block = Cols == 64 ? 16 : 32, ldc = Cols == 64 ? 64 : 32;  // weight rows; sums' row
+  constexpr size_t block = Cols == 64 ? 16 : 32;  // weight rows
   const auto* xp = reinterpret_cast<const uint32_t*>(a.xq);
   const size_t steps = a.K / 32, tail = a.K % 32;
   // A block of fewer weight rows than a whole one, and the K tail past whole 32-value steps, are
   // copied into zero-padded scratch first: the tiles read whole blocks and steps.
   thread_local std::vector<uint16_t> rows_buf;
   alignas(64) uint16_t tail_tile[block * 32];
-  alignas(64) float c[block * ldc];
   Tiles::begin();
   for (size_t n = n0; n < n1; n += block) {
     const size_t rows = std::min(block, n1 - n);
@@ -872,26 +895,14 @@ void dot_amx_with(const GemmArgs& a, size_t n0, size_t n1) {
       for (size_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, w + r * a.ldw_bytes, 2 * a.K);
       w = reinterpret_cast<const std::byte*>(dst), stride = 2 * ld;
     }
-    Tiles::template zero<0>();
-    Tiles::template zero<1>();
-    Tiles::template zero<2>();
-    Tiles::template zero<3>();
+    zero_sums<Tiles>();
     dot_amx_steps<Tiles, Cols>(steps, reinterpret_cast<const uint32_t*>(w), stride, xp);
     if (tail) {
       std::memset(tail_tile, 0, sizeof(tail_tile));
       for (size_t r = 0; r < block; ++r) std::memcpy(tail_tile + 32 * r, w + r * stride + 64 * steps, 2 * tail);
       dot_amx_steps<Tiles, Cols>(1, reinterpret_cast<const uint32_t*>(tail_tile), 64, xp + steps * 16 * Cols);
     }
-    // Sum t: weight rows 16 (t / 2) on and x rows 16 (t % 2) on, or with 64 x rows those from 16 t on.
-    constexpr size_t at1 = 16, at2 = Cols == 64 ? 32 : 16 * ldc, at3 = Cols == 64 ? 48 : 16 * ldc + 16;
-    Tiles::template store<0>(c, 4 * ldc);
-    Tiles::template store<1>(c + at1, 4 * ldc);
-    Tiles::template store<2>(c + at2, 4 * ldc);
-    Tiles::template store<3>(c + at3, 4 * ldc);
-    for (size_t r = 0; r < rows; ++r) {
-      const float b = a.bias ? a.bias[n + r] : 0.f;
-      for (size_t m = 0; m < a.M; ++m) a.y[m * a.ldy + n + r] = c[ldc * r + m] + b;
-    }
+    store_sums<Tiles, Cols>(a, n, rows);
   }
   Tiles::end();
 }
@@ -917,14 +928,10 @@ void dot_amx_rounded_with(const GemmArgs& a, size_t n0, size_t n1) {
   const auto* xp = reinterpret_cast<const uint32_t*>(a.xq);
   alignas(64) uint16_t rows[block * kKCb];
   alignas(64) float tmp[kKCb];
-  alignas(64) float c[block * cols];
   Tiles::begin();
   for (size_t n = n0; n < n1; n += block) {
     const size_t nr = std::min(block, n1 - n);
-    Tiles::template zero<0>();
-    Tiles::template zero<1>();
-    Tiles::template zero<2>();
-    Tiles::template zero<3>();
+    zero_sums<Tiles>();
     for (size_t k0 = 0; k0 < a.K; k0 += kKCb) {
       const size_t kc = std::min(kKCb, a.K - k0);  // whole blocks: a multiple of 32
       for (size_t r = 0; r < block; ++r) {
@@ -941,14 +948,7 @@ void dot_amx_rounded_with(const GemmArgs& a, size_t n0, size_t n1) {
       }
       dot_amx_steps<Tiles, cols>(kc / 32, reinterpret_cast<const uint32_t*>(rows), 2 * kKCb, xp + k0 / 2 * cols);
     }
-    Tiles::template store<0>(c, 4 * cols);
-    Tiles::template store<1>(c + 16, 4 * cols);
-    Tiles::template store<2>(c + 32, 4 * cols);
-    Tiles::template store<3>(c + 48, 4 * cols);
-    for (size_t r = 0; r < nr; ++r) {
-      const float b = a.bias ? a.bias[n + r] : 0.f;
-      for (size_t m = 0; m < a.M; ++m) a.y[m * a.ldy + n + r] = c[cols * r + m] + b;
-    }
+    store_sums<Tiles, cols>(a, n, nr);
   }
   Tiles::end();
 }
