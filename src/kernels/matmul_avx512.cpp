@@ -503,43 +503,56 @@ void dequantize_blocks_avx512(GgmlType t, const std::byte* src, float* y, size_t
 // whose values are bf16 values (GemmArgs::bf16_exact) take the same way, widened instead, and the
 // rounding leaves them as they are (docs/gguf.md, "f16 weights that are bf16 values").
 namespace {
-class RoundedPacker {
+// Rows of W over [k0, k0 + kc) dequantized exactly (block formats) or widened (f16), then rounded
+// to bf16 (nearest even), zero past kc up to whole groups of 32; tmp holds kKCb floats. The
+// format's traits are looked up once here, not per row (that cost a Q8_0 prefill 17 %).
+class RowRounder {
  public:
-  explicit RoundedPacker(const GemmArgs& a) : a_(a), dense_(a) {
-    if (a.dtype != DType::F16) {
-      const GgmlType t = ggml_type_of(a.dtype);
-      t_ = t, block_ = size_t(ggml_traits(t).block_elems), block_bytes_ = ggml_traits(t).block_bytes;
-    }
+  explicit RowRounder(const GemmArgs& a) : a_(a) {
     static_assert(kKCb % 256 == 0, "K blocks must hold whole blocks of every format");
-    dense_.w = reinterpret_cast<const std::byte*>(rows_);
-    dense_.ldw_bytes = 2 * kKCb;
-  }
-  // W(n0 .. n0+cols, k0 .. k0+kc) into dst as pack_b_pairs packs it.
-  void operator()(size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
-    for (size_t i = 0; i < cols; ++i) {
-      const std::byte* row = a_.w + (n0 + i) * a_.ldw_bytes;
-      if (block_) {
-        dequantize_blocks_avx512(t_, row + k0 / block_ * block_bytes_, tmp_, kc);
-      } else {  // f16, zero past kc up to whole groups of 32
-        const auto* h = reinterpret_cast<const uint16_t*>(row) + k0;
-        for (size_t k = 0; k < kc; k += 32)
-          for (size_t j = k; j < k + 32; j += 16) {
-            const size_t n = kc > j ? std::min<size_t>(16, kc - j) : 0;
-            _mm512_store_ps(tmp_ + j, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(__mmask16((1u << n) - 1), h + j)));
-          }
-      }
-      for (size_t k = 0; k < kc; k += 32) {  // block formats: kc is whole blocks, a multiple of 32
-        const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp_ + k + 16), _mm512_load_ps(tmp_ + k));
-        _mm512_store_si512(rows_ + i * kKCb + k, reinterpret_cast<const __m512i&>(h));
-      }
+    if (a.dtype != DType::F16) {
+      t_ = ggml_type_of(a.dtype);
+      block_ = size_t(ggml_traits(t_).block_elems), block_bytes_ = ggml_traits(t_).block_bytes;
     }
-    pack_b_pairs(dense_, 0, cols, 0, kc, dst);
+  }
+  void operator()(size_t n, size_t k0, size_t kc, float* tmp, uint16_t* dst) const {
+    const std::byte* row = a_.w + n * a_.ldw_bytes;
+    if (block_) {  // kc is whole blocks, a multiple of 32
+      dequantize_blocks_avx512(t_, row + k0 / block_ * block_bytes_, tmp, kc);
+    } else {
+      const auto* h = reinterpret_cast<const uint16_t*>(row) + k0;
+      for (size_t k = 0; k < kc; k += 32)
+        for (size_t j = k; j < k + 32; j += 16) {
+          const size_t m = kc > j ? std::min<size_t>(16, kc - j) : 0;
+          _mm512_store_ps(tmp + j, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(__mmask16((1u << m) - 1), h + j)));
+        }
+    }
+    for (size_t k = 0; k < kc; k += 32) {
+      const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp + k + 16), _mm512_load_ps(tmp + k));
+      _mm512_store_si512(dst + k, reinterpret_cast<const __m512i&>(h));
+    }
   }
 
  private:
   const GemmArgs& a_;
   GgmlType t_{};
   size_t block_ = 0, block_bytes_ = 0;  // 0: f16
+};
+
+class RoundedPacker {
+ public:
+  explicit RoundedPacker(const GemmArgs& a) : round_(a), dense_(a) {
+    dense_.w = reinterpret_cast<const std::byte*>(rows_);
+    dense_.ldw_bytes = 2 * kKCb;
+  }
+  // W(n0 .. n0+cols, k0 .. k0+kc) into dst as pack_b_pairs packs it.
+  void operator()(size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
+    for (size_t i = 0; i < cols; ++i) round_(n0 + i, k0, kc, tmp_, rows_ + i * kKCb);
+    pack_b_pairs(dense_, 0, cols, 0, kc, dst);
+  }
+
+ private:
+  RowRounder round_;
   GemmArgs dense_;
   alignas(64) uint16_t rows_[kNR * kKCb];
   alignas(64) float tmp_[kKCb];
@@ -889,7 +902,8 @@ void dot_amx_with(const GemmArgs& a, size_t n0, size_t n1) {
     const std::byte* w = a.w + n * a.ldw_bytes;
     size_t stride = a.ldw_bytes;
     if (rows < block) {
-      const size_t ld = (a.K + 31) / 32 % 2 ? (a.K + 31) / 32 * 32 : (a.K + 31) / 32 * 32 + 32;  // odd lines apart
+      size_t ld = (a.K + 31) / 32 * 32;
+      if (ld / 32 % 2 == 0) ld += 32;  // rows an odd number of lines apart
       rows_buf.assign(block * ld + 32, 0);
       auto* dst = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(rows_buf.data()) + 63) & ~uintptr_t(63));
       for (size_t r = 0; r < rows; ++r) std::memcpy(dst + r * ld, w + r * a.ldw_bytes, 2 * a.K);
@@ -918,13 +932,12 @@ void dot_amx(const GemmArgs& a, size_t n0, size_t n1) {
 }
 
 // Block-format weights on dot_amx's tiles (33..64 x rows): each block of 16 weight rows is
-// dequantized exactly and rounded to bf16 (RoundedPacker's arithmetic) 256 values (whole blocks of
+// dequantized exactly and rounded to bf16 (RowRounder) 256 values (whole blocks of
 // every format) at a time into scratch rows, which the A tiles read; no panels are packed.
 template <class Tiles>
 void dot_amx_rounded_with(const GemmArgs& a, size_t n0, size_t n1) {
   constexpr size_t block = 16, cols = 64;
-  const GgmlType t = ggml_type_of(a.dtype);
-  const size_t be = size_t(ggml_traits(t).block_elems), bb = ggml_traits(t).block_bytes;
+  const RowRounder round(a);
   const auto* xp = reinterpret_cast<const uint32_t*>(a.xq);
   alignas(64) uint16_t rows[block * kKCb];
   alignas(64) float tmp[kKCb];
@@ -935,16 +948,8 @@ void dot_amx_rounded_with(const GemmArgs& a, size_t n0, size_t n1) {
     for (size_t k0 = 0; k0 < a.K; k0 += kKCb) {
       const size_t kc = std::min(kKCb, a.K - k0);  // whole blocks: a multiple of 32
       for (size_t r = 0; r < block; ++r) {
-        uint16_t* row = rows + r * kKCb;
-        if (r >= nr) {
-          std::memset(row, 0, 2 * kc);
-          continue;
-        }
-        dequantize_blocks_avx512(t, a.w + (n + r) * a.ldw_bytes + k0 / be * bb, tmp, kc);
-        for (size_t k = 0; k < kc; k += 32) {
-          const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_load_ps(tmp + k + 16), _mm512_load_ps(tmp + k));
-          _mm512_store_si512(row + k, reinterpret_cast<const __m512i&>(h));
-        }
+        if (r < nr) round(n + r, k0, kc, tmp, rows + r * kKCb);
+        else std::memset(rows + r * kKCb, 0, 2 * kc);
       }
       dot_amx_steps<Tiles, cols>(kc / 32, reinterpret_cast<const uint32_t*>(rows), 2 * kKCb, xp + k0 / 2 * cols);
     }
