@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/huge_pages.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
@@ -228,39 +229,57 @@ const float* rounded_x(const GemmArgs& a, const Exec& ex) {
 // rows spread over the pool. x starts at the weights' offset within a 64-byte line (to a
 // multiple of 4 bytes), so the dot kernels can load whole lines of both (aligning_lead). Only
 // AVX512-BF16 CPUs take this path, so the conversion is the AVX512 one (0.9 → 0.2 ns a value
-// against f32_to_bf16 in a loop: 3.8 % of an image's time on the Zen 5 VM before). For the AMX
-// tiles (`amx`), which read packed weights, x starts on a line instead, its rows an odd number of
-// lines apart (a tile's 16 rows in 16 L1 sets, not one when K is a multiple of 2048), and
-// kAmxTileRows rows of zeros follow the last (the tiles read x 32 rows at a time). f16 weights on
-// the tiles take each x value twice, as a pair (gemm_amx_f16: a product over 2K values), unless
-// their values are bf16 values (GemmArgs::bf16_exact).
-void bf16_x(GemmArgs& a, ThreadPool& pool, bool amx) {
+// against f32_to_bf16 in a loop: 3.8 % of an image's time on the Zen 5 VM before).
+void bf16_x(GemmArgs& a, ThreadPool& pool) {
   thread_local std::vector<uint16_t> buf;
-  const bool pairs = amx && a.dtype == DType::F16 && !a.bf16_exact;
-  const size_t n = pairs ? 2 * a.K : a.K;
-  size_t ld = (n + 31) / 32 * 32;
-  if (amx && ld / 32 % 2 == 0) ld += 32;
-  const size_t pad = amx ? detail::kAmxTileRows : 0;
-  buf.resize((a.M + pad) * ld + 64);
+  const size_t ld = (a.K + 31) / 32 * 32;
+  buf.resize(a.M * ld + 64);
   const uintptr_t line = (reinterpret_cast<uintptr_t>(buf.data()) + 63) & ~uintptr_t(63);
-  uint16_t* out = reinterpret_cast<uint16_t*>(line + (amx ? 0 : reinterpret_cast<uintptr_t>(a.w) & 60));
+  uint16_t* out = reinterpret_cast<uint16_t*>(line + (reinterpret_cast<uintptr_t>(a.w) & 60));
   pool.parallel_for(a.M, [&](size_t m0, size_t m1) {
     for (size_t m = m0; m < m1; ++m) {
-      if (pairs) {
-        thread_local std::vector<uint16_t> row;
-        row.resize(a.K);
-        to_bf16(a.x + m * a.ldx, row.data(), a.K, Isa::Avx512);
-        uint16_t* o = out + m * ld;
-        for (size_t k = 0; k < a.K; ++k) o[2 * k] = o[2 * k + 1] = row[k];
-      } else {
-        to_bf16(a.x + m * a.ldx, out + m * ld, a.K, Isa::Avx512);
-      }
-      std::fill(out + m * ld + n, out + (m + 1) * ld, uint16_t(0));
+      to_bf16(a.x + m * a.ldx, out + m * ld, a.K, Isa::Avx512);
+      std::fill(out + m * ld + a.K, out + (m + 1) * ld, uint16_t(0));
     }
   }, std::max<size_t>(1, (size_t(16) << 10) / ld));
-  std::fill(out + a.M * ld, out + (a.M + pad) * ld, uint16_t(0));
   a.xq = reinterpret_cast<const std::byte*>(out);
   a.ldxq = 2 * ld;
+}
+
+// x for the tiles' GEMM (FormatKernels::gemm_amx) as whole A tiles, 16 rows × 32 values as bf16
+// (nearest even), 1 KiB each on a line: a group of 16 rows' tiles one after another along K
+// (a.ldxq bytes a group), zero past K and past M up to whole 32-row pairs of groups (the tiles
+// read x 32 rows at a time). A tile is then one contiguous read: x's rows as rows, a tile's 16
+// rows each on its own lines, held the tiles' products to a third of their rate (docs/gguf.md,
+// "Prefill on AMX tiles"). f16 weights on the tiles take each x value twice, as a pair
+// (gemm_amx_f16: a product over 2K values), unless their values are bf16 values
+// (GemmArgs::bf16_exact). Groups spread over the pool.
+void tile_x(GemmArgs& a, ThreadPool& pool) {
+  thread_local HugePageVector<uint16_t> buf;
+  const bool pairs = a.dtype == DType::F16 && !a.bf16_exact;
+  const size_t n = pairs ? 2 * a.K : a.K, steps = (n + 31) / 32;
+  const size_t groups = (a.M + detail::kAmxTileRows - 1) / detail::kAmxTileRows * (detail::kAmxTileRows / 16);
+  buf.resize(groups * steps * 512);
+  uint16_t* out = buf.data();
+  pool.parallel_for(groups, [&](size_t g0, size_t g1) {
+    thread_local std::vector<uint16_t> row, half;
+    row.resize(steps * 32);
+    for (size_t g = g0; g < g1; ++g)
+      for (size_t r = 0; r < 16; ++r) {
+        const size_t m = 16 * g + r;
+        std::fill(row.begin(), row.end(), uint16_t(0));
+        if (m < a.M && pairs) {
+          half.resize(a.K);
+          to_bf16(a.x + m * a.ldx, half.data(), a.K, Isa::Avx512);
+          for (size_t k = 0; k < a.K; ++k) row[2 * k] = row[2 * k + 1] = half[k];
+        } else if (m < a.M) {
+          to_bf16(a.x + m * a.ldx, row.data(), a.K, Isa::Avx512);
+        }
+        for (size_t s = 0; s < steps; ++s) std::memcpy(out + (g * steps + s) * 512 + 32 * r, row.data() + 32 * s, 64);
+      }
+  }, std::max<size_t>(1, (size_t(64) << 10) / (steps * 1024)));
+  a.xq = reinterpret_cast<const std::byte*>(out);
+  a.ldxq = steps * 1024;
 }
 
 // x for FormatKernels::dot_amx, the tiles' B operand: [pairs][cols] 32-bit words, cols 16, 32 or 64
@@ -430,7 +449,7 @@ void prepare_x(GemmArgs& a, const Route& r, const Exec& ex) {
   } else if (r.fma_dot) {
     wide_x(a, ex);
   } else if (r.native) {
-    bf16_x(a, ex.threads(), r.amx);
+    r.amx ? tile_x(a, ex.threads()) : bf16_x(a, ex.threads());
   } else if (f.act != DType::F32) {
     convert_x(a, format_of(f.act));
   } else if (ex.precision == Precision::Bf16) {

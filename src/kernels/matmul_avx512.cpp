@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/huge_pages.h"
 #include "io/gguf.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/ops.h"
@@ -25,9 +26,22 @@ namespace {
 // (96 KiB of a K block) stay in L2 while every panel of a column block meets them.
 constexpr size_t kKCb = 256, kMCb = 192, kNR = 64, kMR = 6;
 
-// Packs W(n0 .. n0+cols, k0 .. k0+kc) of a bf16 nk weight as words [kc/2][64]: word
-// (p, j) holds W(n0+j, k0+2p) in its low half and W(n0+j, k0+2p+1) in its high half.
-void pack_b_pairs(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
+// The tile GEMM's blocks (gemm_amx_with): kAmxNc columns × kAmxKc values of K packed at once (1 MiB,
+// in L2), whose sums stay in the tiles from the block's first K value to its last.
+constexpr size_t kAmxNc = 256, kAmxKc = 2048;
+
+// How a panel of 64 columns × a K block lies: Rows, words [kc/2][64] (the dot GEMM's micro_bf16
+// reads a pair row of 64 columns as four vectors); Tiles, the AMX B tiles whole, 1 KiB each (16
+// pairs × 16 columns), a group of 16 columns' tiles one after another along K, kTileGroupWords
+// apart, the last step zero past kc: a tile is one contiguous read (with rows 256 bytes apart the
+// tiles' products ran at a third of their rate from L2; docs/gguf.md, "Prefill on AMX tiles").
+enum class PanelLayout { Rows, Tiles };
+constexpr size_t kTileGroupWords = kAmxKc / 2 * 16;
+
+// Packs W(n0 .. n0+cols, k0 .. k0+kc) of a bf16 nk weight as `layout` says: word (p, j) holds
+// W(n0+j, k0+2p) in its low half and W(n0+j, k0+2p+1) in its high half.
+void pack_b_pairs(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst,
+                  PanelLayout layout) {
   const size_t kp = (kc + 1) / 2;
   for (size_t g = 0; g < kNR; g += 16)
     for (size_t p = 0; p < kp; p += 16) {
@@ -47,7 +61,12 @@ void pack_b_pairs(const GemmArgs& a, size_t n0, size_t cols, size_t k0, size_t k
           blk[i] = _mm512_load_ps(reinterpret_cast<const float*>(tmp));
         }
       }
-      S512::transpose(blk);  // 32-bit words: rows of W become columns
+      S512::transpose(blk);  // 32-bit words: rows of W become columns; past kc zero
+      if (layout == PanelLayout::Tiles) {
+        for (size_t i = 0; i < 16; ++i)
+          _mm512_store_ps(reinterpret_cast<float*>(dst + g / 16 * kTileGroupWords + (p + i) * 16), blk[i]);
+        continue;
+      }
       const size_t np = kp - p < 16 ? kp - p : 16;
       for (size_t i = 0; i < np; ++i) _mm512_storeu_ps(reinterpret_cast<float*>(dst + (p + i) * kNR + g), blk[i]);
     }
@@ -113,7 +132,7 @@ const MicroTable& micro_table() {
   return table;
 }
 
-// pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does.
+// pack_b(n0, cols, k0, kc, dst) packs W(n0 .. n0+cols, k0 .. k0+kc) as pack_b_pairs does (Rows).
 template <class PackB>
 void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB&& pack_b) {
   const MicroTable& table = micro_table();
@@ -154,7 +173,7 @@ void gemm_bf16dot_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_
 
 void gemm_bf16dot(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
   gemm_bf16dot_with(a, nb, ne, mb, me, pack, [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
-    pack_b_pairs(a, n0, cols, k0, kc, dst);
+    pack_b_pairs(a, n0, cols, k0, kc, dst, PanelLayout::Rows);
   });
 }
 
@@ -541,26 +560,27 @@ class RowRounder {
 
 class RoundedPacker {
  public:
-  explicit RoundedPacker(const GemmArgs& a) : round_(a), dense_(a) {
+  RoundedPacker(const GemmArgs& a, PanelLayout layout) : round_(a), dense_(a), layout_(layout) {
     dense_.w = reinterpret_cast<const std::byte*>(rows_);
     dense_.ldw_bytes = 2 * kKCb;
   }
   // W(n0 .. n0+cols, k0 .. k0+kc) into dst as pack_b_pairs packs it.
   void operator()(size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
     for (size_t i = 0; i < cols; ++i) round_(n0 + i, k0, kc, tmp_, rows_ + i * kKCb);
-    pack_b_pairs(dense_, 0, cols, 0, kc, dst);
+    pack_b_pairs(dense_, 0, cols, 0, kc, dst, layout_);
   }
 
  private:
   RowRounder round_;
   GemmArgs dense_;
+  PanelLayout layout_;
   alignas(64) uint16_t rows_[kNR * kKCb];
   alignas(64) float tmp_[kKCb];
 };
 }  // namespace
 
 void gemm_bf16dot_rounded(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  gemm_bf16dot_with(a, nb, ne, mb, me, pack, RoundedPacker(a));
+  gemm_bf16dot_with(a, nb, ne, mb, me, pack, RoundedPacker(a, PanelLayout::Rows));
 }
 
 // f16 weights on the tiles (docs/gguf.md, "f16 weights on the tiles"): a value w is hi + lo
@@ -576,7 +596,7 @@ class F16PairPacker {
     dense_.ldw_bytes = 2 * kKCb;
   }
   // W(n0 .. n0+cols) as pairs over [k0, k0 + kc) of the 2K pair values into dst as pack_b_pairs
-  // packs them (k0 and kc even).
+  // packs them for the tiles (k0 and kc even).
   void operator()(size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
     const size_t n = kc / 2;
     for (size_t i = 0; i < cols; ++i) {
@@ -592,7 +612,7 @@ class F16PairPacker {
         _mm512_store_si512(out + k / 16, _mm512_or_si512(hi, _mm512_slli_epi32(lo16, 16)));
       }
     }
-    pack_b_pairs(dense_, 0, cols, 0, kc, dst);
+    pack_b_pairs(dense_, 0, cols, 0, kc, dst, PanelLayout::Tiles);
   }
 
  private:
@@ -719,19 +739,21 @@ void on_tiles(bool model, F&& f) {
   f(HwTiles{});
 }
 
-// Columns a task's tiles sum at once: two panels, whose f32 sums over a task's rows (at most 512
-// rows: 256 KiB) stay in L2 across the K blocks, in rows of 256 bytes. Summing into y itself, whose
-// rows are often a multiple of 4 KiB apart (N = 2048, 10240), put a tile's 16 rows in one L1 set.
-constexpr size_t kAmxCols = 2 * kNR;
+// Where a tile operand's tiles lie: 16 rows of 64 bytes `row` bytes apart, the next 16 pairs of K
+// `step` bytes on, the next 16 rows of x (A) or 16 columns (B) `next` bytes on.
+struct TileOperand {
+  const void* p;
+  size_t row, step, next;
+  const void* at(size_t s, size_t i) const { return static_cast<const std::byte*>(p) + s * step + i * next; }
+};
 
 // C[0:32, 0:64] (rows ldc floats apart) = (first) or += A · B over kp pairs, the second 32 columns
-// only when `wide`: A rows of x as bf16 words (lda words apart; 32 rows and whole 16-pair steps
-// readable, zero past the row's end), B pairs × columns of words (rows ldb words apart; whole
-// 16-pair steps readable, zero past kp).
+// only when `wide`: A's first two 16-row parts (x as bf16 words, a word a pair) against B's four
+// 16-column parts (pairs × columns of words); both whole 16-pair steps readable, zero past kp
+// and past x's last row.
 template <class Tiles>
-void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size_t ldb, float* C, size_t ldc,
-               bool first, bool wide) {
-  const size_t steps = (kp + 15) / 16, sa = lda * 4, sb = ldb * 4, sc = ldc * 4;
+void micro_amx(size_t kp, const TileOperand& A, const TileOperand& B, float* C, size_t ldc, bool first, bool wide) {
+  const size_t steps = (kp + 15) / 16, sc = ldc * 4;
   for (size_t h = 0; h < (wide ? 2 : 1); ++h) {
     float* c = C + 32 * h;
     if (first) {
@@ -746,11 +768,10 @@ void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size
       Tiles::template load<3>(c + 16 * ldc + 16, sc);
     }
     for (size_t s = 0; s < steps; ++s) {
-      const uint32_t* b = B + s * 16 * ldb + 32 * h;
-      Tiles::template load<4>(A + 16 * s, sa);
-      Tiles::template load<5>(A + 16 * lda + 16 * s, sa);
-      Tiles::template load<6>(b, sb);
-      Tiles::template load<7>(b + 16, sb);
+      Tiles::template load<4>(A.at(s, 0), A.row);
+      Tiles::template load<5>(A.at(s, 1), A.row);
+      Tiles::template load<6>(B.at(s, 2 * h), B.row);
+      Tiles::template load<7>(B.at(s, 2 * h + 1), B.row);
       Tiles::template dot<0, 4, 6>();
       Tiles::template dot<1, 4, 7>();
       Tiles::template dot<2, 5, 6>();
@@ -763,49 +784,51 @@ void micro_amx(size_t kp, const uint32_t* A, size_t lda, const uint32_t* B, size
   }
 }
 
-// y[mb:me, nb:ne] on micro_amx: per kAmxCols columns, per K block (kKCb) their panels packed, then
-// per kMCb rows each panel against x 32 rows at a time (the panel, 32 KiB, stays in L1 while x
-// streams from L2), the sums in a per-thread scratch; then y = the sums + bias.
+// y[mb:me, nb:ne] on micro_amx: per kAmxNc columns and kAmxKc values of K, the block's weights packed
+// as whole tiles (pack_b: 64 columns × kKCb values at a time), then per 32 rows of x (their tiles,
+// read from L3 once, then from L2) each 32 columns' sums over the whole K block in the tiles: a
+// sum leaves the tiles once per K block, not once per kKCb (a store and reload of the four sums
+// cost as much as 16 of their products). x is in whole tiles (a.xq, matmul.cpp tile_x: a.ldxq
+// bytes a 16-row group). y = the sums + bias, 32 × 32 at a time.
 template <class Tiles, class PackB>
 void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack, PackB&& pack_b) {
+  static_assert(kAmxNc * kAmxKc / 2 <= 2 * kNC * kKC, "pack buffer too small");
   Tiles::begin();
   auto* bpack = reinterpret_cast<uint32_t*>(pack);
-  const auto* xq = reinterpret_cast<const uint32_t*>(a.xq);
-  const size_t lda = a.ldxq / 4, rows = (me - mb + kAmxTileRows - 1) / kAmxTileRows * kAmxTileRows;
-  constexpr size_t panel_words = kKCb / 2 * kNR;
-  thread_local std::vector<float> sums_buf;
-  sums_buf.resize(rows * kAmxCols + 16);
-  float* sums = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(sums_buf.data()) + 63) & ~uintptr_t(63));
-  for (size_t n0 = nb; n0 < ne; n0 += kAmxCols) {
-    const size_t nc = ne - n0 < kAmxCols ? ne - n0 : kAmxCols;
-    const size_t panels = (nc + kNR - 1) / kNR;
-    for (size_t k0 = 0; k0 < a.K; k0 += kKCb) {
-      const size_t kc = a.K - k0 < kKCb ? a.K - k0 : kKCb, kp = (kc + 1) / 2;
-      const size_t kp16 = (kp + 15) / 16 * 16;
-      for (size_t p = 0; p < panels; ++p) {
-        const size_t c = nc - p * kNR < kNR ? nc - p * kNR : kNR;
-        pack_b(n0 + p * kNR, c, k0, kc, bpack + p * panel_words);
-        std::memset(bpack + p * panel_words + kp * kNR, 0, (kp16 - kp) * kNR * 4);  // a whole last step
-      }
-      for (size_t m0 = mb; m0 < me; m0 += kMCb) {  // kMCb rows of x (96 KiB of a K block) in L2
-        const size_t m1 = me - m0 < kMCb ? me : m0 + kMCb;
-        for (size_t p = 0; p < panels; ++p)
-          for (size_t m = m0; m < m1; m += kAmxTileRows)
-            micro_amx<Tiles>(kp, xq + m * lda + k0 / 2, lda, bpack + p * panel_words, kNR,
-                             sums + (p * rows + m - mb) * kNR, kNR, k0 == 0, nc - p * kNR > 32);
-      }
-    }
-    for (size_t p = 0; p < panels; ++p) {
-      const size_t c = nc - p * kNR < kNR ? nc - p * kNR : kNR, n = n0 + p * kNR;
-      const __mmask16 tail = __mmask16((1u << (c % 16)) - 1);
-      for (size_t m = mb; m < me; ++m) {
-        const float* src = sums + (p * rows + m - mb) * kNR;
-        float* dst = a.y + m * a.ldy + n;
-        for (size_t j = 0; j < c; j += 16) {
-          const __mmask16 k = c - j >= 16 ? __mmask16(0xFFFF) : tail;
-          __m512 v = _mm512_load_ps(src + j);
-          if (a.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, a.bias + n + j));
-          _mm512_mask_storeu_ps(dst + j, k, v);
+  const size_t rows = (me - mb + kAmxTileRows - 1) / kAmxTileRows * kAmxTileRows;
+  // The sums between K blocks in a scratch, else only 32 rows of it; rows an odd number of lines
+  // apart (a tile's 16 rows in 16 L1 sets).
+  const bool blocks = a.K > kAmxKc;
+  constexpr size_t ldc = kAmxNc + 16;
+  thread_local HugePageVector<float> sums_buf;
+  sums_buf.resize((blocks ? rows : kAmxTileRows) * ldc);
+  for (size_t n0 = nb; n0 < ne; n0 += kAmxNc) {
+    const size_t nc = ne - n0 < kAmxNc ? ne - n0 : kAmxNc;
+    for (size_t k0 = 0; k0 < a.K; k0 += kAmxKc) {
+      const size_t kc = a.K - k0 < kAmxKc ? a.K - k0 : kAmxKc, kp = (kc + 1) / 2;
+      for (size_t c = 0; c < nc; c += kNR)
+        for (size_t kk = 0; kk < kc; kk += kKCb)
+          pack_b(n0 + c, std::min(kNR, nc - c), k0 + kk, std::min(kKCb, kc - kk),
+                 bpack + c / 16 * kTileGroupWords + kk / 2 * 16);
+      const bool first = k0 == 0, last = k0 + kc >= a.K;
+      for (size_t m = mb; m < me; m += kAmxTileRows) {
+        const TileOperand A{a.xq + m / 16 * a.ldxq + k0 / 32 * 1024, 64, 1024, a.ldxq};
+        float* srow = sums_buf.data() + (blocks ? (m - mb) * ldc : 0);
+        for (size_t c = 0; c < nc; c += 32) {
+          const TileOperand B{bpack + c / 16 * kTileGroupWords, 64, 1024, kTileGroupWords * 4};
+          micro_amx<Tiles>(kp, A, B, srow + c, ldc, first, false);
+          if (!last) continue;
+          const size_t rm = std::min(kAmxTileRows, me - m), cn = std::min<size_t>(32, nc - c), n = n0 + c;
+          const __mmask16 k0m = __mmask16(cn >= 16 ? 0xFFFF : (1u << cn) - 1);
+          const __mmask16 k1m = __mmask16(cn >= 32 ? 0xFFFF : cn > 16 ? (1u << (cn - 16)) - 1 : 0);
+          const __m512 b0 = a.bias ? _mm512_maskz_loadu_ps(k0m, a.bias + n) : _mm512_setzero_ps();
+          const __m512 b1 = a.bias ? _mm512_maskz_loadu_ps(k1m, a.bias + n + 16) : _mm512_setzero_ps();
+          for (size_t r = 0; r < rm; ++r) {
+            const float* src = srow + r * ldc + c;
+            float* dst = a.y + (m + r) * a.ldy + n;
+            _mm512_mask_storeu_ps(dst, k0m, _mm512_add_ps(_mm512_load_ps(src), b0));
+            _mm512_mask_storeu_ps(dst + 16, k1m, _mm512_add_ps(_mm512_load_ps(src + 16), b1));
+          }
         }
       }
     }
@@ -815,7 +838,7 @@ void gemm_amx_with(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me
 
 void gemm_amx(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
   auto pack_b = [&](size_t n0, size_t cols, size_t k0, size_t kc, uint32_t* dst) {
-    pack_b_pairs(a, n0, cols, k0, kc, dst);
+    pack_b_pairs(a, n0, cols, k0, kc, dst, PanelLayout::Tiles);
   };
   on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, pack_b); });
 }
@@ -823,7 +846,7 @@ void gemm_amx(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, flo
 void gemm_amx_f16(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
   if (a.bf16_exact) return gemm_amx_rounded(a, nb, ne, mb, me, pack);  // hi alone: lo is zero
   GemmArgs pairs = a;
-  pairs.K = 2 * a.K;  // x doubled into pairs by bf16_x, W as (hi, lo): F16PairPacker
+  pairs.K = 2 * a.K;  // x doubled into pairs by tile_x, W as (hi, lo): F16PairPacker
   on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(pairs, nb, ne, mb, me, pack, F16PairPacker(a)); });
 }
 
@@ -1128,6 +1151,11 @@ void attend_bf16(const AttendArgs& a) {
 // computes them: 32 query rows at a time, their scores over every key panel (keys packed with
 // their pairs zero-padded to whole 16-pair steps), the softmax into bf16 pairs in place, then
 // P · v over the values in the plain layout.
+// Attention's operands in rows: x-like rows of words ld words apart (A), and pair rows of columns
+// ld words apart (B; pack_keys_bf16's panels, the values' plain layout).
+TileOperand rows_operand(const uint32_t* p, size_t ld) { return {p, ld * 4, 64, 16 * ld * 4}; }
+TileOperand panel_operand(const uint32_t* p, size_t ld) { return {p, ld * 4, 16 * ld * 4, 64}; }
+
 template <class Tiles>
 void attend_amx_with(const AttendArgs& a) {
   const size_t d = a.d, dp = (d + 1) / 2, dpa = (dp + 15) / 16 * 16, dv = (d + 15) / 16 * 16;
@@ -1147,8 +1175,8 @@ void attend_amx_with(const AttendArgs& a) {
   for (size_t m = 0; m < a.rows; m += kAmxTileRows) {
     const size_t rm = std::min(kAmxTileRows, a.rows - m);
     for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
-      micro_amx<Tiles>(dpa, qa.data() + m * dpa, dpa, a.key_pairs + p * dpa * kNR, kNR, scores.data() + (p * kNR - a0),
-                       lds, true, true);
+      micro_amx<Tiles>(dpa, rows_operand(qa.data() + m * dpa, dpa), panel_operand(a.key_pairs + p * dpa * kNR, kNR),
+                       scores.data() + (p * kNR - a0), lds, true, true);
     for (size_t r = 0; r < kAmxTileRows; ++r) {
       float* row = scores.data() + r * lds;
       if (r >= rm) {  // a row past the last: probabilities 0
@@ -1158,7 +1186,8 @@ void attend_amx_with(const AttendArgs& a) {
       probabilities_as_pairs(row, w, a.k0 - a0, n, a.scale, a.mask ? a.mask + (m + r) * a.ldm : nullptr);
     }
     for (size_t c0 = 0; c0 < dv; c0 += kNR)
-      micro_amx<Tiles>(wp, pa, lds, a.value_pairs + a0 / 2 * dv + c0, dv, o.data() + c0, oc, true, dv - c0 > 32);
+      micro_amx<Tiles>(wp, rows_operand(pa, lds), panel_operand(a.value_pairs + a0 / 2 * dv + c0, dv), o.data() + c0, oc,
+                       true, dv - c0 > 32);
     for (size_t r = 0; r < rm; ++r) std::memcpy(a.out + (m + r) * a.ldo, o.data() + r * oc, d * 4);
   }
   Tiles::end();
@@ -1215,7 +1244,7 @@ double amx_loop(size_t iters) {
 }
 
 void gemm_amx_rounded(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, RoundedPacker(a)); });
+  on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, RoundedPacker(a, PanelLayout::Tiles)); });
 }
 
 const IsaKernels kAvx512Kernels =
