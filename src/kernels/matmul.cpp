@@ -710,11 +710,11 @@ void pack_kv(const float* k, const float* v, size_t ld, size_t n, size_t d, Pack
   kv.n = n, kv.d = d, kv.isa = ex.isa, kv.precision = ex.precision;
   kv.pairs = bf16_pairs(ex), kv.tiles = tile_pairs(ex);
   if (kv.pairs) {
-    // The tiles read keys in whole 16-pair steps and values 16 words past the last pair.
+    // The tiles read keys in whole 16-pair steps and values in whole 32-column halves.
     const size_t panels = (n + 63) / 64, dp = (d + 1) / 2, pair_rows = kv.tiles ? (dp + 15) / 16 * 16 : dp;
     kv.k_pairs.resize(panels * pair_rows * 64);
-    kv.v_pairs.assign(panels * 32 * ((d + 15) / 16 * 16) + (kv.tiles ? 16 : 0), 0);
-    detail::pack_keys_bf16(k, ld, n, d, kv.k_pairs.data(), pair_rows);
+    kv.v_pairs.assign(panels * 32 * (kv.tiles ? (d + 31) / 32 * 32 : (d + 15) / 16 * 16), 0);
+    detail::pack_keys_bf16(k, ld, n, d, kv.k_pairs.data(), pair_rows, kv.tiles);
     detail::pack_values_bf16(v, ld, n, d, kv.v_pairs.data(), kv.tiles);
     return;
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/huge_pages.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/exec.h"
@@ -78,7 +79,7 @@ void matmul_strided(const float* x, size_t ldx, size_t M, const Weight& w, Layou
 // f32 panels hold about as much as k and v.
 struct PackedKv {
   std::vector<float> k, v;               // f32 panels
-  std::vector<uint32_t> k_pairs, v_pairs;  // bf16 pairs
+  HugePageVector<uint32_t> k_pairs, v_pairs;  // bf16 pairs, 64-byte aligned (the tiles' rows whole lines)
   size_t n = 0, d = 0;
   Isa isa = Isa::Scalar;
   Precision precision = Precision::F32;

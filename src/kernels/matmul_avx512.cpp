@@ -999,7 +999,7 @@ const uint16_t* bf16_row(const float* r, size_t d, std::vector<uint16_t>& buf) {
 }
 inline uint32_t pair_word(uint16_t lo, uint16_t hi) { return uint32_t(lo) | uint32_t(hi) << 16; }
 
-void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst, size_t pair_rows) {
+void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst, size_t pair_rows, bool tiles) {
   const size_t dp = (d + 1) / 2, panels = (n + kNR - 1) / kNR;
   thread_local std::vector<uint16_t> buf;
   for (size_t p = 0; p < panels; ++p) {
@@ -1007,7 +1007,10 @@ void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst
     for (size_t j = 0; j < kNR; ++j) {
       const size_t key = p * kNR + j;
       const uint16_t* h = key < n ? bf16_row(k + key * ld, d, buf) : nullptr;
-      for (size_t i = 0; i < pair_rows; ++i) panel[i * kNR + j] = h && i < dp ? pair_word(h[2 * i], h[2 * i + 1]) : 0;
+      // Word (i, j): row i of the panel, or of key j's group of 16.
+      uint32_t* col = tiles ? panel + j / 16 * pair_rows * 16 + j % 16 : panel + j;
+      const size_t ldc = tiles ? 16 : kNR;
+      for (size_t i = 0; i < pair_rows; ++i) col[i * ldc] = h && i < dp ? pair_word(h[2 * i], h[2 * i + 1]) : 0;
     }
   }
 }
@@ -1018,9 +1021,9 @@ void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst
 // their 6 × 1 tile took 5.8 % of an image's encode for 1/9 of P·v's columns.
 inline size_t interleaved_tail(size_t d) { return d % 16 <= 8 ? d % 16 : 0; }
 
-void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst, bool plain) {
+void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst, bool tiles) {
   const size_t dv = (d + 15) / 16 * 16, pairs = (n + kNR - 1) / kNR * kNR / 2;  // pairs: whole panels, even
-  const size_t tail = plain ? 0 : interleaved_tail(d), full = d - tail;
+  const size_t tail = tiles ? 0 : interleaved_tail(d), full = d - tail;
   thread_local std::vector<uint16_t> buf[4];
   for (size_t p = 0; p < pairs; p += 2) {
     const uint16_t* key[4];  // keys 2p .. 2p + 3 as bf16, zeros past n
@@ -1033,6 +1036,10 @@ void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* d
       }
     }
     for (size_t h = 0; h < 2; ++h) {
+      if (tiles) {  // the zero columns past d stay as pack_kv assigned them
+        for (size_t j = 0; j < d; ++j) dst[j / 16 * pairs * 16 + (p + h) * 16 + j % 16] = pair_word(key[2 * h][j], key[2 * h + 1][j]);
+        continue;
+      }
       uint32_t* row = dst + (p + h) * dv;
       for (size_t j = 0; j < dv; ++j) row[j] = j < full ? pair_word(key[2 * h][j], key[2 * h + 1][j]) : 0;
     }
@@ -1080,21 +1087,23 @@ constexpr std::array<MicroBf16Tail, sizeof...(R)> tail_table(std::index_sequence
 }
 
 namespace {
-// A row of scores over whole key panels (w of them) becomes its probabilities as bf16 pairs in its
-// own first w / 2 words: the softmax of the n scores from `off` on (scale, mask: scaled_exp's),
-// zero for the keys outside them, the division folded into the conversion to bf16.
-void probabilities_as_pairs(float* row, size_t w, size_t off, size_t n, float scale, const float* mask) {
+// A row of scores over whole key panels (w of them) becomes its probabilities as bf16 pairs, 16
+// pairs (64 bytes) at `out`, the next 16 `step` words on (16: the row's own first w / 2 words): the
+// softmax of the n scores from `off` on (scale, mask: scaled_exp's), zero for the keys outside
+// them, the division folded into the conversion to bf16.
+void probabilities_as_pairs(float* row, size_t w, size_t off, size_t n, float scale, const float* mask,
+                            uint32_t* out, size_t step) {
   float* x = row + off;
   const float sum = scaled_exp(x, n, scale, mask, Isa::Avx512);
   const __m512 inv = _mm512_set1_ps(sum > 0.f ? 1.f / sum : 0.f);
   std::fill(row, x, 0.f);
   std::fill(x + n, row + w, 0.f);
-  // In place: pairs j / 2 .. j / 2 + 15 take the bytes of scores j / 2 .. j / 2 + 15, which are
-  // read before (j = 0) or were read by an earlier step.
+  // In place (out = row, step 16): pairs j / 2 .. j / 2 + 15 take the bytes of scores j / 2 ..
+  // j / 2 + 15, which are read before (j = 0) or were read by an earlier step.
   for (size_t j = 0; j < w; j += 32) {
     const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + j + 16), inv),
                                            _mm512_mul_ps(_mm512_loadu_ps(row + j), inv));
-    _mm512_storeu_si512(row + j / 2, reinterpret_cast<const __m512i&>(h));
+    _mm512_storeu_si512(out + j / 32 * step, reinterpret_cast<const __m512i&>(h));
   }
 }
 }  // namespace
@@ -1125,7 +1134,8 @@ void attend_bf16(const AttendArgs& a) {
       table.f[rm - 1][3](dp, qa.data() + m * dp, dp, a.key_pairs + p * dp * kNR, kNR,
                          scores.data() + m * w + (p * kNR - a0), w, kNR, true, nullptr);
     for (size_t r = m; r < m + rm; ++r)
-      probabilities_as_pairs(scores.data() + r * w, w, a.k0 - a0, n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr);
+      probabilities_as_pairs(scores.data() + r * w, w, a.k0 - a0, n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr,
+                             reinterpret_cast<uint32_t*>(scores.data() + r * w), 16);
   }
   // o = P·v, in blocks of kKCb keys so a block of values stays in L1 across the rows; the blocks
   // start on even pairs, as the interleaved tail needs (a0 is whole panels, kKCb / 2 even).
@@ -1148,46 +1158,47 @@ void attend_bf16(const AttendArgs& a) {
 }
 
 // Attention's products on the AMX tiles (matmul.h, attend; Bf16Gemm Amx and AmxModel), as attend_bf16
-// computes them: 32 query rows at a time, their scores over every key panel (keys packed with
-// their pairs zero-padded to whole 16-pair steps), the softmax into bf16 pairs in place, then
-// P · v over the values in the plain layout.
-// Attention's operands in rows: x-like rows of words ld words apart (A), and pair rows of columns
-// ld words apart (B; pack_keys_bf16's panels, the values' plain layout).
-TileOperand rows_operand(const uint32_t* p, size_t ld) { return {p, ld * 4, 64, 16 * ld * 4}; }
-TileOperand panel_operand(const uint32_t* p, size_t ld) { return {p, ld * 4, 16 * ld * 4, 64}; }
-
+// computes them: 32 query rows at a time, their scores over every key panel (keys packed as whole
+// tiles, their pairs zero-padded to whole 16-pair steps), the softmax into bf16 pairs as whole
+// tiles, then P · v over the values, also packed as whole tiles.
 template <class Tiles>
 void attend_amx_with(const AttendArgs& a) {
   const size_t d = a.d, dp = (d + 1) / 2, dpa = (dp + 15) / 16 * 16, dv = (d + 15) / 16 * 16;
   const size_t a0 = a.k0 / kNR * kNR, a1 = (a.k1 + kNR - 1) / kNR * kNR, w = a1 - a0, wp = w / 2, n = a.k1 - a.k0;
+  const size_t value_group = (a.n + kNR - 1) / kNR * kNR / 2 * 16;  // words of 16 value columns (pack_values_bf16)
   // Score rows 16 floats longer than whole panels (4096 keys would put a tile's 16 rows in one L1
-  // set); the outputs' columns in whole 64-column blocks.
+  // set); the outputs' columns in whole 64-column blocks. Every tile operand whole and on a line
+  // (pack_keys_bf16 and pack_values_bf16 with tiles, the probabilities in pt): tile rows apart, or
+  // split across two lines, ran the products at a third of their rate.
   const size_t lds = w + 16, oc = (dv + kNR - 1) / kNR * kNR;
-  thread_local std::vector<uint32_t> qa;
-  thread_local std::vector<float> scores, o;
+  thread_local HugePageVector<uint32_t> qa, pt;
+  thread_local HugePageVector<float> scores, o;
   thread_local std::vector<uint16_t> buf;
   qa.assign((a.rows + kAmxTileRows - 1) / kAmxTileRows * kAmxTileRows * dpa, 0);
+  pt.resize(kAmxTileRows * wp);  // two groups of 16 rows, each [wp / 16 steps][16 rows][16 pairs]
   scores.resize(kAmxTileRows * lds);
   o.resize(kAmxTileRows * oc);
   for (size_t r = 0; r < a.rows; ++r) std::memcpy(qa.data() + r * dpa, bf16_row(a.q + r * a.ldq, d, buf), dp * 4);
-  const auto* pa = reinterpret_cast<const uint32_t*>(scores.data());
   Tiles::begin();
   for (size_t m = 0; m < a.rows; m += kAmxTileRows) {
     const size_t rm = std::min(kAmxTileRows, a.rows - m);
+    const TileOperand q{qa.data() + m * dpa, dpa * 4, 64, 16 * dpa * 4};
     for (size_t p = a0 / kNR; p < a1 / kNR; ++p)
-      micro_amx<Tiles>(dpa, rows_operand(qa.data() + m * dpa, dpa), panel_operand(a.key_pairs + p * dpa * kNR, kNR),
-                       scores.data() + (p * kNR - a0), lds, true, true);
+      micro_amx<Tiles>(dpa, q, {a.key_pairs + p * dpa * kNR, 64, 1024, dpa * 16 * 4}, scores.data() + (p * kNR - a0),
+                       lds, true, true);
     for (size_t r = 0; r < kAmxTileRows; ++r) {
-      float* row = scores.data() + r * lds;
+      uint32_t* out = pt.data() + r / 16 * wp * 16 + r % 16 * 16;
       if (r >= rm) {  // a row past the last: probabilities 0
-        std::fill(row, row + wp, 0.f);
+        for (size_t s = 0; s < wp / 16; ++s) std::fill(out + s * 256, out + s * 256 + 16, 0u);
         continue;
       }
-      probabilities_as_pairs(row, w, a.k0 - a0, n, a.scale, a.mask ? a.mask + (m + r) * a.ldm : nullptr);
+      probabilities_as_pairs(scores.data() + r * lds, w, a.k0 - a0, n, a.scale,
+                             a.mask ? a.mask + (m + r) * a.ldm : nullptr, out, 256);
     }
+    const TileOperand probs{pt.data(), 64, 1024, wp * 16 * 4};
     for (size_t c0 = 0; c0 < dv; c0 += kNR)
-      micro_amx<Tiles>(wp, rows_operand(pa, lds), panel_operand(a.value_pairs + a0 / 2 * dv + c0, dv), o.data() + c0, oc,
-                       true, dv - c0 > 32);
+      micro_amx<Tiles>(wp, probs, {a.value_pairs + c0 / 16 * value_group + a0 / 2 * 16, 64, 1024, value_group * 4},
+                       o.data() + c0, oc, true, dv - c0 > 32);
     for (size_t r = 0; r < rm; ++r) std::memcpy(a.out + (m + r) * a.ldo, o.data() + r * oc, d * 4);
   }
   Tiles::end();

@@ -135,9 +135,12 @@ void dot_amx_rounded(const GemmArgs& a, size_t n0, size_t n1);
 // floats apart) pack as pack_b_pairs packs a weight: panels of 64 keys, words [pair_rows][64]
 // (pair_rows at least (d + 1) / 2), zero past n and d. Values [n, d] pack as words [pairs][dv],
 // with n padded to whole panels of 64 keys and dv = d rounded up to 16: word (p, j) holds V(2p, j)
-// low and V(2p + 1, j) high, except (unless `plain`) the interleaved tail of attend_bf16.
-void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst, size_t pair_rows);
-void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst, bool plain);
+// low and V(2p + 1, j) high, except the interleaved tail of attend_bf16. With `tiles` (attend_amx,
+// pair_rows a multiple of 16) both lie as the tiles' B operand reads them whole: a panel of keys
+// as four groups of 16 keys, each [pair_rows][16]; the values as groups of 16 columns, each
+// [pairs][16] (zero columns up to a whole 32: dt = d rounded up to 32).
+void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst, size_t pair_rows, bool tiles);
+void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst, bool tiles);
 void attend_bf16(const AttendArgs& a);
 // AVX512-BF16 only: the same products on AMX tiles (AttendArgs::tiles_model: on the scalar model):
 // keys packed with pair_rows a multiple of 16, values plain, 16 words readable past the last pair.
