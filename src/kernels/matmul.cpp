@@ -401,7 +401,7 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   const Format& f = format_of(a.dtype);
   const FormatKernels& fk = f.isa[int(ex.isa)];
   if (!fk.dot) fail("matmul: no {} kernels for {} weights", isa_name(ex.isa), f.name);
-  // The AVX512-BF16 kernels take x as bf16, rounded here once (bf16_x). Otherwise, under Precision::Bf16, f32-activation
+  // The AVX512-BF16 kernels take x as bf16, rounded here once (bf16_x, tile_x for the tiles). Otherwise, under Precision::Bf16, f32-activation
   // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
   // and block formats quantize x per block as at f32.
   const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
