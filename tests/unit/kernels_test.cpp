@@ -233,12 +233,13 @@ TEST(Matmul, Bf16GemmsRoundXOnly) {
   // kernels (M = 1, the 4-row groups and their remainders, their sums held across 512-column blocks
   // for up to 64 rows, tails of K below one 32-value vector; on the tiles, bf16 weights from 6 rows
   // as A tiles: 16, 32 or 64 x rows, blocks of 32 or 16 weight rows and their remainders, K's tail
-  // past whole steps).
+  // past whole steps; past 64 rows, K beyond one 2048-value block of the tile GEMM's sums).
   const Shape shapes[] = {{33, 70, 45},  {40, 1, 1},   {37, 65, 17},  {50, 130, 256}, {45, 64, 257},
                           {100, 520, 600}, {64, 17, 31}, {200, 96, 33}, {1, 37, 45},   {1, 300, 1000},
                           {1, 9, 7},     {2, 5, 1},    {3, 19, 129},  {4, 130, 256},  {7, 66, 300},
                           {8, 70, 2560}, {32, 21, 95}, {1, 1027, 130}, {96, 48, 64}, {65, 600, 530},
-                          {48, 70, 1100}, {61, 33, 700}, {20, 70, 45},  {17, 64, 33},  {12, 200, 31}};
+                          {48, 70, 1100}, {61, 33, 700}, {20, 70, 45},  {17, 64, 33},  {12, 200, 31},
+                          {70, 40, 2100}};
   // f16 weights too: on the tiles as (hi, lo) bf16 pairs (gemm_amx_f16), elsewhere on the f32
   // kernels; either way every bit of the weight counts (dropping lo is off by 2^-9 of a product).
   for (Bf16Gemm gemm : bf16_gemms())
