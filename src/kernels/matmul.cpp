@@ -249,9 +249,9 @@ void bf16_x(GemmArgs& a, ThreadPool& pool) {
 // x for the tiles' GEMM (FormatKernels::gemm_amx) as whole A tiles, 16 rows × 32 values as bf16
 // (nearest even), 1 KiB each on a line: a group of 16 rows' tiles one after another along K
 // (a.ldxq bytes a group), zero past K and past M up to whole 32-row pairs of groups (the tiles
-// read x 32 rows at a time). A tile is then one contiguous read: x's rows as rows, a tile's 16
-// rows each on its own lines, held the tiles' products to a third of their rate (docs/gguf.md,
-// "Prefill on AMX tiles"). f16 weights on the tiles take each x value twice, as a pair
+// read x 32 rows at a time), so that a tile is one contiguous read (with x's rows as rows, a
+// tile's 16 rows a row apart, the products ran at a third of their rate; docs/gguf.md, "Prefill on
+// AMX tiles"). f16 weights on the tiles take each x value twice, as a pair
 // (gemm_amx_f16: a product over 2K values), unless their values are bf16 values
 // (GemmArgs::bf16_exact). Groups spread over the pool.
 void tile_x(GemmArgs& a, ThreadPool& pool) {
@@ -401,9 +401,9 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   const Format& f = format_of(a.dtype);
   const FormatKernels& fk = f.isa[int(ex.isa)];
   if (!fk.dot) fail("matmul: no {} kernels for {} weights", isa_name(ex.isa), f.name);
-  // The AVX512-BF16 kernels take x as bf16, rounded here once (bf16_x, tile_x for the tiles). Otherwise, under Precision::Bf16, f32-activation
-  // formats get x rounded to bf16 and kept in f32 (the same exact products on f32 FMAs),
-  // and block formats quantize x per block as at f32.
+  // The AVX512-BF16 kernels take x as bf16, rounded here once (bf16_x; tile_x for the tiles).
+  // Otherwise, under Precision::Bf16, f32-activation formats get x rounded to bf16 and kept in
+  // f32 (the same exact products on f32 FMAs), and block formats quantize x per block as at f32.
   const bool hw_bf16 = ex.precision == Precision::Bf16 && !a.kn && bf16_dot_supported();
   // Past the format's dot_rows (Amx: kAmxRows) a bf16 GEMM runs only where it is the faster
   // route (Exec::bf16_gemm Dot or Amx). Elsewhere f32/f16/bf16 weights widen into the f32 GEMM

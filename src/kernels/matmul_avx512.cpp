@@ -1037,7 +1037,8 @@ void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* d
     }
     for (size_t h = 0; h < 2; ++h) {
       if (tiles) {  // the zero columns past d stay as pack_kv assigned them
-        for (size_t j = 0; j < d; ++j) dst[j / 16 * pairs * 16 + (p + h) * 16 + j % 16] = pair_word(key[2 * h][j], key[2 * h + 1][j]);
+        for (size_t j = 0; j < d; ++j)
+          dst[j / 16 * pairs * 16 + (p + h) * 16 + j % 16] = pair_word(key[2 * h][j], key[2 * h + 1][j]);
         continue;
       }
       uint32_t* row = dst + (p + h) * dv;
@@ -1255,7 +1256,9 @@ double amx_loop(size_t iters) {
 }
 
 void gemm_amx_rounded(const GemmArgs& a, size_t nb, size_t ne, size_t mb, size_t me, float* pack) {
-  on_tiles(a.tiles_model, [&](auto t) { gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, RoundedPacker(a, PanelLayout::Tiles)); });
+  on_tiles(a.tiles_model, [&](auto t) {
+    gemm_amx_with<decltype(t)>(a, nb, ne, mb, me, pack, RoundedPacker(a, PanelLayout::Tiles));
+  });
 }
 
 const IsaKernels kAvx512Kernels =
