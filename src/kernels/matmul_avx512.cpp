@@ -622,8 +622,8 @@ class F16PairPacker {
 };
 
 // ---- AMX tiles (TDPBF16PS): the bf16 GEMM's products 512 to a tile instruction. Tiles 0-3 hold a
-// 32 × 32 block of f32 sums, 4 and 5 x's 16-row halves (16 rows × 32 bf16), 6 and 7 two 16-column
-// parts of a packed panel (16 pairs × 16 words: pack_b_pairs's panel read 256 bytes a row).
+// 32 × 32 block of f32 sums, 4 and 5 two 16-row parts of x (16 rows × 32 bf16), 6 and 7 two
+// 16-column parts of the weights (16 pairs × 16 words).
 
 // The tile configuration (palette 1): eight tiles of 16 rows × 64 bytes.
 struct alignas(64) TileConfig {

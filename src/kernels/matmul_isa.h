@@ -143,7 +143,7 @@ void pack_keys_bf16(const float* k, size_t ld, size_t n, size_t d, uint32_t* dst
 void pack_values_bf16(const float* v, size_t ld, size_t n, size_t d, uint32_t* dst, bool tiles);
 void attend_bf16(const AttendArgs& a);
 // AVX512-BF16 only: the same products on AMX tiles (AttendArgs::tiles_model: on the scalar model):
-// keys packed with pair_rows a multiple of 16, values plain, 16 words readable past the last pair.
+// keys and values packed with `tiles` (pair_rows a multiple of 16).
 void attend_amx(const AttendArgs& a);
 
 extern const IsaKernels kScalarKernels;
