@@ -322,7 +322,8 @@ int cmd_bench(int argc, char** argv) {
   // the kernels they take (the AMX tiles: bf16 weights from 6 rows). The int8 block kernels' peak
   // is not measured (it is above the f32 one): there only the read counts.
   const double batch_memory = double(batch) * bw / step_bytes;
-  const bool tiles = gemm == kernels::Bf16Gemm::Amx && matrices == DType::BF16 && batch >= 6;
+  const bool tiles = gemm == kernels::Bf16Gemm::Amx && matrices == DType::BF16 &&
+                     size_t(batch) >= kernels::kAmxDotMinRows;
   const double dot_peak = gemm == kernels::Bf16Gemm::Dot || tiles ? peak : peak_f32;
   const double batch_limit =
       int8_blocks ? batch_memory : std::min(batch_memory, dot_peak / (2.0 * (layer_params + head_params)));

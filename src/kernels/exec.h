@@ -4,6 +4,7 @@
 // force a path without touching global state. The front end maps its own options (the
 // CLI's VLM_ISA, --precision) to an Exec; the library reads no environment.
 #pragma once
+#include <cstddef>
 #include <string_view>
 
 #include "core/thread_pool.h"
@@ -56,6 +57,9 @@ bool amx_supported();
 //        tile kernels' blocking and layouts on any AVX512-BF16 CPU; never chosen by itself.
 // Up to four rows (decode) the dot streams the weights at the memory's rate either way.
 enum class Bf16Gemm { Fma, Dot, Amx, AmxModel };
+// Amx: the fewest rows of a bf16-weight product that take the tiles (dot_amx; docs/gguf.md, "Few
+// rows on AMX tiles").
+inline constexpr size_t kAmxDotMinRows = 6;
 const char* bf16_gemm_name(Bf16Gemm g);  // "fma", "dot", "amx", "amx-model"
 // The fastest of them on this CPU: Amx where amx_supported(); else Dot where vdpbf16ps does
 // more products per cycle than the f32 FMA, measured once per process (well under 1 ms): on the

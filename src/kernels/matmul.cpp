@@ -267,7 +267,7 @@ void tile_x(GemmArgs& a, ThreadPool& pool) {
     for (size_t g = g0; g < g1; ++g)
       for (size_t r = 0; r < 16; ++r) {
         const size_t m = 16 * g + r;
-        std::fill(row.begin(), row.end(), uint16_t(0));
+        std::fill(row.begin() + (m < a.M ? n : 0), row.end(), uint16_t(0));  // past x's values
         if (m < a.M && pairs) {
           half.resize(a.K);
           to_bf16(a.x + m * a.ldx, half.data(), a.K, Isa::Avx512);
@@ -436,7 +436,7 @@ Route route_of(const GemmArgs& a, const Exec& ex) {
   // costs more than the products (docs/gguf.md, "Few rows on AMX tiles").
   // Block formats keep their int8 kernels up to kAmxRows: dequantizing onto the tiles was 2.3-2.8x
   // slower at 8 rows, no faster at 32 (docs/gguf.md, "Few rows on AMX tiles").
-  const bool amx_dot = amx && use_dot && a.M >= (f.block > 1 ? kAmxRows + 1 : 6) && fk.dot_amx != nullptr;
+  const bool amx_dot = amx && use_dot && a.M >= (f.block > 1 ? kAmxRows + 1 : kAmxDotMinRows) && fk.dot_amx != nullptr;
   return Route{&fk, use_dot, native, fma_dot && !amx_dot, amx && !use_dot, amx_dot};
 }
 
