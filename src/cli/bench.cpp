@@ -134,7 +134,7 @@ int cmd_bench(int argc, char** argv) {
   const std::shared_ptr<const engine::Model> model = engine::Model::load(model_dir, mo);
   const double load_s = seconds_since(t_load);
   const engine::Model& m = *model;
-  if (image && !m.has_vision()) fail("--image: {} has no vision tower", model_dir);
+  if (image && !m.has_vision()) fail("--image: {}", m.no_vision_tower());
   const TextConfig& tc = m.config().text;
   const int batch_steps = std::max(4, tg / 4);
   if (int64_t(pp) + 2 > m.context() || int64_t(depth) + int64_t(tg) + 2 > m.context() ||

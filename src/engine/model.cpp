@@ -41,6 +41,11 @@ Model::Model(Checkpoint ck, const ModelOptions& opt) : ck_(std::move(ck)), opt_(
   ck_.map_pages();  // every request reads them: map them in one call, not one fault per page
 }
 
+std::string Model::no_vision_tower() const {
+  return fmt::format("the checkpoint ({}) has no vision tower{}", config().architecture,
+                     ck_.gguf() ? " (a GGUF model's is in its mmproj file: --mmproj FILE)" : "");
+}
+
 bool Model::has_chat_template() const { return tok_ && text::is_gemma3_chat_template(tok_->chat_template()); }
 
 int Model::vocab_limit() const {
@@ -50,8 +55,7 @@ int Model::vocab_limit() const {
 
 std::vector<int> Model::crops_of(const std::vector<vision::RgbImage>& images) const {
   if (images.empty()) return {};
-  if (!config().is_vlm())
-    fail("{} image(s) given, but the checkpoint ({}) has no vision tower", images.size(), config().architecture);
+  if (!config().is_vlm()) fail("{} image(s) given, but {}", images.size(), no_vision_tower());
   if (!enc_) fail("{} image(s) given, but the model was loaded without its vision tower", images.size());
   return crops_per_image(*enc_, images, opt_.pan_and_scan);
 }

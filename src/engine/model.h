@@ -58,6 +58,9 @@ class Model {
   const text::Tokenizer* tokenizer() const { return tok_ ? &*tok_ : nullptr; }
   // True when the tokenizer's chat template is the Gemma 3 one (chat_prompt works).
   bool has_chat_template() const;
+  // For errors about images on a model without a vision tower: "the checkpoint (…) has no vision
+  // tower", saying where a GGUF model's is.
+  std::string no_vision_tower() const;
   // Null unless the checkpoint is a VLM and the options asked for vision.
   const vision::VisionEncoder* vision() const { return enc_ ? &*enc_ : nullptr; }
   bool has_vision() const { return enc_.has_value(); }

@@ -350,6 +350,8 @@ class Gguf(unittest.TestCase):
         for f in (model, mmproj):
             os.symlink(f, os.path.join(folder, os.path.basename(f)))
         c = vlm_dump([folder], os.path.join(self.tmp, "img-folder"), *args)
+        # The model file alone has no vision tower: the error says where a GGUF model's is.
+        refused(self, ["run", "--model", model, *args, "--max-tokens", "1"], "no vision tower", "--mmproj")
         with open(os.path.join(a, "tokens.json")) as f:
             tokens = json.load(f)
         self.assertIn(262144, tokens)  # image rows are there
