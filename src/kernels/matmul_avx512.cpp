@@ -1101,10 +1101,6 @@ constexpr std::array<MicroBf16Tail, sizeof...(R)> tail_table(std::index_sequence
 }
 
 namespace {
-// A row of scores over whole key panels (w of them) becomes its probabilities as bf16 pairs, 16
-// pairs (64 bytes) at `out`, the next 16 `step` words on (16: the row's own first w / 2 words): the
-// softmax of the n scores from `off` on (scale, mask: scaled_exp's), zero for the keys outside
-// them, the division folded into the conversion to bf16.
 // The query rows as bf16 pairs, row r at dst + r * ld words.
 void query_pairs(const AttendArgs& a, uint32_t* dst, size_t ld) {
   thread_local std::vector<uint16_t> buf;
@@ -1115,6 +1111,10 @@ void query_pairs(const AttendArgs& a, uint32_t* dst, size_t ld) {
   }
 }
 
+// A row of scores over whole key panels (w of them) becomes its probabilities as bf16 pairs, 16
+// pairs (64 bytes) at `out`, the next 16 `step` words on (16: the row's own first w / 2 words): the
+// softmax of the n scores from `off` on (scale, mask: scaled_exp's), zero for the keys outside
+// them, the division folded into the conversion to bf16.
 void probabilities_as_pairs(float* row, size_t w, size_t off, size_t n, float scale, const float* mask,
                             uint32_t* out, size_t step) {
   float* x = row + off;
