@@ -1235,6 +1235,29 @@ QTARGET inline __m128i scales_mins_k4(const uint8_t* scales) {
                                     _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
   return _mm_or_si128(low, top);
 }
+// scales_mins_k4 of four weight rows' blocks at once (row j's in 128-bit lane j), widened to int16:
+// rows 0 and 1 in out[0], 2 and 3 in out[1], each row's 16 values (scales, then mins) in one
+// 256-bit half. The same bytes as four calls with a third of the operations (M = 1 decode, where
+// unpacking one row at a time was a fifth of a Q4_K block's work). A template so that only the
+// AVX512 file instantiates it.
+template <class Block, class V = __m512i>
+QTARGET inline void scales_mins_k4x4(const std::byte* const* rows, size_t i, V (&out)[2]) {
+  auto scales = [&](int j) { return reinterpret_cast<const __m128i*>((reinterpret_cast<const Block*>(rows[j]) + i)->scales); };
+  V w = _mm512_zextsi128_si512(_mm_loadu_si128(scales(0)));
+  w = _mm512_inserti32x4(w, _mm_loadu_si128(scales(1)), 1);
+  w = _mm512_inserti32x4(w, _mm_loadu_si128(scales(2)), 2);
+  w = _mm512_inserti32x4(w, _mm_loadu_si128(scales(3)), 3);
+  const V low = _mm512_and_si512(
+      _mm512_maskz_srlv_epi32(0xFFFF, _mm512_maskz_shuffle_epi32(0xFFFF, w, _MM_PERM_ENUM(_MM_SHUFFLE(2, 1, 2, 0))),
+                              _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_setr_epi32(0, 0, 0, 4))),
+      _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f)));
+  const V top = _mm512_and_si512(
+      _mm512_maskz_srli_epi32(0xFFFF, _mm512_maskz_shuffle_epi32(0xFFFF, w, _MM_PERM_ENUM(_MM_SHUFFLE(1, 1, 0, 0))), 2),
+      _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_setr_epi32(0, 0x30303030, 0, 0x30303030)));
+  const V sm = _mm512_or_si512(low, top);
+  out[0] = _mm512_cvtepu8_epi16(_mm512_maskz_extracti64x4_epi64(0xF, sm, 0));
+  out[1] = _mm512_cvtepu8_epi16(_mm512_maskz_extracti64x4_epi64(0xF, sm, 1));
+}
 
 // The f32 sums of the 256-value kernels: RM activation rows × S weight rows, each to its hsum.
 template <int RM, int S>
@@ -1286,6 +1309,18 @@ constexpr ShuffleBytes64 kPickZ[4] = {
 // the high ones 4p + 1 and 4p + 3; kPickK4[2p + h] takes their scales to the two 256-bit halves.
 constexpr ShuffleBytes64 kPickK4[4] = {{kPick[0], kPick[2]}, {kPick[1], kPick[3]}, {kPick[4], kPick[6]}, {kPick[5], kPick[7]}};
 constexpr ShuffleBytes64 kPickPairZ[2] = {{kPickPair[0], kPickPair[1]}, {kPickPair[2], kPickPair[3]}};
+// vpermw indices for scales_mins_k4x4's rows: kMinPairs[h] takes the mins of the row in half h
+// (int16 16h + 8 .. 16h + 15) to int16 2t and 2t + 1, one for each of the x sums per 16 that
+// sub-block t covers (the low 256 bits; the high ones are not used).
+struct alignas(64) PermuteWords {
+  uint16_t w[32];
+};
+constexpr PermuteWords min_pairs(int h) {
+  PermuteWords p{};
+  for (int t = 0; t < 32; ++t) p.w[t] = uint16_t(16 * h + 8 + t / 2 % 8);
+  return p;
+}
+constexpr PermuteWords kMinPairs[2] = {min_pairs(0), min_pairs(1)};
 // The kZmm loops' steps, templates so that only the AVX512 file instantiates them: sum += the
 // pair sums of codes × 64 activations x, times scale (int16 pairs by vpmaddubsw, then vpdpwssd:
 // the 256-bit loops' vpmaddwd and add in one); and a 512-bit sum's halves added.
@@ -1302,13 +1337,28 @@ QTARGET inline __m256i fold_halves(V v) {
   return _mm256_add_epi32(_mm512_maskz_extracti64x4_epi64(0xF, v, 0), _mm512_maskz_extracti64x4_epi64(0xF, v, 1));
 }
 
-// acc += sum · d · d_x − (the mins against x's sums per 16) · dmin · d_x for block i of activation
-// row x, with ddw = d_dmin of the weight block: its exact integer sums as two conversions and FMAs.
+// acc += sum · d_dx − (the mins against x's sums per 16) · dmin_dx for block i of activation row
+// x, with d_dx and dmin_dx the weight block's d and dmin times x's d in every lane: its exact
+// integer sums as two conversions and FMAs.
+QTARGET inline void finish_with_mins(__m256& acc, __m256 d_dx, __m256 dmin_dx, const Q8KRow& x, size_t i, __m256i sum,
+                                     __m256i mins) {
+  const __m256i msum = _mm256_madd_epi16(load32(x.bsums + 16 * i), mins);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), d_dx, acc);
+  acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), dmin_dx, acc);
+}
+// The same with ddw = d_dmin of the weight block.
 QTARGET inline void finish_with_mins(__m256& acc, __m128 ddw, const Q8KRow& x, size_t i, __m256i sum, __m256i mins) {
   const __m128 s = _mm_mul_ps(ddw, _mm_broadcast_ss(x.d + i));
-  const __m256i msum = _mm256_madd_epi16(load32(x.bsums + 16 * i), mins);
-  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcastss_ps(s), acc);
-  acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_broadcastss_ps(_mm_movehdup_ps(s)), acc);
+  finish_with_mins(acc, _mm256_broadcastss_ps(s), _mm256_broadcastss_ps(_mm_movehdup_ps(s)), x, i, sum, mins);
+}
+// Block i's d and dmin of four weight rows times d_x into out (2j and 2j + 1: row j's): the
+// products finish_with_mins forms one row at a time, with one conversion and one multiply for the
+// four, each then broadcast from memory by the load ports rather than by a shuffle.
+template <class Block>
+QTARGET inline void d_dmin4(const std::byte* const* rows, size_t i, float dx, float* out) {
+  const auto word = [&](int j) { return _mm_loadu_si32(&(reinterpret_cast<const Block*>(rows[j]) + i)->d); };
+  const __m128i h = _mm_unpacklo_epi64(_mm_unpacklo_epi32(word(0), word(1)), _mm_unpacklo_epi32(word(2), word(3)));
+  _mm256_store_ps(out, _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(dx)));
 }
 
 // Q4_K or Q5_K (Block) against Q8_K activations (one scale per 256): a 32-value sub-block's
@@ -1321,6 +1371,7 @@ QTARGET inline void finish_with_mins(__m256& acc, __m128 ddw, const Q8KRow& x, s
 template <class Block, int RM, int S>
 QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>& a, size_t nb, float* out) {
   constexpr bool five = std::is_same_v<Block, BlockQ5_K>;
+  constexpr bool decode4 = kZmm && RM == 1 && S == 4;
   __m256 acc[RM][S];
   zero_sums(acc);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -1337,20 +1388,32 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
         xz[h] = _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(load32(x + 128 * (h / 2) + 32 * (h % 2))),
                                    load32(x + 128 * (h / 2) + 32 * (h % 2) + 64), 1);
     }
+    // Decode (decode4): the four weight rows' scales, mins and d, dmin unpacked together.
+    [[maybe_unused]] __m512i sm16[2];
+    [[maybe_unused]] alignas(32) float dd[8];
+    if constexpr (decode4) scales_mins_k4x4<Block>(rows, i, sm16), d_dmin4<Block>(rows, i, a.x[0].d[i], dd);
     VLM_UNROLL
     for (int j = 0; j < S; ++j) {
       const auto* b = reinterpret_cast<const Block*>(rows[j]) + i;
       prefetch_ahead<S>(b, sizeof(Block));
-      const __m128i sm = scales_mins_k4(b->scales);
-      const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
-      const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pairs));  // m_j for bsums 2j and 2j + 1
+      __m128i sm;
+      __m256i mins;  // m_j for bsums 2j and 2j + 1
+      if constexpr (decode4) {
+        mins = _mm512_maskz_extracti64x4_epi64(0xF, _mm512_permutexvar_epi16(_mm512_load_si512(&kMinPairs[j % 2]), sm16[j / 2]), 0);
+      } else {
+        sm = scales_mins_k4(b->scales);
+        mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, pairs));
+      }
       __m256i qh = _mm256_setzero_si256();
       if constexpr (five) qh = load32(b->qh);
       __m256i sum[RM];
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) sum[m] = _mm256_setzero_si256();
       if constexpr (kZmm && RM == 1) {
-        const __m512i scz = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_cvtepu8_epi16(sm));
+        // Row j's eight scales as int16 in every 128-bit lane.
+        __m512i scz;
+        if constexpr (decode4) scz = _mm512_maskz_shuffle_i32x4(0xFFFF, sm16[j / 2], sm16[j / 2], j % 2 ? 0xAA : 0x00);
+        else scz = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_cvtepu8_epi16(sm));
         const __m512i m4z = _mm512_set1_epi8(0x0F);
         // Q5_K: qh in both halves; sub-block k's fifth bits (bit k of each byte) rotate to bit 4 in
         // the half that holds k (a 64-bit rotate moves every byte's bit k alike).
@@ -1400,6 +1463,7 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
         for (int m = 0; m < RM; ++m)
           sum[m] = fold_halves(sumz[m]);
       } else {
+        const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
         VLM_UNROLL
         for (int c = 0; c < 4; ++c) {
           const __m256i q = load32(b->qs + 32 * c);
@@ -1421,9 +1485,14 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
           }
         }
       }
-      const __m128 ddw = d_dmin(b);
-      VLM_UNROLL
-      for (int m = 0; m < RM; ++m) finish_with_mins(acc[m][j], ddw, a.x[m], i, sum[m], mins);
+      if constexpr (decode4) {
+        finish_with_mins(acc[0][j], _mm256_broadcast_ss(dd + 2 * j), _mm256_broadcast_ss(dd + 2 * j + 1), a.x[0], i, sum[0],
+                         mins);
+      } else {
+        const __m128 ddw = d_dmin(b);
+        VLM_UNROLL
+        for (int m = 0; m < RM; ++m) finish_with_mins(acc[m][j], ddw, a.x[m], i, sum[m], mins);
+      }
     }
   }
   store_sums(acc, out);
