@@ -1226,13 +1226,21 @@ QTARGET inline void dot_nibble_streams(const std::byte* const* rows, const Q8Row
 // ggml's get_scale_min_k4 gives them for j = 0..7, unpacked in one 128-bit vector: scales 0-3 are
 // the low 6 bits of word 0, scales 4-7 the low nibbles of word 2 with the top two bits of word 0,
 // the mins likewise from words 1 and 2 (docs/gguf.md §2). The 16-byte load runs 4 bytes into
-// the block's codes, which the masks drop.
+// the block's codes, which the masks drop. The steps, the same in each 128-bit lane for
+// scales_mins_k4 and scales_mins_k4x4: words (0, 2, 1, 2) shifted right by kK4LowShift and masked
+// to their low bits, or'ed with words (0, 0, 1, 1) shifted right by 2 and masked to the top two.
+struct alignas(16) K4Lane {
+  uint32_t w[4];
+};
+constexpr K4Lane kK4LowShift{{0, 0, 0, 4}}, kK4LowMask{{0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f}},
+    kK4TopMask{{0, 0x30303030, 0, 0x30303030}};
+constexpr int kK4LowWords = _MM_SHUFFLE(2, 1, 2, 0), kK4TopWords = _MM_SHUFFLE(1, 1, 0, 0);
+QTARGET inline __m128i k4_lane(const K4Lane& c) { return _mm_load_si128(reinterpret_cast<const __m128i*>(c.w)); }
 QTARGET inline __m128i scales_mins_k4(const uint8_t* scales) {
   const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));  // words 0, 1, 2
-  const __m128i low = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
-                                    _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-  const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 2),
-                                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  const __m128i low =
+      _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(w, kK4LowWords), k4_lane(kK4LowShift)), k4_lane(kK4LowMask));
+  const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(w, kK4TopWords), 2), k4_lane(kK4TopMask));
   return _mm_or_si128(low, top);
 }
 // scales_mins_k4 of four weight rows' blocks at once (row j's in 128-bit lane j), widened to int16:
@@ -1243,17 +1251,16 @@ QTARGET inline __m128i scales_mins_k4(const uint8_t* scales) {
 template <class Block, class V = __m512i>
 QTARGET inline void scales_mins_k4x4(const std::byte* const* rows, size_t i, V (&out)[2]) {
   auto scales = [&](int j) { return reinterpret_cast<const __m128i*>((reinterpret_cast<const Block*>(rows[j]) + i)->scales); };
+  auto lanes = [](const K4Lane& c) { return V(_mm512_maskz_broadcast_i32x4(0xFFFF, k4_lane(c))); };
   V w = _mm512_zextsi128_si512(_mm_loadu_si128(scales(0)));
   w = _mm512_inserti32x4(w, _mm_loadu_si128(scales(1)), 1);
   w = _mm512_inserti32x4(w, _mm_loadu_si128(scales(2)), 2);
   w = _mm512_inserti32x4(w, _mm_loadu_si128(scales(3)), 3);
   const V low = _mm512_and_si512(
-      _mm512_maskz_srlv_epi32(0xFFFF, _mm512_maskz_shuffle_epi32(0xFFFF, w, _MM_PERM_ENUM(_MM_SHUFFLE(2, 1, 2, 0))),
-                              _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_setr_epi32(0, 0, 0, 4))),
-      _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f)));
+      _mm512_maskz_srlv_epi32(0xFFFF, _mm512_maskz_shuffle_epi32(0xFFFF, w, _MM_PERM_ENUM(kK4LowWords)), lanes(kK4LowShift)),
+      lanes(kK4LowMask));
   const V top = _mm512_and_si512(
-      _mm512_maskz_srli_epi32(0xFFFF, _mm512_maskz_shuffle_epi32(0xFFFF, w, _MM_PERM_ENUM(_MM_SHUFFLE(1, 1, 0, 0))), 2),
-      _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_setr_epi32(0, 0x30303030, 0, 0x30303030)));
+      _mm512_maskz_srli_epi32(0xFFFF, _mm512_maskz_shuffle_epi32(0xFFFF, w, _MM_PERM_ENUM(kK4TopWords)), 2), lanes(kK4TopMask));
   const V sm = _mm512_or_si512(low, top);
   out[0] = _mm512_cvtepu8_epi16(_mm512_maskz_extracti64x4_epi64(0xF, sm, 0));
   out[1] = _mm512_cvtepu8_epi16(_mm512_maskz_extracti64x4_epi64(0xF, sm, 1));
