@@ -54,6 +54,10 @@ void EngineArgs::add(CLI::App& app) {
                  "vision tower layers per engine step, so other requests run between them (0 = whole images)")
       ->check(CLI::Range(0, 1 << 10));
   app.add_option("--max-images", max_images, "images per request at most")->check(CLI::Range(0, 1024));
+  app.add_option("--image-cache", image_cache_mib,
+                 "MiB of recently encoded images' projector rows kept, so an image sent again (each turn of a "
+                 "chat about it) skips the vision tower; 0 for none")
+      ->check(CLI::Range(0.0, double(1 << 20)));
 }
 
 engine::ModelOptions EngineArgs::model_options() const {
@@ -73,6 +77,7 @@ server::SchedulerOptions EngineArgs::scheduler_options() const {
   s.budget.prefill_rows = prefill_rows;
   s.budget.images = images_per_step;
   s.budget.vision_layers = vision_layers;
+  s.budget.image_cache_bytes = size_t(image_cache_mib * 1024 * 1024);
   s.max_queue = max_queue;
   return s;
 }

@@ -26,8 +26,9 @@ struct EngineArgs {
   int images_per_step = 1;
   int vision_layers = 2;
   int max_images = 8;
+  double image_cache_mib = 256;  // projector rows of recent images kept for reuse (0: none)
   // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
-  // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images.
+  // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images, --image-cache.
   void add(CLI::App& app);
   engine::ModelOptions model_options() const;
   server::SchedulerOptions scheduler_options() const;

@@ -17,7 +17,8 @@ struct Engine::Chunk {
   size_t begin, end;
 };
 
-Engine::Engine(const Model& model, StepBudget budget) : model_(model), budget_(budget) {
+Engine::Engine(const Model& model, StepBudget budget)
+    : model_(model), budget_(budget), image_cache_(budget.image_cache_bytes) {
   if (budget.prefill_rows < 1) fail("prefill rows per step must be >= 1, got {}", budget.prefill_rows);
   if (budget.images < 1) fail("images per step must be >= 1, got {}", budget.images);
   if (budget.vision_layers < 0) fail("vision layers per step must be >= 0, got {}", budget.vision_layers);
@@ -118,6 +119,8 @@ bool Engine::start(Sequence& s) {
       }
     }
     s.crops_ = model_.crops_of(req.images);
+    if (budget_.image_cache_bytes > 0)
+      for (const vision::RgbImage& im : req.images) s.image_keys_.push_back(image_key(im));
     s.cache_.emplace(model_.decoder().new_cache(kv_positions(model_, req)));  // never more than its reservation
     s.phase_.store(req.images.empty() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
   } catch (const Error& e) {
@@ -175,18 +178,34 @@ void Engine::encode_images(StepStats& st) {
   const vision::VisionEncoder* enc = model_.vision();
   // Bounded even when nothing else runs: a request that arrives mid-encode waits one step only.
   size_t layers = budget_.vision_layers > 0 ? size_t(budget_.vision_layers) : SIZE_MAX;
+  // The image's rows are the sequence's next ones; with that its encoding phase may end.
+  auto append = [&](Sequence& s, const std::vector<float>& rows) {
+    s.features_.insert(s.features_.end(), rows.begin(), rows.end());
+    if (++s.images_done_ == s.req_.images.size()) s.phase_.store(Phase::Prefill, std::memory_order_release);
+  };
   for (auto& sp : active_) {
     Sequence& s = *sp;
-    while (s.phase() == Phase::Encoding && st.images < budget_.images && layers > 0) {
-      if (!s.encode_)
+    while (s.phase() == Phase::Encoding) {
+      const bool cached = !s.image_keys_.empty();
+      if (!s.encode_) {
+        if (const std::vector<float>* rows = cached ? image_cache_.find(s.image_keys_[s.images_done_]) : nullptr) {
+          append(s, *rows);  // the vision tower's own output for these pixels: nothing to run
+          ++st.images_cached;
+          continue;
+        }
+        if (st.images >= budget_.images || layers == 0) break;
         s.encode_ = enc->start({s.req_.images[s.images_done_]}, model_.exec(), model_.options().pan_and_scan);
+      }
       layers -= std::min(layers, enc->advance(*s.encode_, layers, model_.exec()));
       if (!s.encode_->done) break;  // this step's layers are spent
       const std::vector<float>& f = s.encode_->result.features;
-      s.features_.insert(s.features_.end(), f.begin(), f.end());
+      if (cached) {
+        image_cache_.put(s.image_keys_[s.images_done_], f);
+        image_cache_bytes_.store(image_cache_.bytes());
+      }
+      append(s, f);
       s.encode_.reset();
       ++st.images;
-      if (++s.images_done_ == s.req_.images.size()) s.phase_.store(Phase::Prefill, std::memory_order_release);
     }
     if (st.images >= budget_.images || layers == 0) break;
   }

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/image_cache.h"
 #include "engine/model.h"
 #include "engine/sequence.h"
 #include "models/gemma3/activations.h"
@@ -33,6 +34,9 @@ struct StepBudget {
   // cache can ever hold (kv_reservation: prompt plus max_tokens), so a running sequence never
   // waits for memory and nothing is preempted; the queue's head waits until it fits.
   size_t kv_bytes = 0;
+  // Projector rows of recently encoded images kept for reuse (ImageCache; 0 = none): an image
+  // sent again (every turn of a chat about it) skips the vision tower.
+  size_t image_cache_bytes = 0;
 };
 
 struct StepStats {
@@ -40,6 +44,7 @@ struct StepStats {
   int prefill_rows = 0;  // prompt rows prefilled
   int prefill_seqs = 0;  // sequences that got a prompt chunk
   int images = 0;        // images encoded
+  int images_cached = 0; // images whose rows came from the image cache
   int admitted = 0;      // sequences that left the queue
   int finished = 0;      // sequences that finished (any reason)
 };
@@ -67,6 +72,7 @@ class Engine {
   size_t waiting() const { return waiting_.load(); }  // added, not yet admitted (thread-safe)
   size_t kv_bytes() const { return kv_bytes_.load(); }  // KV memory of running sequences (thread-safe)
   size_t kv_reserved() const { return kv_reserved_.load(); }  // their reservations (thread-safe)
+  size_t image_cache_bytes() const { return image_cache_bytes_.load(); }  // rows held (thread-safe)
 
  private:
   struct Chunk;
@@ -87,7 +93,8 @@ class Engine {
   std::deque<std::shared_ptr<Sequence>> inbox_;   // added, not yet validated
   std::deque<std::shared_ptr<Sequence>> queue_;   // validated, waiting for a slot
   std::vector<std::shared_ptr<Sequence>> active_;  // admitted, in order of admission
-  std::atomic<size_t> running_{0}, waiting_{0}, kv_bytes_{0}, kv_reserved_{0};
+  std::atomic<size_t> running_{0}, waiting_{0}, kv_bytes_{0}, kv_reserved_{0}, image_cache_bytes_{0};
+  ImageCache image_cache_;
   // The pass's work state and inputs, kept between steps (they only grow).
   std::unique_ptr<models::gemma3::Activations> act_;
   std::vector<float> embeds_, logits_;

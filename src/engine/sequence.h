@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "models/kv_cache.h"
+#include "engine/image_cache.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "models/gemma3/vision_encoder.h"
@@ -121,6 +122,7 @@ class Sequence {
   std::optional<StopStrings> stops_;
   std::vector<int> crops_;                  // per image
   size_t images_done_ = 0;                  // images encoded so far
+  std::vector<ImageKey> image_keys_;        // per image, where the engine keeps an image cache
   std::optional<vision::VisionEncoder::Job> encode_;  // the image being encoded, between steps
   std::vector<float> features_;             // projector rows of the encoded images, in order
   std::vector<float> rows_;                 // [prompt, H] merged prefill rows (built once encoded)

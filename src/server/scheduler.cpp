@@ -191,9 +191,12 @@ void Scheduler::loop() {
     if (!engine_.idle()) {
       try {
         const auto t0 = Clock::now();
-        engine_.step();
+        const engine::StepStats st = engine_.step();
         metrics_.observe("engine_step_seconds", seconds(Clock::now() - t0));
         metrics_.add("engine_steps_total");
+        if (st.images) metrics_.add("images_encoded_total", st.images);
+        if (st.images_cached) metrics_.add("image_cache_hits_total", st.images_cached);
+        metrics_.set("image_cache_bytes", double(engine_.image_cache_bytes()));
       } catch (const std::exception& e) {
         // A bug, not a request's fault: requests were validated before admission. Fail every
         // request still live so no client waits forever, and refuse new ones.

@@ -140,6 +140,44 @@ class TestServer(unittest.TestCase):
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
         self.assertEqual(text, r["choices"][0]["message"]["content"])
 
+    def test_an_image_sent_again_skips_the_vision_tower(self):
+        """Every turn of a chat about a picture sends the picture again: from the second time on its
+        projector rows come from the image cache (`--image-cache`), and the answers are the ones a
+        fresh encode gives (`vlm run`'s, and the server's own without the cache)."""
+        first = chat("What is this?", image_seeds=[5], max_tokens=6)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "a.png")
+            with open(path, "wb") as f:
+                f.write(png_bytes(5))
+            want = run_ids("What is this?", 6, [path])
+
+        def counts(srv):
+            m = srv.metrics()
+            return metric(m, "vlm:images_encoded_total"), metric(m, "vlm:image_cache_hits_total")
+
+        with Server("tiny-f32") as srv:
+            status, _, r1 = srv.post("/v1/chat/completions", first)
+            self.assertEqual(status, 200)
+            self.assertEqual(r1["choices"][0]["token_ids"], want)
+            self.assertEqual(counts(srv), (1, 0))
+            second = dict(first, messages=first["messages"] + [
+                {"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "And its colors?"}])
+            self.assertEqual(srv.post("/v1/chat/completions", second)[0], 200)
+            self.assertEqual(counts(srv), (1, 1))
+            status, _, again = srv.post("/v1/chat/completions", first)
+            self.assertEqual(again["choices"][0]["token_ids"], want)
+            self.assertEqual(counts(srv), (1, 2))
+            self.assertEqual(srv.post("/v1/chat/completions", chat("What is this?", image_seeds=[6], max_tokens=2))[0], 200)
+            self.assertEqual(counts(srv), (2, 2))
+            self.assertGreater(metric(srv.metrics(), "vlm:image_cache_bytes"), 0)
+        with Server("tiny-f32", args=["--image-cache", "0"]) as srv:
+            for _ in range(2):
+                status, _, r = srv.post("/v1/chat/completions", first)
+                self.assertEqual(r["choices"][0]["token_ids"], want)
+            self.assertEqual(counts(srv), (2, 0))
+            self.assertEqual(metric(srv.metrics(), "vlm:image_cache_bytes"), 0)
+
     def test_completions_endpoint(self):
         res = openai_client(self.srv, [
             {"op": "completion", "params": {"model": "tiny-f32", "prompt": "Once upon", "temperature": 0}},

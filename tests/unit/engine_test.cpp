@@ -416,5 +416,134 @@ TEST_F(EngineTest, TextArrivingDuringAnImageEncodeDoesNotWaitForIt) {
   expect_logits_near(b, solo_txt);
 }
 
+// The image cache (engine/image_cache.h). Counts the images a run encodes and takes from the
+// cache, summed over its steps.
+struct ImageCounts {
+  int encoded = 0, cached = 0;
+};
+ImageCounts run_counting(Engine& eng) {
+  ImageCounts c;
+  while (!eng.idle()) {
+    const StepStats st = eng.step();
+    c.encoded += st.images;
+    c.cached += st.images_cached;
+  }
+  return c;
+}
+
+// Logits equal to the bit: the same request in the same kind of step gives the same bits, so any
+// difference in the rows a cached image contributes shows here.
+void expect_same_bits(const Record& got, const Record& want) {
+  EXPECT_EQ(got.tokens, want.tokens);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  for (size_t t = 0; t < got.logits.size(); ++t) EXPECT_TRUE(got.logits[t] == want.logits[t]) << "logits row " << t;
+}
+
+// An image sent again is not encoded again, and what follows is bit for bit what a fresh encode
+// gives: the second turn of a chat about a picture, the same picture twice in one request, and
+// a request whose images are all known.
+TEST_F(EngineTest, ImageCacheReusesAnImageWithoutChangingABit) {
+  const Request a = request("What is in this picture?", 1, 31), b = request("What is in this picture?", 1, 32);
+  Request aba;  // a's image, b's, a's again
+  aba.images = {a.images[0], b.images[0], a.images[0]};
+  aba.prompt = model_->chat_prompt(std::vector<text::ChatMessage>{user_turn("Compare them.", 3)}, aba.images);
+  aba.max_tokens = 8;
+  aba.stop_ids.emplace();
+  const Record solo_a = alone(a), solo_b = alone(b), solo_aba = alone(aba);
+  ASSERT_NE(solo_a.logits, solo_b.logits);  // the images matter to the logits
+
+  Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .image_cache_bytes = 64u << 20});
+  auto run = [&](const Request& req, ImageCounts want) {
+    Record r;
+    eng.add(std::make_shared<Sequence>(*model_, req, record_into(r)));
+    const ImageCounts got = run_counting(eng);
+    EXPECT_EQ(got.encoded, want.encoded);
+    EXPECT_EQ(got.cached, want.cached);
+    return r;
+  };
+  expect_same_bits(run(a, {1, 0}), solo_a);
+  const size_t one = eng.image_cache_bytes();
+  EXPECT_GT(one, 0u);
+  expect_same_bits(run(a, {0, 1}), solo_a);
+  expect_same_bits(run(b, {1, 0}), solo_b);
+  EXPECT_EQ(eng.image_cache_bytes(), 2 * one);
+  expect_same_bits(run(aba, {0, 3}), solo_aba);
+
+  // Without a cache every image is encoded, the repeated one too.
+  Engine plain(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0});
+  Record r;
+  plain.add(std::make_shared<Sequence>(*model_, aba, record_into(r)));
+  const ImageCounts got = run_counting(plain);
+  EXPECT_EQ(got.encoded, 3);
+  EXPECT_EQ(got.cached, 0);
+  EXPECT_EQ(plain.image_cache_bytes(), 0u);
+  expect_same_bits(r, solo_aba);
+}
+
+// With room for one image's rows, the least recently used image goes when another comes.
+TEST_F(EngineTest, ImageCacheEvictsTheLeastRecentlyUsedImage) {
+  const Request a = request("Describe.", 1, 41), b = request("Describe.", 1, 42);
+  size_t one = 0;
+  {
+    Engine probe(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .image_cache_bytes = 64u << 20});
+    Record r;
+    probe.add(std::make_shared<Sequence>(*model_, a, record_into(r)));
+    run_counting(probe);
+    one = probe.image_cache_bytes();
+  }
+  ASSERT_GT(one, 0u);
+  Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 2, .image_cache_bytes = one});
+  auto encoded = [&](const Request& req) {
+    Record r;
+    eng.add(std::make_shared<Sequence>(*model_, req, record_into(r)));
+    return run_counting(eng).encoded;
+  };
+  EXPECT_EQ(encoded(a), 1);
+  EXPECT_EQ(encoded(a), 0);
+  EXPECT_EQ(encoded(b), 1);  // a goes
+  EXPECT_EQ(eng.image_cache_bytes(), one);
+  EXPECT_EQ(encoded(b), 0);
+  EXPECT_EQ(encoded(a), 1);
+}
+
+TEST(ImageCache, KeysTellPixelsAndShapesApart) {
+  const vision::RgbImage im = noise_image(6, 4, 1);
+  vision::RgbImage pixel = im, shape = im;
+  pixel.rgb[17] ^= 1;
+  shape.width = 4, shape.height = 6;  // the same bytes as another shape
+  EXPECT_EQ(image_key(im), image_key(noise_image(6, 4, 1)));
+  EXPECT_NE(image_key(im), image_key(pixel));
+  EXPECT_NE(image_key(im), image_key(shape));
+}
+
+TEST(ImageCache, HoldsAtMostItsBytesAndDropsTheOldestFirst) {
+  auto key = [](uint8_t k) {
+    ImageKey x{};
+    x[31] = k;  // keys that differ only past the bytes the index hashes
+    return x;
+  };
+  const std::vector<float> rows(10, 1.5f);  // 40 bytes
+  ImageCache c(100);
+  c.put(key(1), rows);
+  c.put(key(2), rows);
+  ASSERT_NE(c.find(key(1)), nullptr);  // 1 is now the most recent
+  c.put(key(3), rows);                 // 120 bytes > 100: 2 goes
+  EXPECT_EQ(c.find(key(2)), nullptr);
+  ASSERT_NE(c.find(key(1)), nullptr);
+  EXPECT_EQ(*c.find(key(3)), rows);
+  EXPECT_EQ(c.size(), 2u);
+  EXPECT_EQ(c.bytes(), 80u);
+  c.put(key(3), std::vector<float>(5, 2.f));  // a key already held keeps its rows
+  EXPECT_EQ(*c.find(key(3)), rows);
+  EXPECT_EQ(c.bytes(), 80u);
+  c.put(key(4), std::vector<float>(26, 0.f));  // larger than the whole cache: not kept, nothing evicted
+  EXPECT_EQ(c.find(key(4)), nullptr);
+  EXPECT_EQ(c.size(), 2u);
+  ImageCache none(0);
+  none.put(key(1), rows);
+  EXPECT_EQ(none.find(key(1)), nullptr);
+  EXPECT_EQ(none.bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace vlm::engine
