@@ -187,7 +187,7 @@ int cmd_batch(int argc, char** argv) {
                                   "fp_" + model->identity().hash_hex()};
         const std::string f = *o.finish == engine::FinishReason::Length ? "length" : "stop";
         json body = server::chat_response(meta, o.text, {}, false, f,
-                                          {u.prompt_tokens, u.completion_tokens, u.image_tokens});
+                                          {u.prompt_tokens, u.completion_tokens, u.image_tokens, u.cached_tokens});
         if (it.token_ids) {
           json ids = json::array();
           for (const auto& t : o.tokens) ids.push_back(t.id);

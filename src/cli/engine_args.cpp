@@ -58,6 +58,10 @@ void EngineArgs::add(CLI::App& app) {
                  "MiB of recently encoded images' projector rows kept, so an image sent again (each turn of a "
                  "chat about it) skips the vision tower; 0 for none")
       ->check(CLI::Range(0.0, double(1 << 20)));
+  app.add_option("--prefix-cache", prefix_cache_mib,
+                 "MiB of finished requests' KV caches kept, so a prompt that begins the same way (the next turn of "
+                 "a chat) starts from their rows; 0 for none")
+      ->check(CLI::Range(0.0, double(1 << 20)));
 }
 
 engine::ModelOptions EngineArgs::model_options() const {
@@ -78,6 +82,7 @@ server::SchedulerOptions EngineArgs::scheduler_options() const {
   s.budget.images = images_per_step;
   s.budget.vision_layers = vision_layers;
   s.budget.image_cache_bytes = size_t(image_cache_mib * 1024 * 1024);
+  s.budget.prefix_cache_bytes = size_t(prefix_cache_mib * 1024 * 1024);
   s.max_queue = max_queue;
   return s;
 }

@@ -27,8 +27,9 @@ struct EngineArgs {
   int vision_layers = 2;
   int max_images = 8;
   double image_cache_mib = 256;  // projector rows of recent images kept for reuse (0: none)
+  double prefix_cache_mib = 1024;  // KV caches of finished requests kept for reuse (0: none)
   // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
-  // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images, --image-cache.
+  // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images, --image-cache, --prefix-cache.
   void add(CLI::App& app);
   engine::ModelOptions model_options() const;
   server::SchedulerOptions scheduler_options() const;

@@ -18,7 +18,10 @@ struct Engine::Chunk {
 };
 
 Engine::Engine(const Model& model, StepBudget budget)
-    : model_(model), budget_(budget), image_cache_(budget.image_cache_bytes) {
+    : model_(model),
+      budget_(budget),
+      image_cache_(budget.image_cache_bytes),
+      prefix_cache_(budget.prefix_cache_bytes) {
   if (budget.prefill_rows < 1) fail("prefill rows per step must be >= 1, got {}", budget.prefill_rows);
   if (budget.images < 1) fail("images per step must be >= 1, got {}", budget.images);
   if (budget.vision_layers < 0) fail("vision layers per step must be >= 0, got {}", budget.vision_layers);
@@ -66,6 +69,16 @@ void Engine::finish(Sequence& s, FinishReason r) {
     if (!tail.empty()) s.cb_.on_text(tail);
   }
   s.finish_ = r;
+  // A finished answer's rows serve the next turn of its chat (PrefixCache): its ids are the prompt
+  // and the generated tokens already in the cache.
+  if (budget_.prefix_cache_bytes > 0 && (r == FinishReason::Stop || r == FinishReason::Length) && s.cache_ &&
+      !whole_prompt() && size_t(s.cache_->length()) >= s.req_.prompt.size() &&
+      size_t(s.cache_->length()) - s.req_.prompt.size() <= s.tokens_.size()) {
+    std::vector<int32_t> ids = s.req_.prompt;
+    ids.insert(ids.end(), s.tokens_.begin(), s.tokens_.begin() + (s.cache_->length() - int64_t(ids.size())));
+    prefix_cache_.put(std::move(ids), block_keys(s.image_keys_, s.crops_), std::move(*s.cache_));
+    prefix_cache_bytes_.store(prefix_cache_.bytes());
+  }
   s.cache_.reset();  // the KV memory goes now, whatever holds the Sequence
   kv_reserved_.fetch_sub(s.kv_reserved_);
   s.kv_reserved_ = 0;
@@ -119,15 +132,41 @@ bool Engine::start(Sequence& s) {
       }
     }
     s.crops_ = model_.crops_of(req.images);
-    if (budget_.image_cache_bytes > 0)
+    if (budget_.image_cache_bytes > 0 || budget_.prefix_cache_bytes > 0)
       for (const vision::RgbImage& im : req.images) s.image_keys_.push_back(image_key(im));
     s.cache_.emplace(model_.decoder().new_cache(kv_positions(model_, req)));  // never more than its reservation
-    s.phase_.store(req.images.empty() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
+    take_prefix(s);
+    s.phase_.store(s.images_done_ == req.images.size() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
   } catch (const Error& e) {
     fail_request(s, e.what());
     return false;
   }
   return true;
+}
+
+bool Engine::whole_prompt() const {
+  return model_.host_options().mask_mode == MaskMode::Mlx && model_.host_options().fault != Fault::CausalMask;
+}
+
+void Engine::take_prefix(Sequence& s) {
+  if (budget_.prefix_cache_bytes == 0 || whole_prompt()) return;
+  const ModelConfig& mc = model_.config();
+  const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
+  const PrefixCache::Match m = prefix_cache_.find(s.req_.prompt, block_keys(s.image_keys_, s.crops_), image_id, *s.cache_);
+  if (m.positions == 0) return;
+  s.cache_->copy_prefix(*m.cache, m.positions);
+  s.prefilled_rows_ = size_t(m.positions);
+  s.usage_.cached_tokens = int(m.positions);
+  // The images whose blocks lie in the taken rows (whole images only: PrefixCache::find) are not
+  // encoded; the rows of the others follow them in features_.
+  const std::span<const int32_t> taken = std::span<const int32_t>(s.req_.prompt).first(s.prefilled_rows_);
+  size_t blocks = 0;
+  for (size_t i = 0; i < taken.size(); ++i) blocks += taken[i] == image_id && (i == 0 || taken[i - 1] != image_id);
+  s.taken_image_rows_ = size_t(std::count(taken.begin(), taken.end(), image_id));
+  for (size_t covered = 0; s.images_done_ < s.crops_.size(); ++s.images_done_) {
+    covered += 1 + size_t(s.crops_[s.images_done_]);
+    if (covered > blocks) break;
+  }
 }
 
 void Engine::admit(StepStats& st) {
@@ -243,7 +282,7 @@ StepStats Engine::step() {
   // Prompt chunks within the row budget, in admission order.
   const ModelConfig& mc = model_.config();
   const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
-  const bool whole = model_.host_options().mask_mode == MaskMode::Mlx && model_.host_options().fault != Fault::CausalMask;
+  const bool whole = whole_prompt();
   std::vector<Chunk> chunks;
   size_t left = size_t(budget_.prefill_rows);
   for (auto& sp : active_) {
@@ -336,7 +375,8 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
     const std::span<const int32_t> prompt(s.req_.prompt);
     const std::span<const int32_t> ids = prompt.subspan(c.begin, c.end - c.begin);
     // The features of the images whose blocks lie in this chunk.
-    const size_t f0 = size_t(std::count(prompt.begin(), prompt.begin() + std::ptrdiff_t(c.begin), image_id)) * H;
+    const size_t f0 =
+        (size_t(std::count(prompt.begin(), prompt.begin() + std::ptrdiff_t(c.begin), image_id)) - s.taken_image_rows_) * H;
     const size_t nf = size_t(std::count(ids.begin(), ids.end(), image_id)) * H;
     const std::vector<float> rows =
         prefill_rows(dec.embedder(), mc, ids, int(ids.size()), std::span<const float>(s.features_).subspan(f0, nf), host);

@@ -18,6 +18,7 @@
 
 #include "engine/image_cache.h"
 #include "engine/model.h"
+#include "engine/prefix_cache.h"
 #include "engine/sequence.h"
 #include "models/gemma3/activations.h"
 
@@ -37,6 +38,9 @@ struct StepBudget {
   // Projector rows of recently encoded images kept for reuse (ImageCache; 0 = none): an image
   // sent again (every turn of a chat about it) skips the vision tower.
   size_t image_cache_bytes = 0;
+  // KV caches of finished sequences kept for later prompts that begin the same way (PrefixCache;
+  // 0 = none): each turn of a chat resends the conversation, which then is not prefilled again.
+  size_t prefix_cache_bytes = 0;
 };
 
 struct StepStats {
@@ -73,11 +77,14 @@ class Engine {
   size_t kv_bytes() const { return kv_bytes_.load(); }  // KV memory of running sequences (thread-safe)
   size_t kv_reserved() const { return kv_reserved_.load(); }  // their reservations (thread-safe)
   size_t image_cache_bytes() const { return image_cache_bytes_.load(); }  // rows held (thread-safe)
+  size_t prefix_cache_bytes() const { return prefix_cache_bytes_.load(); }  // caches held (thread-safe)
 
  private:
   struct Chunk;
   void admit(StepStats& st);
   bool start(Sequence& s);                  // admission work: validate, prompt cache, sampler
+  void take_prefix(Sequence& s);            // rows from the prefix cache, and the images they hold
+  bool whole_prompt() const;                // the mask mode makes every prompt row see every other
   void encode_images(StepStats& st);
   void build_rows(Sequence& s);
   void forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
@@ -93,8 +100,10 @@ class Engine {
   std::deque<std::shared_ptr<Sequence>> inbox_;   // added, not yet validated
   std::deque<std::shared_ptr<Sequence>> queue_;   // validated, waiting for a slot
   std::vector<std::shared_ptr<Sequence>> active_;  // admitted, in order of admission
-  std::atomic<size_t> running_{0}, waiting_{0}, kv_bytes_{0}, kv_reserved_{0}, image_cache_bytes_{0};
+  std::atomic<size_t> running_{0}, waiting_{0}, kv_bytes_{0}, kv_reserved_{0}, image_cache_bytes_{0},
+      prefix_cache_bytes_{0};
   ImageCache image_cache_;
+  PrefixCache prefix_cache_;
   // The pass's work state and inputs, kept between steps (they only grow).
   std::unique_ptr<models::gemma3::Activations> act_;
   std::vector<float> embeds_, logits_;

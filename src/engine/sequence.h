@@ -58,7 +58,7 @@ struct Usage {
   int prompt_tokens = 0;      // image soft tokens included
   int image_tokens = 0;
   int completion_tokens = 0;  // tokens reported through on_token (a final stop id excluded)
-  int cached_tokens = 0;      // prompt tokens restored from a prompt cache
+  int cached_tokens = 0;      // prompt tokens restored from a prompt cache file or the prefix cache
 };
 
 struct TokenEvent {
@@ -125,6 +125,7 @@ class Sequence {
   std::vector<ImageKey> image_keys_;        // per image, where the engine keeps an image cache
   std::optional<vision::VisionEncoder::Job> encode_;  // the image being encoded, between steps
   std::vector<float> features_;             // projector rows of the encoded images, in order
+  size_t taken_image_rows_ = 0;             // image rows among the positions taken from the prefix cache
   std::vector<float> rows_;                 // [prompt, H] merged prefill rows (built once encoded)
   size_t prefilled_rows_ = 0;               // prompt rows already in the cache
   std::vector<float> logits_;               // the row to sample from next

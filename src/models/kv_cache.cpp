@@ -66,4 +66,34 @@ size_t KvCache::visible(int layer, int64_t positions) const {
   return std::min(layers_[size_t(layer)].cap, size_t(positions));
 }
 
+bool KvCache::can_copy_prefix(const KvCache& from, int64_t n) const {
+  if (length_ != 0 || n <= 0 || n > from.length_ || n > context_ || from.row_ != row_ || from.dtype_ != dtype_ ||
+      from.layers_.size() != layers_.size())
+    return false;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    // Positions [n - visible, n) are needed; `from` holds [its length - its visible, its length).
+    const int64_t need = n - int64_t(visible(int(l), n)), held = from.length_ - int64_t(from.visible(int(l), from.length_));
+    if (layers_[l].sliding != from.layers_[l].sliding || need < held) return false;
+  }
+  return true;
+}
+
+void KvCache::copy_prefix(const KvCache& from, int64_t n) {
+  if (!can_copy_prefix(from, n)) fail("KV cache: cannot take {} positions from a cache of {}", n, from.length_);
+  reserve(n);
+  const size_t row = row_bytes();
+  for (size_t l = 0; l < layers_.size(); ++l)
+    for (int64_t p = n - int64_t(visible(int(l), n)); p < n; ++p) {  // slot by slot: the rings' sizes may differ
+      std::copy_n(from.layers_[l].k.data() + from.slot(int(l), p) * row, row, layers_[l].k.data() + slot(int(l), p) * row);
+      std::copy_n(from.layers_[l].v.data() + from.slot(int(l), p) * row, row, layers_[l].v.data() + slot(int(l), p) * row);
+    }
+  length_ = n;
+}
+
+size_t KvCache::bytes() const {
+  size_t b = 0;
+  for (const Layer& L : layers_) b += L.k.size() + L.v.size();
+  return b;
+}
+
 }  // namespace vlm

@@ -49,6 +49,15 @@ class KvCache {
   // (the query's own included): all of them for global layers, the last min(positions, W)
   // for sliding ones. Those slots are 0 .. visible − 1.
   size_t visible(int layer, int64_t positions) const;
+
+  // Whether `from` (a cache of the same model) still holds every row this empty cache needs to go
+  // on from position n: n within both caches' lengths and limits, and in sliding layers the last
+  // window before n, which `from`'s ring has not overwritten yet.
+  bool can_copy_prefix(const KvCache& from, int64_t n) const;
+  // Copies those rows (can_copy_prefix, else fails); this cache then holds positions [0, n).
+  void copy_prefix(const KvCache& from, int64_t n);
+  // The memory its rows take now (grown on demand: at most bytes_for its context).
+  size_t bytes() const;
   const std::byte* keys(int layer) const { return layers_[layer].k.data(); }
   const std::byte* values(int layer) const { return layers_[layer].v.data(); }
 

@@ -77,7 +77,7 @@ struct HttpServer::Stream {
     body["choices"][0]["token_ids"] = std::move(ids);
   }
   UsageOut usage() const {
-    return {out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.image_tokens};
+    return {out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.image_tokens, out.usage.cached_tokens};
   }
   std::string error_message() const {
     return *out.finish == engine::FinishReason::Cancelled ? "the request was cancelled: the server is shutting down"

@@ -330,7 +330,7 @@ json usage_json(const UsageOut& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
           {"total_tokens", u.prompt_tokens + u.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", 0}, {"image_tokens", u.image_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}, {"image_tokens", u.image_tokens}}}};
 }
 
 namespace {

@@ -81,7 +81,7 @@ struct TokenOut {
 };
 
 struct UsageOut {
-  int prompt_tokens = 0, completion_tokens = 0, image_tokens = 0;
+  int prompt_tokens = 0, completion_tokens = 0, image_tokens = 0, cached_tokens = 0;
 };
 
 struct ResponseMeta {

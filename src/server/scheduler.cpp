@@ -96,6 +96,7 @@ std::shared_ptr<Job> Scheduler::submit(engine::Request req, bool block) {
   cb.on_finish = [this, weak](engine::FinishReason r, const engine::Usage& u) {
     metrics_.add("request_success_total", 1, fmt::format("finished_reason=\"{}\"", engine::finish_name(r)));
     metrics_.add("prompt_tokens_total", u.prompt_tokens);
+    if (u.cached_tokens) metrics_.add("prompt_tokens_cached_total", u.cached_tokens);
     const std::shared_ptr<Job> j = weak.lock();
     if (!j) return;
     metrics_.observe("e2e_request_latency_seconds", seconds(Clock::now() - j->arrival_));
@@ -197,6 +198,7 @@ void Scheduler::loop() {
         if (st.images) metrics_.add("images_encoded_total", st.images);
         if (st.images_cached) metrics_.add("image_cache_hits_total", st.images_cached);
         metrics_.set("image_cache_bytes", double(engine_.image_cache_bytes()));
+        metrics_.set("prefix_cache_bytes", double(engine_.prefix_cache_bytes()));
       } catch (const std::exception& e) {
         // A bug, not a request's fault: requests were validated before admission. Fail every
         // request still live so no client waits forever, and refuse new ones.

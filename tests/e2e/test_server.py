@@ -155,7 +155,7 @@ class TestServer(unittest.TestCase):
             m = srv.metrics()
             return metric(m, "vlm:images_encoded_total"), metric(m, "vlm:image_cache_hits_total")
 
-        with Server("tiny-f32") as srv:
+        with Server("tiny-f32", args=["--prefix-cache", "0"]) as srv:  # else the next turn takes the image's rows too
             status, _, r1 = srv.post("/v1/chat/completions", first)
             self.assertEqual(status, 200)
             self.assertEqual(r1["choices"][0]["token_ids"], want)
@@ -171,12 +171,61 @@ class TestServer(unittest.TestCase):
             self.assertEqual(srv.post("/v1/chat/completions", chat("What is this?", image_seeds=[6], max_tokens=2))[0], 200)
             self.assertEqual(counts(srv), (2, 2))
             self.assertGreater(metric(srv.metrics(), "vlm:image_cache_bytes"), 0)
-        with Server("tiny-f32", args=["--image-cache", "0"]) as srv:
+        with Server("tiny-f32", args=["--image-cache", "0", "--prefix-cache", "0"]) as srv:
             for _ in range(2):
                 status, _, r = srv.post("/v1/chat/completions", first)
                 self.assertEqual(r["choices"][0]["token_ids"], want)
             self.assertEqual(counts(srv), (2, 0))
             self.assertEqual(metric(srv.metrics(), "vlm:image_cache_bytes"), 0)
+
+    def test_the_next_turn_of_a_chat_starts_from_the_previous_one(self):
+        """The second turn's prompt begins with the first turn's prompt and answer: their rows come
+        from the prefix cache (`--prefix-cache`; `usage.prompt_tokens_details.cached_tokens`), the
+        image is not encoded again, and the answer is the one the server gives without caches."""
+        first = chat("What is this?", image_seeds=[7], max_tokens=6)
+
+        def second(r1):
+            return dict(first, messages=first["messages"] + [
+                {"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "And its colors?"}])
+
+        answers = []
+        # tiny-f32 with a sliding window of 64 instead of 8, so that the sliding layers' rings hold
+        # the whole first turn (with 8 only a prompt that continues the whole finished sequence
+        # may take its rows, and the template trims the answer it repeats).
+        wide = tempfile.TemporaryDirectory()
+        self.addCleanup(wide.cleanup)
+        folder = os.path.join(wide.name, "tiny-f32")
+        os.mkdir(folder)
+        for f in os.listdir(model_dir("tiny-f32")):
+            if f != "config.json":
+                os.symlink(os.path.join(model_dir("tiny-f32"), f), os.path.join(folder, f))
+        with open(os.path.join(model_dir("tiny-f32"), "config.json")) as f:
+            cfg = json.load(f)
+        cfg["text_config"]["sliding_window"] = 64
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        for args in ([], ["--prefix-cache", "0", "--image-cache", "0"]):
+            with Server(folder, args=args) as srv:
+                status, _, r1 = srv.post("/v1/chat/completions", first)
+                self.assertEqual(status, 200)
+                self.assertEqual(r1["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+                status, _, r2 = srv.post("/v1/chat/completions", second(r1))
+                self.assertEqual(status, 200)
+                m = srv.metrics()
+                cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+                if args:
+                    self.assertEqual(cached, 0)
+                    self.assertEqual(metric(m, "vlm:images_encoded_total"), 2)
+                    self.assertEqual(metric(m, "vlm:prefix_cache_bytes"), 0)
+                else:
+                    self.assertGreaterEqual(cached, r1["usage"]["prompt_tokens"])
+                    self.assertLess(cached, r2["usage"]["prompt_tokens"])
+                    self.assertEqual(metric(m, "vlm:prompt_tokens_cached_total"), cached)
+                    self.assertEqual(metric(m, "vlm:images_encoded_total"), 1)
+                    self.assertGreater(metric(m, "vlm:prefix_cache_bytes"), 0)
+                answers.append((r1["choices"][0]["token_ids"], r2["choices"][0]["token_ids"]))
+        self.assertEqual(answers[0], answers[1])
 
     def test_completions_endpoint(self):
         res = openai_client(self.srv, [

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "model_folder.h"
 
 namespace vlm::engine {
 namespace {
@@ -72,15 +73,34 @@ class EngineTest : public ::testing::Test {
     ModelOptions o;
     o.threads = 2;
     model_ = Model::load(dir, o);
+    // The same model with a sliding window of 64 instead of 8: its rings then hold a whole short
+    // conversation, so a prefix shorter than a finished sequence can be taken (PrefixCache).
+    wide_dir_ = std::make_unique<test::TempDir>();
+    for (const auto& f : fs::directory_iterator(dir))
+      if (f.path().filename() != "config.json") fs::create_symlink(fs::absolute(f.path()), wide_dir_->path / f.path().filename());
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+    cfg["text_config"]["sliding_window"] = 64;
+    std::ofstream(wide_dir_->path / "config.json") << cfg.dump(2);
+    wide_ = Model::load(wide_dir_->path, o);
   }
   void SetUp() override {
     if (!model_) GTEST_SKIP() << "VLM_FIXTURES not built";
   }
-  static void TearDownTestSuite() { model_.reset(); }
+  static void TearDownTestSuite() {
+    model_.reset();
+    wide_.reset();
+    wide_dir_.reset();
+  }
 
   // A greedy request: a chat turn with `n_images` images (in the prompt: images first).
   Request request(const std::string& text, int n_images, uint32_t seed, int max_tokens = 8) const {
+    return request_with(std::vector<vision::RgbImage>(), text, n_images, seed, max_tokens);
+  }
+  // The same with `images` first, then n_images made ones.
+  Request request_with(std::vector<vision::RgbImage> images, const std::string& text, int n_images, uint32_t seed,
+                       int max_tokens = 8) const {
     Request r;
+    r.images = std::move(images);
     for (int i = 0; i < n_images; ++i) r.images.push_back(noise_image(40 + 13 * i, 32 + 9 * int(seed % 5), seed + i));
     const std::vector<text::ChatMessage> msgs{user_turn(text, r.images.size())};
     r.prompt = model_->chat_prompt(msgs, r.images);
@@ -88,15 +108,17 @@ class EngineTest : public ::testing::Test {
     r.stop_ids.emplace();  // run to max_tokens: the same number of steps alone and together
     return r;
   }
-  Record alone(const Request& req) const {
+  Record alone(const Request& req, const Model* m = nullptr) const {
+    m = m ? m : model_.get();
     Record r;
-    Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0});  // whole images
-    eng.add(std::make_shared<Sequence>(*model_, req, record_into(r)));
+    Engine eng(*m, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0});  // whole images
+    eng.add(std::make_shared<Sequence>(*m, req, record_into(r)));
     eng.run_until_idle();
     return r;
   }
 
-  static inline std::shared_ptr<const Model> model_;
+  static inline std::shared_ptr<const Model> model_, wide_;
+  static inline std::unique_ptr<test::TempDir> wide_dir_;
 };
 
 float max_abs(const std::vector<float>& v) {
@@ -543,6 +565,138 @@ TEST(ImageCache, HoldsAtMostItsBytesAndDropsTheOldestFirst) {
   none.put(key(1), rows);
   EXPECT_EQ(none.find(key(1)), nullptr);
   EXPECT_EQ(none.bytes(), 0u);
+}
+
+// The prefix cache (engine/prefix_cache.h): a request runs in `eng`, its counts of images encoded
+// and taken from the image cache checked.
+Record run_in(Engine& eng, const Model& m, const Request& req, ImageCounts want) {
+  Record r;
+  eng.add(std::make_shared<Sequence>(m, req, record_into(r)));
+  const ImageCounts got = run_counting(eng);
+  EXPECT_EQ(got.encoded, want.encoded);
+  EXPECT_EQ(got.cached, want.cached);
+  return r;
+}
+
+// The largest |logit| difference between two runs' rows.
+float logits_apart(const Record& a, const Record& b) {
+  float worst = 0;
+  for (size_t t = 0; t < std::min(a.logits.size(), b.logits.size()); ++t)
+    for (size_t k = 0; k < std::min(a.logits[t].size(), b.logits[t].size()); ++k)
+      worst = std::max(worst, std::fabs(a.logits[t][k] - b.logits[t][k]));
+  return worst;
+}
+
+// The next turn of a chat: its prompt is the previous prompt, the previous answer and more. Its
+// rows come from the finished sequence's cache (every position: the sliding layers' ring of 8
+// has moved past the start, so only the whole sequence may be taken), its image is not encoded,
+// and its tokens and logits are what it gives alone.
+TEST_F(EngineTest, PrefixCacheStartsTheNextTurnFromThePreviousOne) {
+  const Request t1 = request("What is in this picture?", 1, 51, 6);
+  Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20});
+  const Record r1 = run_in(eng, *model_, t1, {1, 0});
+  EXPECT_EQ(r1.usage.cached_tokens, 0);
+  ASSERT_EQ(r1.tokens.size(), 6u);
+  EXPECT_GT(eng.prefix_cache_bytes(), 0u);
+
+  Request t2 = t1;
+  t2.prompt.insert(t2.prompt.end(), r1.tokens.begin(), r1.tokens.end());
+  t2.prompt.insert(t2.prompt.end(), t1.prompt.end() - 5, t1.prompt.end());  // "<end_of_turn>" ... "model\n" again
+  t2.max_tokens = 5;
+  const Record solo2 = alone(t2);
+  const Record r2 = run_in(eng, *model_, t2, {0, 0});
+  // Every position of t1's sequence: its prompt and the answer tokens forwarded, all but the last
+  // (sampled when max_tokens was reached, never run through the decoder).
+  EXPECT_EQ(r2.usage.cached_tokens, int(t1.prompt.size() + r1.tokens.size()) - 1);
+  EXPECT_EQ(r2.tokens, solo2.tokens);
+  expect_logits_near(r2, solo2);
+
+  // t1 again: the ring no longer holds what a shorter prefix needs, so nothing is taken.
+  const Record again = run_in(eng, *model_, t1, {1, 0});
+  EXPECT_EQ(again.usage.cached_tokens, 0);
+  expect_same_bits(again, r1);
+}
+
+// With rings that hold the whole conversation (sliding window 64): the same request takes every
+// row but the last; another image at the same place stops the prefix before that image's block;
+// a request that keeps the first image and adds a second takes the first's rows and encodes only
+// the second, whose rows then land in their own block.
+TEST_F(EngineTest, PrefixCacheTakesWholeImagesThatAgreeOnly) {
+  const Model& m = *wide_;
+  const int32_t image_id = m.config().image_token_id;
+  Engine eng(m, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20});
+  const Request a = request("What is in this picture?", 1, 61, 4);
+  const Record solo_a = alone(a, &m);
+  expect_same_bits(run_in(eng, m, a, {1, 0}), solo_a);
+
+  const Record again = run_in(eng, m, a, {0, 0});
+  EXPECT_EQ(again.usage.cached_tokens, int(a.prompt.size()) - 1);
+  EXPECT_EQ(again.tokens, solo_a.tokens);
+  expect_logits_near(again, solo_a);
+
+  const Request b = request("What is in this picture?", 1, 62, 4);  // the same ids, another image
+  ASSERT_EQ(b.prompt, a.prompt);
+  const Record solo_b = alone(b, &m);
+  ASSERT_GT(logits_apart(solo_a, solo_b), 1e-3f);  // the images matter
+  const Record rb = run_in(eng, m, b, {1, 0});
+  const auto first_image = std::find(b.prompt.begin(), b.prompt.end(), image_id) - b.prompt.begin();
+  EXPECT_EQ(rb.usage.cached_tokens, int(first_image));
+  EXPECT_EQ(rb.tokens, solo_b.tokens);
+  expect_logits_near(rb, solo_b);
+
+  const Request ac = request_with({a.images[0]}, "What is in this picture?", 1, 63, 4);  // a's image, then another
+  const Record solo_ac = alone(ac, &m);
+  const Record rac = run_in(eng, m, ac, {1, 0});
+  size_t agree = 0;
+  while (agree < a.prompt.size() && a.prompt[agree] == ac.prompt[agree]) ++agree;
+  ASSERT_GT(agree, size_t(first_image) + 16);  // past a's whole image block
+  EXPECT_EQ(rac.usage.cached_tokens, int(agree));
+  EXPECT_EQ(rac.tokens, solo_ac.tokens);
+  expect_logits_near(rac, solo_ac);
+}
+
+TEST_F(EngineTest, PrefixCacheKeepsTheLatestTurnAndItsBytes) {
+  const TextConfig& cfg = model_->config().text;
+  auto cache_of = [&](int64_t n) {
+    KvCache c(cfg, 64, DType::F32);
+    c.reserve(n);
+    c.advance(n);
+    return c;
+  };
+  const size_t one = cache_of(4).bytes() + 4 * sizeof(int32_t);
+  PrefixCache pc(2 * one + one / 2);  // room for two four-position entries
+  pc.put({1, 2, 3, 4}, {}, cache_of(4));
+  pc.put({1, 2, 5, 6}, {}, cache_of(4));
+  EXPECT_EQ(pc.size(), 2u);
+  pc.put({9, 9, 9, 9}, {}, cache_of(4));  // the least recently used ({1, 2, 3, 4}) goes
+  EXPECT_EQ(pc.size(), 2u);
+  EXPECT_LE(pc.bytes(), 2 * one + one / 2);
+  KvCache into(cfg, 64, DType::F32);
+  const std::vector<int32_t> next{1, 2, 5, 6, 7};
+  PrefixCache::Match got = pc.find(next, {}, -1, into);
+  EXPECT_EQ(got.positions, 4);
+  got = pc.find(std::vector<int32_t>{1, 2, 3, 4, 8}, {}, -1, into);
+  EXPECT_EQ(got.positions, 2);  // {1, 2, 3, 4} is gone; {1, 2, 5, 6} agrees on two
+  // A continuation replaces the entry it continues, and only that one.
+  PrefixCache big(size_t(1) << 30);
+  big.put({1, 2, 5, 6}, {}, cache_of(4));
+  big.put({7, 7}, {}, cache_of(2));
+  big.put({1, 2, 5, 6, 7, 8}, {}, cache_of(6));
+  EXPECT_EQ(big.size(), 2u);
+  EXPECT_EQ(big.find(std::vector<int32_t>{1, 2, 5, 6, 7, 8, 9}, {}, -1, into).positions, 6);
+  EXPECT_EQ(big.find(std::vector<int32_t>{7, 7, 7}, {}, -1, into).positions, 2);
+
+  // Image blocks (runs of 99 here) are taken whole and with all of their image's blocks, or not at all.
+  ImageKey k{};
+  k[0] = 7;
+  PrefixCache img(size_t(1) << 30);
+  img.put({1, 99, 99, 99}, {BlockKey{k, 0, 1}}, cache_of(4));  // ends inside a block
+  EXPECT_EQ(img.find(std::vector<int32_t>{1, 99, 99, 99, 99, 2}, std::vector<BlockKey>{{k, 0, 1}}, 99, into).positions, 1);
+  const std::vector<BlockKey> crops{{k, 0, 2}, {k, 1, 2}};  // an image and its one crop
+  img.put({3, 99, 99, 2}, {crops[0]}, cache_of(4));           // holds the image's first block only
+  EXPECT_EQ(img.find(std::vector<int32_t>{3, 99, 99, 2, 99, 99, 5}, crops, 99, into).positions, 1);
+  img.put({3, 99, 99, 2, 99, 99, 5}, crops, cache_of(7));
+  EXPECT_EQ(img.find(std::vector<int32_t>{3, 99, 99, 2, 99, 99, 5, 6}, crops, 99, into).positions, 7);
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+// KV caches of finished sequences, kept so that a later prompt that begins with the same tokens
+// and the same images starts from their rows instead of computing them again: every turn of a
+// chat sends the whole conversation, so its prompt is the previous prompt, the previous answer
+// and the new message. What a new sequence may take (PrefixCache::find): the positions where the
+// token ids agree, never into an image block whose image differs (equal ids hold any image: the
+// blocks are compared by their images' keys) and never part of an image's blocks (image rows
+// attend to each other within a block, so a block's rows depend on all of it), and never the
+// prompt's last row, whose logits the sequence needs. A prefix's rows depend only on the tokens
+// and images before them (the causal mask, the image blocks kept whole), so taking them gives
+// the rows a fresh prefill gives, up to the summation order of the kernels that made them (a
+// previous answer's rows came from decode steps): within 1e-5 of the largest logit
+// (tests/unit/engine_test.cpp). Not used under the mlx mask mode, where every prompt row sees
+// the whole prompt.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <span>
+#include <vector>
+
+#include "engine/image_cache.h"
+#include "models/kv_cache.h"
+
+namespace vlm::engine {
+
+// One image block of a prompt: which image (its key) and which of its blocks (0, then its Pan &
+// Scan crops; `parts` in all).
+struct BlockKey {
+  ImageKey image{};
+  int part = 0, parts = 1;
+  bool operator==(const BlockKey&) const = default;
+};
+// The blocks of images with `crops` Pan & Scan crops each, in prompt order.
+std::vector<BlockKey> block_keys(std::span<const ImageKey> images, std::span<const int> crops);
+
+// Least recently used entries go first once the caches held pass max_bytes (0: holds nothing).
+// Not thread-safe: the engine's thread alone uses it.
+class PrefixCache {
+ public:
+  explicit PrefixCache(size_t max_bytes) : max_bytes_(max_bytes) {}
+  // Keeps a finished sequence's cache: `ids` are the tokens at its positions, `blocks` the image
+  // blocks among them in order.
+  void put(std::vector<int32_t> ids, std::vector<BlockKey> blocks, KvCache cache);
+  struct Match {
+    const KvCache* cache = nullptr;
+    int64_t positions = 0;  // 0: nothing to take
+  };
+  // The entry with the most positions that `into` (an empty cache) may copy for a prompt `ids`
+  // with image blocks `blocks` (runs of image_id), as the header says; that entry becomes the
+  // most recently used.
+  Match find(std::span<const int32_t> ids, std::span<const BlockKey> blocks, int32_t image_id, const KvCache& into);
+  size_t bytes() const { return bytes_; }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::vector<int32_t> ids;
+    std::vector<BlockKey> blocks;
+    KvCache cache;
+    size_t bytes;
+  };
+  size_t max_bytes_, bytes_ = 0;
+  std::list<Entry> entries_;  // most recently used first
+};
+
+}  // namespace vlm::engine
