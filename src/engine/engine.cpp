@@ -159,13 +159,11 @@ void Engine::take_prefix(Sequence& s) {
   s.usage_.cached_tokens = int(m.positions);
   // The images whose blocks lie in the taken rows (whole images only: PrefixCache::find) are not
   // encoded; the rows of the others follow them in features_.
-  const std::span<const int32_t> taken = std::span<const int32_t>(s.req_.prompt).first(s.prefilled_rows_);
-  size_t blocks = 0;
-  for (size_t i = 0; i < taken.size(); ++i) blocks += taken[i] == image_id && (i == 0 || taken[i - 1] != image_id);
-  s.taken_image_rows_ = size_t(std::count(taken.begin(), taken.end(), image_id));
+  const auto taken_end = s.req_.prompt.begin() + m.positions;
+  s.taken_image_rows_ = size_t(std::count(s.req_.prompt.begin(), taken_end, image_id));
   for (size_t covered = 0; s.images_done_ < s.crops_.size(); ++s.images_done_) {
     covered += 1 + size_t(s.crops_[s.images_done_]);
-    if (covered > blocks) break;
+    if (covered > m.blocks) break;
   }
 }
 
@@ -225,9 +223,9 @@ void Engine::encode_images(StepStats& st) {
   for (auto& sp : active_) {
     Sequence& s = *sp;
     while (s.phase() == Phase::Encoding) {
-      const bool cached = !s.image_keys_.empty();
+      const bool keyed = !s.image_keys_.empty();
       if (!s.encode_) {
-        if (const std::vector<float>* rows = cached ? image_cache_.find(s.image_keys_[s.images_done_]) : nullptr) {
+        if (const std::vector<float>* rows = keyed ? image_cache_.find(s.image_keys_[s.images_done_]) : nullptr) {
           append(s, *rows);  // the vision tower's own output for these pixels: nothing to run
           ++st.images_cached;
           continue;
@@ -238,7 +236,7 @@ void Engine::encode_images(StepStats& st) {
       layers -= std::min(layers, enc->advance(*s.encode_, layers, model_.exec()));
       if (!s.encode_->done) break;  // this step's layers are spent
       const std::vector<float>& f = s.encode_->result.features;
-      if (cached) {
+      if (keyed) {
         image_cache_.put(s.image_keys_[s.images_done_], f);
         image_cache_bytes_.store(image_cache_.bytes());
       }

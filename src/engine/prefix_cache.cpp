@@ -82,7 +82,8 @@ PrefixCache::Match PrefixCache::find(std::span<const int32_t> ids, std::span<con
   }
   if (best == entries_.end()) return {};
   entries_.splice(entries_.begin(), entries_, best);
-  return {&entries_.front().cache, int64_t(best_n)};
+  const size_t taken = size_t(std::count_if(spans.begin(), spans.end(), [&](const Span& b) { return b.end <= best_n; }));
+  return {&entries_.front().cache, int64_t(best_n), taken};
 }
 
 }  // namespace vlm::engine

@@ -44,6 +44,7 @@ class PrefixCache {
   struct Match {
     const KvCache* cache = nullptr;
     int64_t positions = 0;  // 0: nothing to take
+    size_t blocks = 0;      // the image blocks among them (whole images)
   };
   // The entry with the most positions that `into` (an empty cache) may copy for a prompt `ids`
   // with image blocks `blocks` (runs of image_id), as the header says; that entry becomes the
