@@ -135,6 +135,7 @@ bool Engine::start(Sequence& s) {
     if (budget_.image_cache_bytes > 0 || budget_.prefix_cache_bytes > 0)
       for (const vision::RgbImage& im : req.images) s.image_keys_.push_back(image_key(im));
     s.cache_.emplace(model_.decoder().new_cache(kv_positions(model_, req)));  // never more than its reservation
+    if (budget_.prefix_cache_bytes > 0 && !whole_prompt()) s.cache_->keep_overwritten(kOverwrittenRows);
     take_prefix(s);
     s.phase_.store(s.images_done_ == req.images.size() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
   } catch (const Error& e) {

@@ -112,6 +112,10 @@ class Engine {
   std::vector<uint8_t> want_;
   std::vector<models::SeqSlot> slots_;
   static constexpr int kFinite = -1, kBadInput = -2;
+  // With a prefix cache, the rows decode steps overwrite in the sliding layers' rings that each
+  // sequence keeps (KvCache::keep_overwritten): a next prompt that repeats all of the answer but
+  // its last 64 tokens (a trimmed newline, another tokenization of its end) still takes the rows.
+  static constexpr int64_t kOverwrittenRows = 64;
   std::vector<int> bad_layer_;  // per slot: the first layer whose output held NaN/Inf, or the above
 };
 

@@ -30,15 +30,40 @@ void KvCache::reserve(int64_t n) {
   const int64_t need = length_ + n;
   if (need > context_)
     fail("KV cache: {} positions exceed the context limit of {}", need, context_);
+  const size_t row = row_bytes();
   for (Layer& L : layers_) {
     const size_t slots = std::min(L.cap, size_t(need));
-    const size_t row = row_bytes();
     if (L.k.size() >= slots * row) continue;
     // Geometric growth keeps appends amortised O(1) without a full-context allocation.
     size_t grow = std::min(L.cap, std::max(slots, L.k.size() / row * 2));
     L.k.resize(grow * row);
     L.v.resize(grow * row);
   }
+  if (keep_ == 0) return;
+  if (n != 1) {  // a prefill chunk: the positions its rows displace were not all in the ring
+    log_lo_ = log_hi_ = 0;
+    return;
+  }
+  // The position whose slot this step takes in every sliding layer (they share one ring size).
+  const auto ring = std::find_if(layers_.begin(), layers_.end(), [](const Layer& L) { return L.sliding; });
+  const int64_t victim = ring == layers_.end() ? -1 : length_ - int64_t(ring->cap);
+  if (victim < 0) return;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& L = layers_[l];
+    if (!L.sliding) continue;
+    if (L.old_k.empty()) L.old_k.resize(size_t(keep_) * row), L.old_v.resize(size_t(keep_) * row);
+    const size_t at = size_t(victim % keep_) * row;
+    std::copy_n(L.k.data() + slot(int(l), victim) * row, row, L.old_k.data() + at);
+    std::copy_n(L.v.data() + slot(int(l), victim) * row, row, L.old_v.data() + at);
+  }
+  if (log_hi_ != victim) log_lo_ = victim;  // not contiguous with what the log holds
+  log_hi_ = victim + 1;
+  log_lo_ = std::max(log_lo_, log_hi_ - keep_);
+}
+
+void KvCache::keep_overwritten(int64_t rows) {
+  if (rows < 0 || length_ != 0) fail("KV cache: keep_overwritten({}) on a cache of {} positions", rows, length_);
+  keep_ = rows;
 }
 
 size_t KvCache::slot(int layer, int64_t pos) const {
@@ -66,15 +91,31 @@ size_t KvCache::visible(int layer, int64_t positions) const {
   return std::min(layers_[size_t(layer)].cap, size_t(positions));
 }
 
+int64_t KvCache::first_held(int layer) const {
+  const int64_t ring = length_ - int64_t(visible(layer, length_));
+  const bool logged = layers_[size_t(layer)].sliding && log_hi_ == ring && log_lo_ < log_hi_;
+  return logged ? log_lo_ : ring;
+}
+
+const std::byte* KvCache::key_row(int layer, int64_t pos) const {
+  const Layer& L = layers_[size_t(layer)];
+  return pos >= length_ - int64_t(visible(layer, length_)) ? L.k.data() + slot(layer, pos) * row_bytes()
+                                                           : L.old_k.data() + size_t(pos % keep_) * row_bytes();
+}
+
+const std::byte* KvCache::value_row(int layer, int64_t pos) const {
+  const Layer& L = layers_[size_t(layer)];
+  return pos >= length_ - int64_t(visible(layer, length_)) ? L.v.data() + slot(layer, pos) * row_bytes()
+                                                           : L.old_v.data() + size_t(pos % keep_) * row_bytes();
+}
+
 bool KvCache::can_copy_prefix(const KvCache& from, int64_t n) const {
   if (length_ != 0 || n <= 0 || n > from.length_ || n > context_ || from.row_ != row_ || from.dtype_ != dtype_ ||
       from.layers_.size() != layers_.size())
     return false;
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    // Positions [n - visible, n) are needed; `from` holds [its length - its visible, its length).
-    const int64_t need = n - int64_t(visible(int(l), n)), held = from.length_ - int64_t(from.visible(int(l), from.length_));
-    if (layers_[l].sliding != from.layers_[l].sliding || need < held) return false;
-  }
+  for (size_t l = 0; l < layers_.size(); ++l)  // positions [n - visible, n) are needed
+    if (layers_[l].sliding != from.layers_[l].sliding || n - int64_t(visible(int(l), n)) < from.first_held(int(l)))
+      return false;
   return true;
 }
 
@@ -84,15 +125,16 @@ void KvCache::copy_prefix(const KvCache& from, int64_t n) {
   const size_t row = row_bytes();
   for (size_t l = 0; l < layers_.size(); ++l)
     for (int64_t p = n - int64_t(visible(int(l), n)); p < n; ++p) {  // slot by slot: the rings' sizes may differ
-      std::copy_n(from.layers_[l].k.data() + from.slot(int(l), p) * row, row, layers_[l].k.data() + slot(int(l), p) * row);
-      std::copy_n(from.layers_[l].v.data() + from.slot(int(l), p) * row, row, layers_[l].v.data() + slot(int(l), p) * row);
+      std::copy_n(from.key_row(int(l), p), row, layers_[l].k.data() + slot(int(l), p) * row);
+      std::copy_n(from.value_row(int(l), p), row, layers_[l].v.data() + slot(int(l), p) * row);
     }
   length_ = n;
+  log_lo_ = log_hi_ = 0;
 }
 
 size_t KvCache::bytes() const {
   size_t b = 0;
-  for (const Layer& L : layers_) b += L.k.size() + L.v.size();
+  for (const Layer& L : layers_) b += L.k.size() + L.v.size() + L.old_k.size() + L.old_v.size();
   return b;
 }
 

@@ -50,9 +50,15 @@ class KvCache {
   // for sliding ones. Those slots are 0 .. visible − 1.
   size_t visible(int layer, int64_t positions) const;
 
+  // Keeps the last `rows` positions that decode steps overwrite in the sliding layers' rings (the
+  // rows they held, copied just before), so that a prefix a little shorter than this cache can
+  // still be copied from it: a chat's next prompt repeats the answer as text, and the template
+  // trims it. A prefill chunk starts the log afresh (its rows past the window never enter the
+  // ring). Call before the first reserve(); bytes() counts the log.
+  void keep_overwritten(int64_t rows);
   // Whether `from` (a cache of the same model) still holds every row this empty cache needs to go
   // on from position n: n within both caches' lengths and limits, and in sliding layers the last
-  // window before n, which `from`'s ring has not overwritten yet.
+  // window before n, in `from`'s ring or its log of overwritten rows.
   bool can_copy_prefix(const KvCache& from, int64_t n) const;
   // Copies those rows (can_copy_prefix, else fails); this cache then holds positions [0, n).
   void copy_prefix(const KvCache& from, int64_t n);
@@ -68,14 +74,20 @@ class KvCache {
     // In huge pages where large: a 512-token prompt's keys and values of a 4B model are 140 MB,
     // which in 4 KiB pages were 34 000 page faults (core/huge_pages.h).
     HugePageVector<std::byte> k, v;
+    std::vector<std::byte> old_k, old_v;  // keep_overwritten's log, position p at row p mod keep_
   };
   size_t slot(int layer, int64_t pos) const;
+  // The first position layer l can give back (ring, then log) and where position p lies.
+  int64_t first_held(int layer) const;
+  const std::byte* key_row(int layer, int64_t pos) const;
+  const std::byte* value_row(int layer, int64_t pos) const;
 
   std::vector<Layer> layers_;
   size_t row_ = 0;
   DType dtype_ = DType::F32;
   int64_t length_ = 0;
   int64_t context_ = 0;
+  int64_t keep_ = 0, log_lo_ = 0, log_hi_ = 0;  // the log holds positions [log_lo_, log_hi_)
 };
 
 }  // namespace vlm

@@ -617,6 +617,34 @@ TEST_F(EngineTest, PrefixCacheStartsTheNextTurnFromThePreviousOne) {
   expect_same_bits(again, r1);
 }
 
+// A next prompt that repeats the answer only in part (the template trims it; its text may
+// tokenize otherwise): the rows the decode steps overwrote in the rings of 8 come from the log
+// each sequence keeps (64 positions, KvCache::keep_overwritten), as far back as it reaches.
+TEST_F(EngineTest, PrefixCacheTakesAPartOfTheAnswerFromTheOverwrittenRows) {
+  const Request t1 = request("What is in this picture?", 1, 52, 75);
+  Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20});
+  const Record r1 = run_in(eng, *model_, t1, {1, 0});
+  ASSERT_EQ(r1.tokens.size(), 75u);  // 74 of them forwarded: the log holds positions 100 - 64 .. 99
+  auto turn = [&](size_t answer) {
+    Request t = t1;
+    t.prompt.insert(t.prompt.end(), r1.tokens.begin(), r1.tokens.begin() + std::ptrdiff_t(answer));
+    t.prompt.insert(t.prompt.end(), t1.prompt.end() - 5, t1.prompt.end());
+    t.max_tokens = 4;
+    return t;
+  };
+  const size_t P = t1.prompt.size();
+  for (const size_t answer : {size_t(20), size_t(70), size_t(5)}) {
+    const Request t = turn(answer);
+    const Record solo = alone(t);
+    const Record r = run_in(eng, *model_, t, {answer == 5 ? 1 : 0, 0});
+    // Positions [n - 8, n) are needed; the ring and the log hold 36 .. 107 of t1's sequence.
+    const size_t n = P + answer;
+    EXPECT_EQ(r.usage.cached_tokens, n - 8 >= 36 ? int(n) : 0) << "answer tokens repeated: " << answer;
+    EXPECT_EQ(r.tokens, solo.tokens);
+    expect_logits_near(r, solo);
+  }
+}
+
 // With rings that hold the whole conversation (sliding window 64): the same request takes every
 // row but the last; another image at the same place stops the prefix before that image's block;
 // a request that keeps the first image and adds a second takes the first's rows and encodes only
