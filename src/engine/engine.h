@@ -6,6 +6,10 @@
 // encoding is its own work, after the step's pass: up to StepBudget::vision_layers tower layers
 // (and StepBudget::images images) per step, all of a sequence's images before its prefill.
 //
+// What earlier sequences computed is kept for later ones where StepBudget asks for it: the
+// projector rows of images (ImageCache) and finished sequences' KV caches (PrefixCache), so the
+// next turn of a chat neither encodes its images nor prefills its conversation again.
+//
 // One thread drives an Engine (step()); add() and Sequence::cancel() may be called from any
 // thread. Callbacks run on the driving thread.
 #pragma once
@@ -111,11 +115,11 @@ class Engine {
   std::vector<int32_t> seq_, ids_;
   std::vector<uint8_t> want_;
   std::vector<models::SeqSlot> slots_;
-  static constexpr int kFinite = -1, kBadInput = -2;
   // With a prefix cache, the rows decode steps overwrite in the sliding layers' rings that each
   // sequence keeps (KvCache::keep_overwritten): a next prompt that repeats all of the answer but
   // its last 64 tokens (a trimmed newline, another tokenization of its end) still takes the rows.
   static constexpr int64_t kOverwrittenRows = 64;
+  static constexpr int kFinite = -1, kBadInput = -2;
   std::vector<int> bad_layer_;  // per slot: the first layer whose output held NaN/Inf, or the above
 };
 
