@@ -7,7 +7,7 @@ first token and llama-server's over vlm's.
 
   chat_turns.py VLM_BIN MODEL.gguf MMPROJ.gguf [--llama-server BIN] [--threads 2] [--tokens 16]
 
-llama-server comes from bench/build_llama.sh's folder (cmake --build DIR --target llama-server).
+llama-server comes from bench/build_llama.sh's folder (DIR/bin/llama-server).
 """
 import argparse
 import base64
