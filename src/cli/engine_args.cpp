@@ -57,11 +57,11 @@ void EngineArgs::add(CLI::App& app) {
   app.add_option("--image-cache", image_cache_mib,
                  "MiB of recently encoded images' projector rows kept, so an image sent again (each turn of a "
                  "chat about it) skips the vision tower; 0 for none")
-      ->check(CLI::Range(0.0, double(1 << 20)));
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
   app.add_option("--prefix-cache", prefix_cache_mib,
                  "MiB of finished requests' KV caches kept, so a prompt that begins the same way (the next turn of "
                  "a chat) starts from their rows; 0 for none")
-      ->check(CLI::Range(0.0, double(1 << 20)));
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
 }
 
 engine::ModelOptions EngineArgs::model_options() const {
@@ -81,8 +81,8 @@ server::SchedulerOptions EngineArgs::scheduler_options() const {
   s.budget.prefill_rows = prefill_rows;
   s.budget.images = images_per_step;
   s.budget.vision_layers = vision_layers;
-  s.budget.image_cache_bytes = size_t(image_cache_mib * 1024 * 1024);
-  s.budget.prefix_cache_bytes = size_t(prefix_cache_mib * 1024 * 1024);
+  s.budget.image_cache_bytes = size_t(image_cache_mib) << 20;
+  s.budget.prefix_cache_bytes = size_t(prefix_cache_mib) << 20;
   s.max_queue = max_queue;
   return s;
 }

@@ -1,6 +1,7 @@
 // Options shared by the commands that run the scheduler (`vlm serve`, `vlm batch`): the
 // model folder and how it loads, the batch bounds and the image policy.
 #pragma once
+#include <cstdint>
 #include <string>
 
 #include "engine/model.h"
@@ -26,8 +27,8 @@ struct EngineArgs {
   int images_per_step = 1;
   int vision_layers = 2;
   int max_images = 8;
-  double image_cache_mib = 256;  // projector rows of recent images kept for reuse (0: none)
-  double prefix_cache_mib = 1024;  // KV caches of finished requests kept for reuse (0: none)
+  int64_t image_cache_mib = 256;    // projector rows of recent images kept for reuse (0: none)
+  int64_t prefix_cache_mib = 1024;  // KV caches of finished requests kept for reuse (0: none)
   // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
   // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images, --image-cache, --prefix-cache.
   void add(CLI::App& app);

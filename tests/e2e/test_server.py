@@ -227,6 +227,14 @@ class TestServer(unittest.TestCase):
                 answers.append((r1["choices"][0]["token_ids"], r2["choices"][0]["token_ids"]))
         self.assertEqual(answers[0], answers[1])
 
+    def test_cache_sizes_must_be_whole_mib(self):
+        for flag in ("--image-cache", "--prefix-cache"):
+            for bad in ("nan", "-1", "1.5", "inf", "2000000"):
+                p = subprocess.run([BIN, "serve", "--model", model_dir("tiny-f32"), "--port", "0", flag, bad],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertNotEqual(p.returncode, 0, f"{flag} {bad}")
+                self.assertIn(flag, p.stderr + p.stdout)
+
     def test_completions_endpoint(self):
         res = openai_client(self.srv, [
             {"op": "completion", "params": {"model": "tiny-f32", "prompt": "Once upon", "temperature": 0}},
