@@ -135,7 +135,7 @@ bool Engine::start(Sequence& s) {
     if (budget_.image_cache_bytes > 0 || budget_.prefix_cache_bytes > 0)
       for (const vision::RgbImage& im : req.images) s.image_keys_.push_back(image_key(im));
     s.cache_.emplace(model_.decoder().new_cache(kv_positions(model_, req)));  // never more than its reservation
-    if (budget_.prefix_cache_bytes > 0 && !whole_prompt()) s.cache_->keep_overwritten(kOverwrittenRows);
+    if (!whole_prompt()) s.cache_->keep_overwritten(budget_.overwritten_rows());
     take_prefix(s);
     s.phase_.store(s.images_done_ == req.images.size() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
   } catch (const Error& e) {
@@ -190,14 +190,14 @@ void Engine::admit(StepStats& st) {
     }
   std::erase_if(active_, [](const std::shared_ptr<Sequence>& s) { return s->phase() == Phase::Finished; });
   while (!queue_.empty() && (budget_.max_seqs == 0 || active_.size() < size_t(budget_.max_seqs))) {
-    const size_t need = kv_reservation(model_, queue_.front()->req_);
+    const size_t need = kv_reservation(model_, queue_.front()->req_, budget_.overwritten_rows());
     const bool never = budget_.kv_bytes > 0 && need > budget_.kv_bytes;
     if (!never && budget_.kv_bytes > 0 && kv_reserved_.load() + need > budget_.kv_bytes) break;  // waits in order
     std::shared_ptr<Sequence> s = std::move(queue_.front());
     queue_.pop_front();
     ++st.admitted;
     if (never) {
-      fail_request(*s, kv_budget_error(model_, s->req_, budget_.kv_bytes));
+      fail_request(*s, kv_budget_error(model_, s->req_, budget_.kv_bytes, budget_.overwritten_rows()));
       ++st.finished;
       continue;
     }

@@ -45,6 +45,11 @@ struct StepBudget {
   // KV caches of finished sequences kept for later prompts that begin the same way (PrefixCache;
   // 0 = none): each turn of a chat resends the conversation, which then is not prefilled again.
   size_t prefix_cache_bytes = 0;
+  // With a prefix cache, the rows decode steps overwrite in the sliding layers' rings that each
+  // sequence keeps (KvCache::keep_overwritten; part of its reservation): a next prompt that
+  // repeats all of the answer but its last 64 tokens (a trimmed newline, another tokenization of
+  // its end) still takes the rows.
+  int64_t overwritten_rows() const { return prefix_cache_bytes > 0 ? 64 : 0; }
 };
 
 struct StepStats {
@@ -115,10 +120,6 @@ class Engine {
   std::vector<int32_t> seq_, ids_;
   std::vector<uint8_t> want_;
   std::vector<models::SeqSlot> slots_;
-  // With a prefix cache, the rows decode steps overwrite in the sliding layers' rings that each
-  // sequence keeps (KvCache::keep_overwritten): a next prompt that repeats all of the answer but
-  // its last 64 tokens (a trimmed newline, another tokenization of its end) still takes the rows.
-  static constexpr int64_t kOverwrittenRows = 64;
   static constexpr int kFinite = -1, kBadInput = -2;
   std::vector<int> bad_layer_;  // per slot: the first layer whose output held NaN/Inf, or the above
 };

@@ -43,15 +43,15 @@ int64_t kv_positions(const Model& model, const Request& req) {
   return std::min<int64_t>(model.context(), int64_t(req.prompt.size()) + std::max(req.max_tokens, 1));
 }
 
-size_t kv_reservation(const Model& model, const Request& req) {
-  return KvCache::bytes_for(model.config().text, kv_positions(model, req), model.decoder().kv_dtype());
+size_t kv_reservation(const Model& model, const Request& req, int64_t overwritten_rows) {
+  return KvCache::bytes_for(model.config().text, kv_positions(model, req), model.decoder().kv_dtype(), overwritten_rows);
 }
 
-std::string kv_budget_error(const Model& model, const Request& req, size_t budget) {
+std::string kv_budget_error(const Model& model, const Request& req, size_t budget, int64_t overwritten_rows) {
   constexpr double MiB = 1024.0 * 1024.0;
   return fmt::format("the request needs {:.1f} MiB of KV cache for {} positions ({} prompt tokens + max_tokens {}), "
                      "more than the whole KV memory budget of {:.1f} MiB: lower max_tokens or raise the budget",
-                     double(kv_reservation(model, req)) / MiB, kv_positions(model, req), req.prompt.size(),
+                     double(kv_reservation(model, req, overwritten_rows)) / MiB, kv_positions(model, req), req.prompt.size(),
                      req.max_tokens, double(budget) / MiB);
 }
 

@@ -141,10 +141,11 @@ class Sequence {
 void validate_request(const Model& model, const Request& req);
 
 // The positions a request may ever hold (its prompt plus max_tokens, within the model's context)
-// and the KV memory that takes: what the engine reserves before admitting it.
+// and the KV memory that takes, with `overwritten_rows` of each sliding layer kept beside its ring
+// (StepBudget::overwritten_rows): what the engine reserves before admitting it.
 int64_t kv_positions(const Model& model, const Request& req);
-size_t kv_reservation(const Model& model, const Request& req);
+size_t kv_reservation(const Model& model, const Request& req, int64_t overwritten_rows);
 // The one-line refusal of a request whose reservation exceeds a whole budget of `budget` bytes.
-std::string kv_budget_error(const Model& model, const Request& req, size_t budget);
+std::string kv_budget_error(const Model& model, const Request& req, size_t budget, int64_t overwritten_rows);
 
 }  // namespace vlm::engine

@@ -18,11 +18,12 @@ KvCache::KvCache(const TextConfig& cfg, int64_t context, DType dtype)
   }
 }
 
-size_t KvCache::bytes_for(const TextConfig& cfg, int64_t context, DType dtype) {
+size_t KvCache::bytes_for(const TextConfig& cfg, int64_t context, DType dtype, int64_t kept) {
   size_t slots = 0;
   for (int l = 0; l < cfg.num_layers; ++l)
-    slots += size_t(cfg.layer_kinds.at(size_t(l)) == LayerKind::Sliding ? std::min<int64_t>(cfg.sliding_window, context)
-                                                                          : context);
+    slots += size_t(cfg.layer_kinds.at(size_t(l)) == LayerKind::Sliding
+                        ? std::min<int64_t>(cfg.sliding_window, context) + (context > cfg.sliding_window ? kept : 0)
+                        : context);
   return slots * size_t(cfg.num_kv_heads) * size_t(cfg.head_dim) * 2 * dtype_size(dtype);
 }
 

@@ -22,8 +22,9 @@ class KvCache {
   // `context` is the most positions this sequence may ever hold; dtype F32 or BF16.
   KvCache(const TextConfig& cfg, int64_t context, DType dtype);
   // The most memory a cache of `context` positions ever holds (keys and values of every layer,
-  // sliding layers at most their window): what an engine reserves for a sequence.
-  static size_t bytes_for(const TextConfig& cfg, int64_t context, DType dtype);
+  // sliding layers at most their window, and `kept` overwritten rows of each: keep_overwritten):
+  // what an engine reserves for a sequence.
+  static size_t bytes_for(const TextConfig& cfg, int64_t context, DType dtype, int64_t kept = 0);
   // The rows a decoder keeps at a precision: bf16 under Bf16 (the keys and values a bf16
   // checkpoint's reference attends to), f32 otherwise.
   static DType dtype_for(kernels::Precision p) { return p == kernels::Precision::Bf16 ? DType::BF16 : DType::F32; }

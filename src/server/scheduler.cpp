@@ -59,8 +59,10 @@ void Scheduler::note_cancel(Job& job) {
 
 std::shared_ptr<Job> Scheduler::submit(engine::Request req, bool block) {
   // A request that could never be admitted is the client's to fix (a 400, not a wait forever).
-  if (const size_t budget = opt_.budget.kv_bytes; budget > 0 && engine::kv_reservation(model_, req) > budget)
-    refuse(400, engine::kv_budget_error(model_, req, budget), "max_tokens", "kv_budget_exceeded");
+  if (const size_t budget = opt_.budget.kv_bytes;
+      budget > 0 && engine::kv_reservation(model_, req, opt_.budget.overwritten_rows()) > budget)
+    refuse(400, engine::kv_budget_error(model_, req, budget, opt_.budget.overwritten_rows()), "max_tokens",
+           "kv_budget_exceeded");
   auto job = std::make_shared<Job>();
   Job* j = job.get();
   j->owner_ = this;

@@ -362,14 +362,20 @@ TEST_F(EngineTest, KvBudgetBoundsWhatIsAdmitted) {
                                      request("three three three", 0, 13, 4), request("four", 0, 14, 7)};
   size_t biggest = 0, sum = 0;
   for (const Request& r : reqs) {
-    const size_t need = kv_reservation(*model_, r);
+    const size_t need = kv_reservation(*model_, r, 0);
     const TextConfig& t = model_->config().text;
     // By hand: every layer holds min(window, P + max_tokens) (sliding) or P + max_tokens positions.
-    size_t slots = 0;
+    size_t slots = 0, sliding = 0;
     const int64_t n = int64_t(r.prompt.size()) + r.max_tokens;
-    for (int l = 0; l < t.num_layers; ++l)
-      slots += size_t(t.layer_kinds[size_t(l)] == LayerKind::Sliding ? std::min<int64_t>(n, t.sliding_window) : n);
-    ASSERT_EQ(need, slots * size_t(t.num_kv_heads * t.head_dim) * 8) << r.prompt.size();
+    for (int l = 0; l < t.num_layers; ++l) {
+      const bool s = t.layer_kinds[size_t(l)] == LayerKind::Sliding;
+      slots += size_t(s ? std::min<int64_t>(n, t.sliding_window) : n);
+      sliding += s;
+    }
+    const size_t row = size_t(t.num_kv_heads * t.head_dim) * 8;  // keys and values, f32
+    ASSERT_EQ(need, slots * row) << r.prompt.size();
+    // With a prefix cache each sliding layer also keeps 64 overwritten rows once its ring wraps.
+    EXPECT_EQ(kv_reservation(*model_, r, 64), need + (n > t.sliding_window ? sliding * 64 * row : 0));
     biggest = std::max(biggest, need);
     sum += need;
   }
@@ -385,7 +391,7 @@ TEST_F(EngineTest, KvBudgetBoundsWhatIsAdmitted) {
     seqs.push_back(std::make_shared<Sequence>(*model_, reqs[i], record_into(got[i])));
   Request huge = request("too long for the budget", 0, 15, 8);
   huge.max_tokens = int(model_->context()) - int(huge.prompt.size());
-  ASSERT_GT(kv_reservation(*model_, huge), budget);
+  ASSERT_GT(kv_reservation(*model_, huge, 0), budget);
   auto too_big = std::make_shared<Sequence>(*model_, huge, record_into(got.back()));
   for (auto& s : seqs) eng.add(s);
   eng.add(too_big);
