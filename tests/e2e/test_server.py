@@ -418,8 +418,9 @@ class TestServerOperator(unittest.TestCase):
     def test_kv_memory_budget_bounds_the_batch(self):
         # tiny-f32: 2 global layers + 4 sliding (window 8), 2 KV heads x 24: 384 bytes a slot.
         # max_tokens 300 on a ~15-token prompt reserves (2 * 315 + 4 * 8) * 384 ~ 254 KB, so a
-        # 0.5 MiB budget runs two at once; the whole context (799 KB) never fits.
-        with Server("tiny-f32", ["--max-seqs", "8", "--kv-memory", "0.5"], threads=2) as srv:
+        # 0.5 MiB budget runs two at once; the whole context (799 KB) never fits. Without a prefix
+        # cache: with one each sliding layer's reservation holds 64 more rows (4 * 64 * 384 B).
+        with Server("tiny-f32", ["--max-seqs", "8", "--kv-memory", "0.5", "--prefix-cache", "0"], threads=2) as srv:
             body = chat("no max_tokens: the whole context")
             del body["max_tokens"]
             code, _, r = srv.post("/v1/chat/completions", body)
