@@ -147,8 +147,9 @@ class TestCancellation(unittest.TestCase):
             long = dict(max_tokens=400, ignore_eos=True, stream=True)
             jobs = [
                 # admitted first (the others start 100 ms later): 8 images, encoded one per step (~100 ms
-                # each); the client leaves while they encode
-                {"op": "chat", "params": chat("Eight pictures", image_seeds=range(8), **long), "abort_after_ms": 500},
+                # each); the client leaves while they encode. Images no request sent before: the image
+                # cache would hand back those of `keep` at once.
+                {"op": "chat", "params": chat("Eight pictures", image_seeds=range(10, 18), **long), "abort_after_ms": 500},
                 # two that leave mid-decode
                 {"op": "chat", "params": chat("Long story A", **long), "abort_after": 6, "delay_ms": 100},
                 {"op": "chat", "params": chat("Long story B", image_seeds=[9], **long), "abort_after": 8, "delay_ms": 100},
