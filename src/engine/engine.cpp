@@ -377,6 +377,8 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
     const size_t f0 =
         (size_t(std::count(prompt.begin(), prompt.begin() + std::ptrdiff_t(c.begin), image_id)) - s.taken_image_rows_) * H;
     const size_t nf = size_t(std::count(ids.begin(), ids.end(), image_id)) * H;
+    if (f0 + nf > s.features_.size())  // an engine bug, never a request's: fail the pass, not memory
+      fail("forward: image rows {}..{} of a chunk, {} encoded", f0 / H, (f0 + nf) / H, s.features_.size() / H);
     const std::vector<float> rows =
         prefill_rows(dec.embedder(), mc, ids, int(ids.size()), std::span<const float>(s.features_).subspan(f0, nf), host);
     std::copy(rows.begin(), rows.end(), embeds_.begin() + std::ptrdiff_t(row * H));

@@ -74,14 +74,23 @@ class EngineTest : public ::testing::Test {
     o.threads = 2;
     model_ = Model::load(dir, o);
     // The same model with a sliding window of 64 instead of 8: its rings then hold a whole short
-    // conversation, so a prefix shorter than a finished sequence can be taken (PrefixCache).
-    wide_dir_ = std::make_unique<test::TempDir>();
-    for (const auto& f : fs::directory_iterator(dir))
-      if (f.path().filename() != "config.json") fs::create_symlink(fs::absolute(f.path()), wide_dir_->path / f.path().filename());
-    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "config.json"));
-    cfg["text_config"]["sliding_window"] = 64;
-    std::ofstream(wide_dir_->path / "config.json") << cfg.dump(2);
+    // conversation, so a prefix shorter than a finished sequence can be taken (PrefixCache). And
+    // with one of 256 and Pan & Scan on, for prompts of an image and its crops.
+    wide_dir_ = with_window(dir, 64);
     wide_ = Model::load(wide_dir_->path, o);
+    pans_dir_ = with_window(dir, 256);
+    o.pan_and_scan = true;
+    pans_ = Model::load(pans_dir_->path, o);
+  }
+  // A folder of `dir`'s files (linked) whose config.json has another sliding window.
+  static std::unique_ptr<test::TempDir> with_window(const fs::path& dir, int window) {
+    auto out = std::make_unique<test::TempDir>();
+    for (const auto& f : fs::directory_iterator(dir))
+      if (f.path().filename() != "config.json") fs::create_symlink(fs::absolute(f.path()), out->path / f.path().filename());
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir / "config.json"));
+    cfg["text_config"]["sliding_window"] = window;
+    std::ofstream(out->path / "config.json") << cfg.dump(2);
+    return out;
   }
   void SetUp() override {
     if (!model_) GTEST_SKIP() << "VLM_FIXTURES not built";
@@ -90,6 +99,8 @@ class EngineTest : public ::testing::Test {
     model_.reset();
     wide_.reset();
     wide_dir_.reset();
+    pans_.reset();
+    pans_dir_.reset();
   }
 
   // A greedy request: a chat turn with `n_images` images (in the prompt: images first).
@@ -117,8 +128,8 @@ class EngineTest : public ::testing::Test {
     return r;
   }
 
-  static inline std::shared_ptr<const Model> model_, wide_;
-  static inline std::unique_ptr<test::TempDir> wide_dir_;
+  static inline std::shared_ptr<const Model> model_, wide_, pans_;
+  static inline std::unique_ptr<test::TempDir> wide_dir_, pans_dir_;
 };
 
 float max_abs(const std::vector<float>& v) {
@@ -687,6 +698,43 @@ TEST_F(EngineTest, PrefixCacheTakesWholeImagesThatAgreeOnly) {
   EXPECT_EQ(rac.usage.cached_tokens, int(agree));
   EXPECT_EQ(rac.tokens, solo_ac.tokens);
   expect_logits_near(rac, solo_ac);
+}
+
+// Pan & Scan: an image is a block and one per crop. The same request again takes all but its last
+// row and encodes nothing; a request that keeps the image (with its crops) and adds another image
+// takes every block of the first and encodes only the second, whose rows land in their blocks.
+TEST_F(EngineTest, PrefixCacheTakesAnImageWithAllItsCrops) {
+  const Model& m = *pans_;
+  auto req = [&](std::vector<vision::RgbImage> images) {
+    Request r;
+    r.images = std::move(images);
+    r.prompt = m.chat_prompt(std::vector<text::ChatMessage>{user_turn("Describe.", r.images.size())}, r.images);
+    r.max_tokens = 4;
+    r.stop_ids.emplace();
+    return r;
+  };
+  const vision::RgbImage wide_image = noise_image(900, 300, 71), other = noise_image(300, 900, 72);
+  ASSERT_GE(m.crops_of({wide_image})[0], 2);  // the test needs crops
+  const Request a = req({wide_image}), ab = req({wide_image, other});
+  Engine eng(m, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20});
+  const Record solo_a = alone(a, &m), solo_ab = alone(ab, &m);
+  expect_same_bits(run_in(eng, m, a, {1, 0}), solo_a);
+
+  const Record again = run_in(eng, m, a, {0, 0});
+  EXPECT_EQ(again.usage.cached_tokens, int(a.prompt.size()) - 1);
+  EXPECT_EQ(again.tokens, solo_a.tokens);
+  expect_logits_near(again, solo_a);
+
+  const Record rab = run_in(eng, m, ab, {1, 0});
+  size_t agree = 0;
+  while (agree < a.prompt.size() && a.prompt[agree] == ab.prompt[agree]) ++agree;
+  // Taken: at most where the prompts part, and never into the first image's last block.
+  const int32_t image_id = m.config().image_token_id;
+  const size_t last_block_end = size_t(std::find(a.prompt.rbegin(), a.prompt.rend(), image_id) - a.prompt.rbegin());
+  ASSERT_GT(agree, a.prompt.size() - last_block_end);
+  EXPECT_EQ(rab.usage.cached_tokens, int(agree));
+  EXPECT_EQ(rab.tokens, solo_ab.tokens);
+  expect_logits_near(rab, solo_ab);
 }
 
 TEST_F(EngineTest, PrefixCacheKeepsTheLatestTurnAndItsBytes) {
