@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "models/mask.h"
+
 namespace vlm::engine {
 
 std::vector<BlockKey> block_keys(std::span<const ImageKey> images, std::span<const int> crops) {
@@ -18,18 +20,14 @@ namespace {
 struct Span {
   size_t begin, end;
 };
-// The runs of image_id in ids: one per image block.
+// Where each image block lies: the mask's image groups (contiguous runs of image_id).
 std::vector<Span> block_spans(std::span<const int32_t> ids, int32_t image_id) {
+  const std::vector<int32_t> group = image_groups(ids, image_id);
   std::vector<Span> out;
-  for (size_t i = 0; i < ids.size();) {
-    if (ids[i] != image_id) {
-      ++i;
-      continue;
-    }
-    size_t end = i;
-    while (end < ids.size() && ids[end] == image_id) ++end;
-    out.push_back({i, end});
-    i = end;
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i] < 0) continue;
+    if (size_t(group[i]) == out.size()) out.push_back({i, i});
+    out.back().end = i + 1;
   }
   return out;
 }

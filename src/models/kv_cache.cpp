@@ -54,8 +54,8 @@ void KvCache::reserve(int64_t n) {
     if (!L.sliding) continue;
     if (L.old_k.empty()) L.old_k.resize(size_t(keep_) * row), L.old_v.resize(size_t(keep_) * row);
     const size_t at = size_t(victim % keep_) * row;
-    std::copy_n(L.k.data() + slot(int(l), victim) * row, row, L.old_k.data() + at);
-    std::copy_n(L.v.data() + slot(int(l), victim) * row, row, L.old_v.data() + at);
+    std::copy_n(key_slot(int(l), victim), row, L.old_k.data() + at);
+    std::copy_n(value_slot(int(l), victim), row, L.old_v.data() + at);
   }
   if (log_hi_ != victim) log_lo_ = victim;  // not contiguous with what the log holds
   log_hi_ = victim + 1;
@@ -98,16 +98,10 @@ int64_t KvCache::first_held(int layer) const {
   return logged ? log_lo_ : ring;
 }
 
-const std::byte* KvCache::key_row(int layer, int64_t pos) const {
-  const Layer& L = layers_[size_t(layer)];
-  return pos >= length_ - int64_t(visible(layer, length_)) ? L.k.data() + slot(layer, pos) * row_bytes()
-                                                           : L.old_k.data() + size_t(pos % keep_) * row_bytes();
-}
-
-const std::byte* KvCache::value_row(int layer, int64_t pos) const {
-  const Layer& L = layers_[size_t(layer)];
-  return pos >= length_ - int64_t(visible(layer, length_)) ? L.v.data() + slot(layer, pos) * row_bytes()
-                                                           : L.old_v.data() + size_t(pos % keep_) * row_bytes();
+const std::byte* KvCache::held_row(const HugePageVector<std::byte>& ring, const std::vector<std::byte>& log, int layer,
+                                   int64_t pos) const {
+  return pos >= length_ - int64_t(visible(layer, length_)) ? ring.data() + slot(layer, pos) * row_bytes()
+                                                           : log.data() + size_t(pos % keep_) * row_bytes();
 }
 
 bool KvCache::can_copy_prefix(const KvCache& from, int64_t n) const {
@@ -126,8 +120,9 @@ void KvCache::copy_prefix(const KvCache& from, int64_t n) {
   const size_t row = row_bytes();
   for (size_t l = 0; l < layers_.size(); ++l)
     for (int64_t p = n - int64_t(visible(int(l), n)); p < n; ++p) {  // slot by slot: the rings' sizes may differ
-      std::copy_n(from.key_row(int(l), p), row, layers_[l].k.data() + slot(int(l), p) * row);
-      std::copy_n(from.value_row(int(l), p), row, layers_[l].v.data() + slot(int(l), p) * row);
+      const Layer& F = from.layers_[l];
+      std::copy_n(from.held_row(F.k, F.old_k, int(l), p), row, key_slot(int(l), p));
+      std::copy_n(from.held_row(F.v, F.old_v, int(l), p), row, value_slot(int(l), p));
     }
   length_ = n;
   log_lo_ = log_hi_ = 0;

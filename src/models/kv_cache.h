@@ -78,10 +78,11 @@ class KvCache {
     std::vector<std::byte> old_k, old_v;  // keep_overwritten's log, position p at row p mod keep_
   };
   size_t slot(int layer, int64_t pos) const;
-  // The first position layer l can give back (ring, then log) and where position p lies.
+  // The first position layer l can give back (ring, then log), and where position pos lies: in
+  // the layer's keys or values `ring`, or in their `log`.
   int64_t first_held(int layer) const;
-  const std::byte* key_row(int layer, int64_t pos) const;
-  const std::byte* value_row(int layer, int64_t pos) const;
+  const std::byte* held_row(const HugePageVector<std::byte>& ring, const std::vector<std::byte>& log, int layer,
+                            int64_t pos) const;
 
   std::vector<Layer> layers_;
   size_t row_ = 0;

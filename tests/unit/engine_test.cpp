@@ -138,6 +138,13 @@ float max_abs(const std::vector<float>& v) {
   return m;
 }
 
+// The largest |difference| between two logits rows.
+float row_apart(const std::vector<float>& a, const std::vector<float>& b) {
+  float worst = 0;
+  for (size_t k = 0; k < std::min(a.size(), b.size()); ++k) worst = std::max(worst, std::fabs(a[k] - b[k]));
+  return worst;
+}
+
 // Every logits row of `got` within 1e-5 of the largest |logit| of `solo`'s row (a batched pass
 // sums in another order than a solo one); returns the largest difference.
 float expect_logits_near(const Record& got, const Record& solo) {
@@ -147,8 +154,7 @@ float expect_logits_near(const Record& got, const Record& solo) {
     const std::vector<float>& a = got.logits[t];
     const std::vector<float>& b = solo.logits[t];
     EXPECT_EQ(a.size(), b.size());
-    float worst = 0;
-    for (size_t k = 0; k < std::min(a.size(), b.size()); ++k) worst = std::max(worst, std::fabs(a[k] - b[k]));
+    const float worst = row_apart(a, b);
     EXPECT_LE(worst, 1e-5f * std::max(1.0f, max_abs(b))) << "logits row " << t;
     worst_all = std::max(worst_all, worst);
   }
@@ -599,8 +605,7 @@ Record run_in(Engine& eng, const Model& m, const Request& req, ImageCounts want)
 float logits_apart(const Record& a, const Record& b) {
   float worst = 0;
   for (size_t t = 0; t < std::min(a.logits.size(), b.logits.size()); ++t)
-    for (size_t k = 0; k < std::min(a.logits[t].size(), b.logits[t].size()); ++k)
-      worst = std::max(worst, std::fabs(a.logits[t][k] - b.logits[t][k]));
+    worst = std::max(worst, row_apart(a.logits[t], b.logits[t]));
   return worst;
 }
 
