@@ -29,7 +29,7 @@ namespace vlm::cli {
 
 namespace {
 
-using nlohmann::json;
+using json = server::Json;
 using server::ApiError;
 
 struct Item {
@@ -93,7 +93,7 @@ int cmd_batch(int argc, char** argv) {
     for (int n = 1; std::getline(f, line); ++n) {
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = fmt::format("{}:{}", input, n);
-      json j = parse_json(line, where, 64);
+      json j = parse_ordered_json(line, where, 64);
       if (!j.is_object()) fail("{}: a line must be a JSON object", where);
       auto id = j.find("custom_id");
       if (id == j.end() || !id->is_string() || id->get_ref<const std::string&>().empty())

@@ -13,6 +13,8 @@
 #include "cli/prompt_args.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "io/file.h"
+#include "io/json.h"
 
 namespace vlm::cli {
 
@@ -34,7 +36,8 @@ int cmd_run(int argc, char** argv) {
   SamplingParams& sp = req.sampling;
   int threads = default_threads();
   int64_t context = 0;
-  bool print_ids = false;
+  bool print_ids = false, json_object = false;
+  std::string json_schema, json_schema_file;
   app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
   pa.add(app);
   app.add_flag("--ids", print_ids, "print generated token ids instead of text");
@@ -48,6 +51,12 @@ int cmd_run(int argc, char** argv) {
   app.add_option("--frequency-penalty", sp.frequency_penalty, "0 = off");
   app.add_option("--seed", sp.seed, "sampling seed")->check(unsigned64());
   app.add_option("--stop", req.stop_strings, "stop string (repeatable)");
+  // As llama.cpp's flags; the server's response_format (docs/structured-output.md).
+  auto* j = app.add_flag("--json", json_object, "answer with a JSON object");
+  auto* js = app.add_option("--json-schema", json_schema, "answer with JSON matching this JSON Schema (text)");
+  auto* jf = app.add_option("--json-schema-file", json_schema_file, "answer with JSON matching the JSON Schema in FILE");
+  j->excludes(js)->excludes(jf);
+  js->excludes(jf);
   app.add_option("--context", context, "context limit (default: max_position_embeddings)")
       ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
@@ -58,6 +67,11 @@ int cmd_run(int argc, char** argv) {
                  "request (ids, images) match, else computed and written; another identity is refused");
   CLI11_PARSE(app, argc, argv);
   validate(sp);
+  if (json_object) req.response_schema = grammar::Schema::any_object();
+  if (!json_schema_file.empty())
+    json_schema = read_text_file(json_schema_file, 1 << 20, "--json-schema-file: ");
+  if (!json_schema.empty())
+    req.response_schema = grammar::Schema::compile(parse_ordered_json(json_schema, "--json-schema"));
 
   // Everything about the request is checked before the vision tower or the decoder runs.
   engine::ModelOptions mo = ia.model_options();

@@ -106,6 +106,7 @@ bool Engine::start(Sequence& s) {
       s.detok_.emplace(*tok, text::DecodeOptions{.skip_special = true});
       s.stops_.emplace(req.stop_strings);
     }
+    if (req.response_schema) s.matcher_.emplace(req.response_schema);
     if (req.prefilled) {
       s.cache_.emplace(std::move(req.prefilled->cache));
       s.logits_ = std::move(req.prefilled->logits);
@@ -446,6 +447,43 @@ void Engine::non_finite(const std::vector<Sequence*>& decode, const std::vector<
   for (const Chunk& c : chunks) check(*c.seq, c.end == c.seq->req_.prompt.size());
 }
 
+namespace {
+
+// A response schema as the sampler's filter: the ids whose bytes continue the JSON, and the stop
+// ids once it is whole.
+class SchemaFilter final : public TokenFilter {
+ public:
+  SchemaFilter(const grammar::Matcher& m, const grammar::Vocabulary& v, std::span<const int32_t> stops)
+      : m_(m), v_(v), stops_(stops) {}
+
+  bool allows(int32_t id) override {
+    if (std::find(stops_.begin(), stops_.end(), id) != stops_.end()) return m_.complete();
+    return size_t(id) < v_.size() && v_.allows(m_.state(), id);
+  }
+
+  bool mask(std::span<float> logits) override {
+    thread_local std::vector<uint8_t> allowed;
+    allowed.resize(v_.size());
+    v_.allowed(m_.state(), allowed);
+    if (m_.complete())
+      for (int32_t id : stops_)
+        if (size_t(id) < allowed.size()) allowed[size_t(id)] = 1;
+    bool any = false;
+    for (size_t id = 0; id < logits.size(); ++id) {
+      if (id < allowed.size() && allowed[id]) any = true;
+      else logits[id] = -std::numeric_limits<float>::infinity();
+    }
+    return any;
+  }
+
+ private:
+  const grammar::Matcher& m_;
+  const grammar::Vocabulary& v_;
+  std::span<const int32_t> stops_;
+};
+
+}  // namespace
+
 void Engine::sample(Sequence& s) {
   const Request& req = s.req_;
   if (s.cb_.on_logits) s.cb_.on_logits(s.logits_);
@@ -453,9 +491,18 @@ void Engine::sample(Sequence& s) {
   TokenEvent ev;
   std::vector<float> raw;
   if (req.top_logprobs >= 0) raw.assign(s.logits_.begin(), s.logits_.begin() + model_.vocab_limit());
-  const int32_t id = s.sampler_->sample(s.logits_);
+  int32_t id = -1;
+  try {
+    std::optional<SchemaFilter> filter;
+    if (s.matcher_) filter.emplace(*s.matcher_, model_.vocabulary(), s.stop_ids_);
+    id = s.sampler_->sample(s.logits_, filter ? &*filter : nullptr);
+  } catch (const Error& e) {
+    return fail_request(s, e.what());
+  }
   if (std::find(s.stop_ids_.begin(), s.stop_ids_.end(), id) != s.stop_ids_.end())
     return finish(s, FinishReason::Stop);
+  if (s.matcher_ && !s.matcher_->feed(model_.vocabulary().bytes(id)))
+    return fail_request(s, fmt::format("internal: token {} was allowed by the response format but does not continue it", id));
   s.tokens_.push_back(id);
   ++s.usage_.completion_tokens;
   ev.id = id;
@@ -481,6 +528,7 @@ void Engine::sample(Sequence& s) {
     if (!out.empty() && s.cb_.on_text) s.cb_.on_text(out);
     if (s.stops_->stopped()) return finish(s, FinishReason::Stop);
   }
+  if (s.matcher_ && s.matcher_->closed()) return finish(s, FinishReason::Stop);  // the JSON is whole
   // The token just sampled needs a position of its own before the next one.
   if (s.cache_->length() >= s.cache_->context()) return finish(s, FinishReason::Length);
   if (int(s.tokens_.size()) >= req.max_tokens) return finish(s, FinishReason::Length);

@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "grammar/token_mask.h"
 #include "kernels/exec.h"
 #include "io/checkpoint.h"
 #include "io/identity.h"
@@ -78,6 +80,10 @@ class Model {
   // The settings the host preprocessor runs with (mask mode, scaling, Pan & Scan, context, fault).
   const HostOptions& host_options() const { return host_; }
 
+  // What each sampled id adds to the answer's text, for response formats: special tokens and ids
+  // from vocab_limit() up add nothing. Built on first use (thread-safe); needs the tokenizer.
+  const grammar::Vocabulary& vocabulary() const;
+
   // Pan & Scan crops each image will get (all 0 when off). Needs vision() for any image.
   std::vector<int> crops_of(const std::vector<vision::RgbImage>& images) const;
   // Prompt ids from chat messages through the Gemma 3 template with the generation prompt; the
@@ -117,6 +123,8 @@ class Model {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<const kernels::Exec> exec_;
   std::unique_ptr<const models::gemma3::Decoder> decoder_;
+  mutable std::once_flag vocabulary_once_;
+  mutable std::unique_ptr<const grammar::Vocabulary> vocabulary_;
 };
 
 }  // namespace vlm::engine

@@ -139,7 +139,7 @@ void Sampler::add_prompt(std::span<const int32_t> ids) {
 
 double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 
-int32_t Sampler::sample(std::span<float> logits) {
+int32_t Sampler::sample(std::span<float> logits, TokenFilter* filter) {
   const size_t V = p_.vocab_limit > 0 ? std::min(logits.size(), size_t(p_.vocab_limit)) : logits.size();
   if (V == 0) fail("sampler: empty logits");
   if (p_.repetition_penalty != 1.f)
@@ -153,7 +153,15 @@ int32_t Sampler::sample(std::span<float> logits) {
       if (size_t(id) < V) logits[size_t(id)] -= p_.frequency_penalty * float(n) + p_.presence_penalty;
 
   const std::span<float> kept = logits.first(V);
-  const int32_t pick = p_.temperature == 0.f ? argmax(kept) : draw(kept);
+  int32_t pick = -1;
+  if (filter && p_.temperature == 0.f) pick = argmax(kept);
+  if (filter && (pick < 0 || !filter->allows(pick))) {
+    if (!filter->mask(kept)) fail("the response format allows no token of the vocabulary here");
+    pick = -1;
+  }
+  if (pick < 0) pick = p_.temperature == 0.f ? argmax(kept) : draw(kept);
+  // A draw's rounding can land on the last ranked id, which a mask may have set to -inf.
+  if (filter && kept[size_t(pick)] == -std::numeric_limits<float>::infinity()) pick = argmax(kept);
   ++generated_[pick];
   ++seen_[pick];
   return pick;

@@ -36,13 +36,24 @@ void validate(const SamplingParams& p);
 // x[0] is NaN; then 0). Throws on no values.
 int32_t argmax(std::span<const float> x);
 
+// Which tokens may come next (a response format's grammar); ids it refuses are never sampled.
+class TokenFilter {
+ public:
+  virtual ~TokenFilter() = default;
+  virtual bool allows(int32_t id) = 0;
+  // Sets the logit of every refused id to -inf; false when it refuses them all.
+  virtual bool mask(std::span<float> logits) = 0;
+};
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
   // Records prompt tokens (repetition penalty only).
   void add_prompt(std::span<const int32_t> ids);
-  // Picks a token from logits (modified in place) and records it as generated.
-  int32_t sample(std::span<float> logits);
+  // Picks a token from logits (modified in place) and records it as generated. With a filter,
+  // the token the rules pick among the ids it allows (a greedy pick asks it about the argmax
+  // first: the same token as masking, unless that is refused); throws Error when it allows none.
+  int32_t sample(std::span<float> logits, TokenFilter* filter = nullptr);
 
  private:
   double uniform();  // [0, 1)

@@ -63,6 +63,8 @@ void validate_request(const Model& model, const Request& req) {
   validate(req.sampling);
   if (!req.stop_strings.empty() && !model.tokenizer())
     fail("stop strings need a tokenizer, and {} has no tokenizer.json", model.dir().string());
+  if (req.response_schema && !model.tokenizer())
+    fail("response formats need a tokenizer, and {} has no tokenizer.json", model.dir().string());
   if (req.prompt.empty()) fail("the prompt has no tokens");
   const int V = model.vocab();
   for (size_t i = 0; i < req.prompt.size(); ++i)

@@ -18,6 +18,7 @@
 #include "engine/image_cache.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
+#include "grammar/matcher.h"
 #include "models/gemma3/vision_encoder.h"
 #include "text/detokenizer.h"
 #include "vision/image.h"
@@ -47,6 +48,9 @@ struct Request {
   std::optional<std::vector<int32_t>> stop_ids;  // nullopt: the config's eos ids
   std::vector<std::string> stop_strings;         // need the model's tokenizer
   int top_logprobs = -1;                 // -1: no logprobs; else logprob + this many alternatives
+  // The answer is JSON that matches this (docs/structured-output.md); null: any text. Needs the
+  // model's tokenizer. The answer ends (Stop) once the JSON is whole and nothing can follow it.
+  std::shared_ptr<const grammar::Schema> response_schema;
   // A prompt cache file: when it holds this request under the model's identity the prefill is
   // restored from it (no vision tower, no prefill); otherwise it is written after the prefill. A
   // file made under another identity fails the request, naming the differing fields.
@@ -120,6 +124,7 @@ class Sequence {
   std::optional<Sampler> sampler_;
   std::optional<text::StreamDecoder> detok_;
   std::optional<StopStrings> stops_;
+  std::optional<grammar::Matcher> matcher_;  // the response schema's state after the tokens so far
   std::vector<int> crops_;                  // per image
   size_t images_done_ = 0;                  // images encoded so far
   std::vector<ImageKey> image_keys_;        // per image, where the engine keeps an image cache

@@ -7,9 +7,10 @@
 
 namespace vlm {
 
-using nlohmann::json;
+namespace {
 
-json parse_json(std::string_view text, const std::string& where, int max_depth) {
+template <class json>
+json parse_as(std::string_view text, const std::string& where, int max_depth) {
   // One key set per open object, to refuse duplicate keys.
   std::vector<std::set<std::string>> keys;
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
@@ -23,8 +24,8 @@ json parse_json(std::string_view text, const std::string& where, int max_depth) 
         keys.pop_back();
         break;
       case json::parse_event_t::key:
-        if (!keys.back().insert(parsed.get<std::string>()).second)
-          fail("{}: duplicate JSON key '{}'", where, printable(parsed.get<std::string>()));
+        if (!keys.back().insert(parsed.template get<std::string>()).second)
+          fail("{}: duplicate JSON key '{}'", where, printable(parsed.template get<std::string>()));
         break;
       default:
         break;
@@ -33,13 +34,23 @@ json parse_json(std::string_view text, const std::string& where, int max_depth) 
   };
   try {
     return json::parse(text.begin(), text.end(), cb);
-  } catch (const json::exception& e) {
+  } catch (const nlohmann::json::exception& e) {
     // Drop nlohmann's "[json.exception.parse_error.101] " tag; keep the position and reason.
     std::string msg = e.what();
     if (size_t p = msg.find("] "); msg.rfind("[json.exception", 0) == 0 && p != std::string::npos)
       msg = msg.substr(p + 2);
     fail("{}: not valid JSON: {}", where, msg);
   }
+}
+
+}  // namespace
+
+nlohmann::json parse_json(std::string_view text, const std::string& where, int max_depth) {
+  return parse_as<nlohmann::json>(text, where, max_depth);
+}
+
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& where, int max_depth) {
+  return parse_as<nlohmann::ordered_json>(text, where, max_depth);
 }
 
 std::string printable(std::string_view s) {

@@ -11,6 +11,9 @@ namespace vlm {
 
 // Parses `text`; errors start with `where` (the file name) and say what is wrong.
 nlohmann::json parse_json(std::string_view text, const std::string& where, int max_depth = 32);
+// The same, objects keeping their keys in the text's order (request bodies: a JSON Schema's
+// properties are generated in the order they are written).
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& where, int max_depth = 32);
 
 // `s` with control characters written as \xNN, so error messages stay on one line.
 std::string printable(std::string_view s);

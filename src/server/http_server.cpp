@@ -13,7 +13,7 @@
 
 namespace vlm::server {
 
-using nlohmann::json;
+using json = Json;
 
 namespace {
 

@@ -85,6 +85,7 @@ engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const
   // Without a seed every request draws its own (OpenAI); with one, the same tokens every time.
   s.seed = r.seed ? *r.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   req.stop_strings = r.stop;
+  req.response_schema = r.response_schema;
   if (r.ignore_eos) req.stop_ids = std::vector<int32_t>{};
   req.top_logprobs = r.top_logprobs;
   try {

@@ -11,7 +11,7 @@
 
 namespace vlm::server {
 
-using nlohmann::json;
+using json = Json;
 
 std::string ApiError::type() const {
   switch (status) {
@@ -35,7 +35,7 @@ json error_json(const ApiError& e) {
 
 json parse_body(std::string_view body) {
   try {
-    return parse_json(body, "request body", 64);
+    return parse_ordered_json(body, "request body", 64);
   } catch (const Error& e) {
     refuse(400, e.what(), {}, "invalid_json");
   }
@@ -238,6 +238,33 @@ std::vector<std::string> parse_stop(const json& body) {
   return out;
 }
 
+// response_format: text (null), json_object (any object) or json_schema (its schema, compiled here
+// so that an unsupported keyword is a 400 naming it; "strict" is accepted and always holds).
+std::shared_ptr<const grammar::Schema> response_format(const json& rf) {
+  const json* ty = rf.is_object() ? field(rf, "type") : nullptr;
+  if (!ty || !ty->is_string()) refuse(400, "'response_format' must be an object with a string 'type'", "response_format");
+  const std::string& t = ty->get_ref<const std::string&>();
+  if (t == "text") return nullptr;
+  if (t == "json_object") return grammar::Schema::any_object();
+  if (t != "json_schema")
+    refuse(400, fmt::format("'response_format.type' '{}' is not supported (text, json_object and json_schema are)",
+                            printable(t)), "response_format.type");
+  const json* js = field(rf, "json_schema");
+  if (!js || !js->is_object())
+    refuse(400, "'response_format.json_schema' must be an object with a 'schema'", "response_format.json_schema");
+  if (const json* name = field(*js, "name"); name && !name->is_string())
+    wrong_type("response_format.json_schema.name", "a string", *name);
+  if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean() && !strict->is_null())
+    wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+  const json* schema = field(*js, "schema");
+  if (!schema) refuse(400, "'response_format.json_schema.schema' is required", "response_format.json_schema.schema");
+  try {
+    return grammar::Schema::compile(*schema);
+  } catch (const Error& e) {
+    refuse(400, fmt::format("'response_format.json_schema.schema': {}", e.what()), "response_format.json_schema.schema");
+  }
+}
+
 }  // namespace
 
 ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy& images) {
@@ -257,13 +284,7 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
   if (const json* t = field(body, "tool_choice"); t && !(t->is_string() && *t == "none"))
     refuse(400, "'tool_choice' is not supported: this model has no tool-calling template", "tool_choice");
   if (field(body, "functions")) refuse(400, "'functions' is not supported", "functions");
-  if (const json* rf = field(body, "response_format")) {
-    const json* ty = rf->is_object() ? field(*rf, "type") : nullptr;
-    if (!ty || !ty->is_string()) refuse(400, "'response_format' must be an object with a string 'type'", "response_format");
-    if (*ty != "text")
-      refuse(400, fmt::format("'response_format' type '{}' is not supported (only 'text')",
-                              printable(ty->get<std::string>())), "response_format");
-  }
+  if (const json* rf = field(body, "response_format")) r.response_schema = response_format(*rf);
   if (field(body, "suffix")) refuse(400, "'suffix' is not supported", "suffix");
   if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
     refuse(400, "'logit_bias' is not supported", "logit_bias");

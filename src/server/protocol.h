@@ -11,9 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "grammar/schema.h"
 #include "text/chat.h"
 
 namespace vlm::server {
+
+// Objects keep their keys in order: a response_format schema's properties are generated in the
+// order the client wrote them, and responses list their keys in the order OpenAI's do.
+using Json = nlohmann::ordered_json;
 
 // A request the server refuses, answered as {"error": {message, type, param, code}}.
 // Client mistakes are 4xx: openai-node retries 429 and every 5xx, so a mistake must never be one.
@@ -25,7 +30,7 @@ struct ApiError {
   std::string type() const;  // from the status: invalid_request_error, authentication_error, ...
 };
 [[noreturn]] void refuse(int status, std::string message, std::string param = {}, std::string code = {});
-nlohmann::json error_json(const ApiError& e);
+Json error_json(const ApiError& e);
 
 enum class Endpoint { Chat, Completion };
 
@@ -61,12 +66,14 @@ struct ApiRequest {
   bool echo = false;                            // completions: prompt text before the answer
   bool return_token_ids = false;                // vLLM's extension: choices[0].token_ids
   bool ignore_eos = false;                      // vLLM's extension: only max_tokens and stop strings end it
+  // response_format json_object / json_schema, compiled (null: text).
+  std::shared_ptr<const grammar::Schema> response_schema;
 };
 
 // Throws ApiError (400) naming the field for every wrong type, range or unsupported option.
-ApiRequest parse_request(const nlohmann::json& body, Endpoint endpoint, const ImagePolicy& images);
+ApiRequest parse_request(const Json& body, Endpoint endpoint, const ImagePolicy& images);
 // The body as JSON (malformed, too deep, duplicate keys → 400).
-nlohmann::json parse_body(std::string_view body);
+Json parse_body(std::string_view body);
 
 // Base64 (RFC 4648, padding optional, no whitespace); nullopt when malformed.
 std::optional<std::vector<uint8_t>> base64_decode(std::string_view s);
@@ -91,26 +98,26 @@ struct ResponseMeta {
   std::string fingerprint; // system_fingerprint: the compatibility identity hash
 };
 
-nlohmann::json usage_json(const UsageOut& u);
+Json usage_json(const UsageOut& u);
 // Non-streamed bodies: the whole answer, its tokens (logprobs) and the finish reason.
-nlohmann::json chat_response(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+Json chat_response(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
                              bool logprobs, std::string_view finish, const UsageOut& u);
-nlohmann::json completion_response(const ResponseMeta& m, const std::string& text,
+Json completion_response(const ResponseMeta& m, const std::string& text,
                                    const std::vector<TokenOut>& tokens, bool logprobs, std::string_view finish,
                                    const UsageOut& u);
 // Stream chunks (chat.completion.chunk / text_completion). `usage_null` adds "usage": null as
 // openai-node's include_usage contract wants on every chunk but the last.
-nlohmann::json chat_role_chunk(const ResponseMeta& m, bool usage_null);
-nlohmann::json chat_delta_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+Json chat_role_chunk(const ResponseMeta& m, bool usage_null);
+Json chat_delta_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
                                 bool logprobs, bool usage_null);
-nlohmann::json chat_finish_chunk(const ResponseMeta& m, std::string_view finish, bool usage_null);
-nlohmann::json completion_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
+Json chat_finish_chunk(const ResponseMeta& m, std::string_view finish, bool usage_null);
+Json completion_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
                                 bool logprobs, const char* finish, bool usage_null);
-nlohmann::json usage_chunk(const ResponseMeta& m, Endpoint endpoint, const UsageOut& u);
+Json usage_chunk(const ResponseMeta& m, Endpoint endpoint, const UsageOut& u);
 
 // JSON text for the wire: invalid UTF-8 becomes U+FFFD instead of throwing.
-std::string dump(const nlohmann::json& j);
+std::string dump(const Json& j);
 // One server-sent event: "data: <json>\n\n".
-std::string sse(const nlohmann::json& j);
+std::string sse(const Json& j);
 
 }  // namespace vlm::server

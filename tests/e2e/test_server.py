@@ -301,7 +301,12 @@ class TestServer(unittest.TestCase):
             ("top_logprobs without logprobs", dict(good, top_logprobs=2), 400, "top_logprobs"),
             ("n > 1", dict(good, n=2), 400, "n"),
             ("tools", dict(good, tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
-            ("json mode", dict(good, response_format={"type": "json_object"}), 400, "response_format"),
+            ("response_format type", dict(good, response_format={"type": "json"}), 400, "response_format.type"),
+            ("schema keyword", dict(good, response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "string", "pattern": "^a"}}}), 400,
+             "response_format.json_schema.schema"),
+            ("schema missing", dict(good, response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+             400, "response_format.json_schema.schema"),
             ("stream_options without stream", dict(good, stream_options={"include_usage": True}), 400,
              "stream_options"),
             ("stop list too long", dict(good, stop=["a", "b", "c", "d", "e"]), 400, "stop"),

@@ -1,0 +1,71 @@
+// The bytes of a JSON text that matches a compiled schema (grammar/schema.h), checked one byte at
+// a time: a pushdown automaton whose state is a small set of stacks, one per way the bytes so far
+// can still be read (anyOf branches, optional properties). What it accepts is
+// docs/structured-output.md's "What is generated": JSON with bounded whitespace between two tokens
+// (none, one space, or a newline and at most kMaxIndent spaces or tabs, as llama.cpp's JSON
+// grammar), declared properties in order, valid UTF-8, strings without escapes of lone
+// surrogates, numbers of bounded length.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "grammar/schema.h"
+
+namespace vlm::grammar {
+
+inline constexpr int kMaxIndent = 20;  // spaces or tabs after a newline between two JSON tokens
+inline constexpr int kMaxDepth = 32;   // nested objects and arrays
+inline constexpr int kMaxDigits = 16;  // digits of an integer part or a fraction (3 in an exponent)
+
+struct Frame {
+  const Node* node = nullptr;
+  const std::string* lit = nullptr;  // Literal: the bytes to match
+  int64_t count = 0;   // Object: next property; Array: items; String: code points; Literal: bytes
+  int32_t chosen = 0;  // Object: the property whose key or value is being read
+  uint8_t kind = 0;    // Node::Kind, or kKey for a key of an object without declared properties
+  uint8_t phase = 0;
+  uint8_t space = 0;   // the whitespace of the current gap (Stepper::space)
+  uint8_t need = 0;    // String: UTF-8 continuation bytes or \u digits still to come
+  uint8_t lo = 0, hi = 0;  // String: the range of the next UTF-8 continuation byte
+  uint16_t hex = 0;    // String: the \u digits so far
+  bool operator==(const Frame&) const = default;
+};
+
+class Matcher {
+ public:
+  explicit Matcher(std::shared_ptr<const Schema> schema);
+
+  // Takes a byte; false (and the state unchanged) when no reading of the bytes so far allows it.
+  bool feed(uint8_t c);
+  bool feed(std::string_view bytes);  // all or nothing
+  // True when the bytes so far are a whole value (a number may still go on).
+  bool complete() const;
+  // True when the bytes so far are a whole value and no byte may follow.
+  bool closed() const { return closed(state_); }
+
+  // The state as a value, for the vocabulary walk (grammar/token_mask.h): states are cheap to copy
+  // between buffers that keep their capacity.
+  struct State {
+    std::vector<Frame> frames;   // the stacks, one after another
+    std::vector<uint32_t> ends;  // where each stack ends in `frames`
+  };
+  // next = this state after `c`; returns false when nothing survives.
+  static bool step(const State& from, uint8_t c, State& next);
+  static bool complete(const State& s);
+  static bool closed(const State& s);
+  // Inside a string's characters (one reading, no escape or character begun): how many more code
+  // points it may take (-1: any number); else kNotInString. Plain text (no quote, backslash or
+  // control byte; whole UTF-8 characters) of at most that many code points is taken whole.
+  static constexpr int64_t kNotInString = -2;
+  static int64_t string_room(const State& s);
+  const State& state() const { return state_; }
+  void set_state(const State& s) { state_ = s; }
+
+ private:
+  std::shared_ptr<const Schema> schema_;
+  State state_, next_;
+};
+
+}  // namespace vlm::grammar
