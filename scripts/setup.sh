@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential cmake clang libclang-rt-14-dev pkg-config
       nlohmann-json3-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
       libcli11-dev libsimdjson-dev libpng-dev libjpeg-dev libwebp-dev libcpp-httplib-dev libssl-dev chromium
-      python3-numpy python3-pil)
+      python3-numpy python3-pil python3-jsonschema)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # Node.js may come from elsewhere with its own npm (whose package then conflicts with Debian's).

@@ -11,6 +11,7 @@ constexpr uint8_t kObject = uint8_t(Kind::Object), kArray = uint8_t(Kind::Array)
                   kNumber = uint8_t(Kind::Number), kLiteral = uint8_t(Kind::Literal);
 constexpr uint8_t kKey = 6;    // a key of an object without declared properties: a string, no limits
 constexpr uint8_t kValue = 7;  // a value of `node` not begun yet (the root before the first byte)
+constexpr uint8_t kName = 8;   // a key of an object with declared properties: one of their names
 
 // Object phases: before '{', after '{', in a key, after a key, after ':', in or after a value, after ','.
 enum : uint8_t { kOpen, kFirst, kInKey, kAfterKey, kColon, kAfterValue, kComma };
@@ -34,11 +35,57 @@ Frame frame_for(const Node* n) {
   Frame f;
   f.node = n;
   f.kind = uint8_t(n->kind);
-  if (n->kind == Kind::Literal) f.lit = &n->text;
   return f;
 }
 
-enum class Step { Take, Reject, End };  // End: the frame is a whole value and leaves `c` to its parent
+// Take: `c` taken; Close: taken, and the value is whole; Leave: the value is whole and `c` is the
+// parent's; Reject: no reading takes `c`.
+enum class Step { Take, Close, Leave, Reject };
+
+// The texts a Literal or key-name frame chooses among: the literal's values, or the names of the
+// properties from the frame's first candidate up to the next required one.
+struct Texts {
+  explicit Texts(const Frame& f) : f(f), keys(f.kind == kName) {
+    last = keys ? int32_t(f.node->properties.size()) - 1 : int32_t(f.node->texts.size()) - 1;
+    if (keys)
+      for (int32_t i = f.chosen; i <= last; ++i)
+        if (f.node->properties[size_t(i)].required) {
+          last = i;
+          break;
+        }
+  }
+  const std::string& operator[](int32_t i) const {
+    return keys ? f.node->properties[size_t(i)].key : f.node->texts[size_t(i)];
+  }
+  // True when text i begins with the bytes read so far (those of the first candidate).
+  bool agrees(int32_t i, size_t pos) const {
+    const std::string& t = (*this)[i];
+    return t.size() >= pos && t.compare(0, pos, (*this)[f.chosen], 0, pos) == 0;
+  }
+  // Whether a candidate ends after `pos` bytes, and whether one goes on.
+  std::pair<bool, bool> ends_and_goes_on(size_t pos) const {
+    bool ends = false, on = false;
+    for (int32_t i = f.chosen; i <= last; ++i)
+      if (agrees(i, pos)) ((*this)[i].size() == pos ? ends : on) = true;
+    return {ends, on};
+  }
+  const Frame& f;
+  bool keys;
+  int32_t last;
+};
+
+Step literal(Frame& f, uint8_t c) {
+  const Texts texts(f);
+  const size_t pos = size_t(f.count);
+  for (int32_t i = f.chosen; i <= texts.last; ++i) {
+    if (!texts.agrees(i, pos) || texts[i].size() == pos || uint8_t(texts[i][pos]) != c) continue;
+    f.chosen = i;
+    f.count = int64_t(pos + 1);
+    const auto [ends, on] = texts.ends_and_goes_on(pos + 1);
+    return ends && !on ? Step::Close : Step::Take;
+  }
+  return texts.ends_and_goes_on(pos).first ? Step::Leave : Step::Reject;  // a number value's end
+}
 
 Step number(Frame& f, uint8_t c) {
   const bool integer = f.node->integer;
@@ -74,13 +121,13 @@ Step number(Frame& f, uint8_t c) {
     case kESign:
       return is_digit(c) ? to(kExp, 1) : Step::Reject;
     case kExp:
-      if (is_digit(c) && f.count < 3) return to(kExp, f.count + 1);
+      if (is_digit(c) && f.count < kMaxExponentDigits) return to(kExp, f.count + 1);
       break;
   }
-  return number_ends(f.phase) ? Step::End : Step::Reject;
+  return number_ends(f.phase) ? Step::Leave : Step::Reject;
 }
 
-// A string's bytes; End at the closing quote (which it takes).
+// A string's bytes; Close at the closing quote.
 Step string(Frame& f, uint8_t c) {
   const int64_t min = f.node ? f.node->min_count : 0, max = f.node ? f.node->max_count : -1;
   const bool room = max < 0 || f.count < max;
@@ -100,7 +147,7 @@ Step string(Frame& f, uint8_t c) {
       f.phase = kChars;
       return Step::Take;
     case kChars:
-      if (c == '"') return f.count >= min ? Step::End : Step::Reject;
+      if (c == '"') return f.count >= min ? Step::Close : Step::Reject;
       if (c == '\\') return start_char(kEscape);
       if (c < 0x20) return Step::Reject;  // control characters must be escaped
       if (c < 0x80) return start_char(kChars);
@@ -155,22 +202,35 @@ class Stepper {
           return begin(s, n, c, 0);
         }
         case kLiteral:
-          if (f.count >= int64_t(f.lit->size()) || uint8_t((*f.lit)[size_t(f.count)]) != c) return;
-          if (++f.count == int64_t(f.lit->size())) finish(s);
-          return emit(s);
+        case kName:
+          switch (literal(f, c)) {
+            case Step::Take: return emit(s);
+            case Step::Close: {
+              const int32_t chosen = f.chosen;
+              const bool name = f.kind == kName;
+              finish(s);
+              if (name) s.back().chosen = chosen;  // the object reads that property's value next
+              return emit(s);
+            }
+            case Step::Leave: finish(s); continue;
+            case Step::Reject: return;
+          }
+          return;
         case kNumber:
           switch (number(f, c)) {
             case Step::Take: return emit(s);
             case Step::Reject: return;
-            case Step::End: finish(s); continue;  // `c` goes to the parent
+            case Step::Leave: finish(s); continue;  // `c` goes to the parent
+            case Step::Close: break;
           }
           return;
         case kString:
         case kKey:
           switch (string(f, c)) {
             case Step::Take: return emit(s);
+            case Step::Close: finish(s); return emit(s);
+            case Step::Leave:
             case Step::Reject: return;
-            case Step::End: finish(s); return emit(s);
           }
           return;
         case kArray: return array(s, c);
@@ -187,6 +247,7 @@ class Stepper {
       if (end - begin == s.size() && std::equal(s.begin(), s.end(), out_.frames.begin() + begin)) return;
       begin = end;
     }
+    if (out_.ends.size() >= size_t(kMaxReadings)) return;
     out_.frames.insert(out_.frames.end(), s.begin(), s.end());
     out_.ends.push_back(uint32_t(out_.frames.size()));
   }
@@ -223,13 +284,15 @@ class Stepper {
     }
   }
 
-  // Whitespace in a gap: one space, or a newline and at most kMaxIndent spaces or tabs (f.space: 0
-  // none yet, 1 a space, 2 + n a newline and n more). True when `c` was whitespace (taken or not).
+  // Whitespace in a gap: one space, or one or two newlines and at most kMaxIndent spaces or tabs
+  // (f.space: 0 none yet, 1 a space, 2 and 3 one and two newlines, 3 + n those and n more). True
+  // when `c` was whitespace (taken or not).
   bool space(std::vector<Frame>& s, uint8_t c) {
     if (!is_space(c)) return false;
     Frame& f = s.back();
     if (f.space == 0 && (c == ' ' || c == '\n')) f.space = c == ' ' ? 1 : 2;
-    else if (f.space >= 2 && f.space < 2 + kMaxIndent && (c == ' ' || c == '\t')) ++f.space;
+    else if (f.space == 2 && c == '\n') f.space = 3;
+    else if (f.space >= 2 && f.space < 3 + kMaxIndent && (c == ' ' || c == '\t')) f.space = uint8_t(std::max(f.space, uint8_t(3)) + 1);
     else return true;
     emit(s);
     return true;
@@ -283,19 +346,14 @@ class Stepper {
             s.push_back(key);
             return advance(s, c);
           }
-          // Any property from the next one up to the next required one.
-          for (size_t i = size_t(f.count); i < props.size(); ++i) {
-            std::vector<Frame> alt = s;
-            alt.back().phase = kInKey;
-            alt.back().chosen = int32_t(i);
-            Frame key;
-            key.kind = kLiteral;
-            key.lit = &props[i].key;
-            alt.push_back(key);
-            advance(alt, c);
-            if (props[i].required) break;
-          }
-          return;
+          // One of the names from the next property up to the next required one.
+          f.phase = kInKey;
+          Frame key;
+          key.kind = kName;
+          key.node = n;
+          key.chosen = int32_t(f.count);
+          s.push_back(key);
+          return advance(s, c);
         }
         if (c == '}' && f.phase == kFirst) return close(s);
         return;
@@ -356,8 +414,10 @@ bool Matcher::complete(const State& st) {
   uint32_t begin = 0;
   for (uint32_t end : st.ends) {
     if (end == begin) return true;
-    const Frame& f = st.frames[begin];
+    // A number, or a literal such as 1 of [1, 12], is whole at the top while it may still go on.
+    Frame f = st.frames[begin];
     if (end - begin == 1 && f.kind == kNumber && number_ends(f.phase)) return true;
+    if (end - begin == 1 && f.kind == kLiteral && Texts(f).ends_and_goes_on(size_t(f.count)).first) return true;
     begin = end;
   }
   return false;
@@ -372,11 +432,19 @@ bool Matcher::closed(const State& st) {
 }
 
 int64_t Matcher::string_room(const State& st) {
-  if (st.ends.size() != 1 || st.frames.empty()) return kNotInString;
-  const Frame& f = st.frames.back();
-  if ((f.kind != kString && f.kind != kKey) || f.phase != kChars) return kNotInString;
-  if (!f.node || f.node->max_count < 0) return -1;
-  return f.node->max_count - f.count;
+  // Every reading inside a string's characters: a plain token is taken by one of them when it fits
+  // the roomiest.
+  int64_t room = 0;
+  uint32_t begin = 0;
+  for (uint32_t end : st.ends) {
+    if (end == begin) return kNotInString;
+    const Frame& f = st.frames[end - 1];
+    if ((f.kind != kString && f.kind != kKey) || f.phase != kChars) return kNotInString;
+    if (!f.node || f.node->max_count < 0) room = -1;
+    else if (room >= 0) room = std::max(room, f.node->max_count - f.count);
+    begin = end;
+  }
+  return st.ends.empty() ? kNotInString : room;
 }
 
 bool Matcher::feed(uint8_t c) {

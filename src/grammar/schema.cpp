@@ -1,5 +1,7 @@
 #include "grammar/schema.h"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -43,7 +45,7 @@ bool has_type(const json& v, std::string_view t) {
   if (t == "array") return v.is_array();
   if (t == "string") return v.is_string();
   if (t == "number") return v.is_number();
-  if (t == "integer") return v.is_number_integer() || (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>())));
+  if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::trunc(v.get<double>()) == v.get<double>());
   return false;
 }
 
@@ -77,10 +79,10 @@ class Compiler {
       const json& list = s[word];
       if (!list.is_array() || list.empty()) fail("schema {}: '{}' must be a non-empty array", at, word);
       if (others(s, word)) fail("schema {}: '{}' is supported with nothing beside it but annotations", at, word);
-      Node* n = out_.add();
+      std::vector<const Node*> options;
       for (size_t i = 0; i < list.size(); ++i)
-        n->options.push_back(compile(list[i], pointer_child(at, word) + "/" + std::to_string(i)));
-      return n;
+        options.push_back(compile(list[i], pointer_child(at, word) + "/" + std::to_string(i)));
+      return choice(std::move(options));
     }
     const std::vector<std::string> types = type_list(s, at);
     if (has(s, "const") || has(s, "enum")) return literals(s, types, at);
@@ -93,13 +95,28 @@ class Compiler {
         if (kStringWords.count(key)) return string(s, at);
       return out_.any();
     }
-    if (types.size() == 1) return of_type(s, types[0], at);
-    Node* n = out_.add();
-    for (const std::string& t : types) n->options.push_back(of_type(s, t, at));
-    return n;
+    std::vector<const Node*> options;
+    for (const std::string& t : types) options.push_back(of_type(s, t, at));
+    return choice(std::move(options));
   }
 
  private:
+  // One of `options`: a single Literal node when they are all literals, else a Choice.
+  const Node* choice(std::vector<const Node*> options) {
+    if (options.size() == 1) return options[0];
+    Node* n = out_.add();
+    const bool literals = std::all_of(options.begin(), options.end(), [](const Node* o) { return o->kind == Node::Kind::Literal; });
+    if (!literals) {
+      n->options = std::move(options);
+      return n;
+    }
+    n->kind = Node::Kind::Literal;
+    for (const Node* o : options)
+      for (const std::string& t : o->texts)
+        if (std::find(n->texts.begin(), n->texts.end(), t) == n->texts.end()) n->texts.push_back(t);
+    return n;
+  }
+
   // True when `s` has keywords other than `word` and annotations.
   static bool others(const json& s, std::string_view word) {
     for (const auto& [key, value] : s.items())
@@ -161,16 +178,15 @@ class Compiler {
       values.assign(e.begin(), e.end());
     }
     Node* n = out_.add();
+    n->kind = Node::Kind::Literal;
     for (const json& v : values) {
       bool typed = types.empty();
       for (const std::string& t : types) typed = typed || has_type(v, t);
       if (!typed) continue;
-      Node* lit = out_.add();
-      lit->kind = Node::Kind::Literal;
-      lit->text = v.dump();
-      n->options.push_back(lit);
+      std::string text = v.dump();
+      if (std::find(n->texts.begin(), n->texts.end(), text) == n->texts.end()) n->texts.push_back(std::move(text));
     }
-    if (n->options.empty()) fail("schema {}: no 'enum'/'const' value has the schema's 'type'", at);
+    if (n->texts.empty()) fail("schema {}: no 'enum'/'const' value has the schema's 'type'", at);
     return n;
   }
 
@@ -184,18 +200,9 @@ class Compiler {
       n->integer = t == "integer";
       return n;
     }
-    if (t == "boolean") {
-      Node* n = out_.add();
-      n->options = {literal("true"), literal("false")};
-      return n;
-    }
-    return literal("null");
-  }
-
-  const Node* literal(std::string text) {
     Node* n = out_.add();
     n->kind = Node::Kind::Literal;
-    n->text = std::move(text);
+    n->texts = t == "boolean" ? std::vector<std::string>{"true", "false"} : std::vector<std::string>{"null"};
     return n;
   }
 
@@ -284,13 +291,10 @@ const Node* Schema::any() {
   str->kind = Node::Kind::String;
   Node* num = add();
   num->kind = Node::Kind::Number;
-  n->options = {obj, arr, str, num};
-  for (const char* word : {"true", "false", "null"}) {
-    Node* lit = add();
-    lit->kind = Node::Kind::Literal;
-    lit->text = word;
-    n->options.push_back(lit);
-  }
+  Node* lit = add();
+  lit->kind = Node::Kind::Literal;
+  lit->texts = {"true", "false", "null"};
+  n->options = {obj, arr, str, num, lit};
   return n;
 }
 

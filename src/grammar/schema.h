@@ -31,8 +31,10 @@ struct Node {
   int64_t min_count = 0, max_count = -1;
 
   bool integer = false;  // Number: no fraction or exponent
-  std::string text;      // Literal: the exact bytes (a const or enum value, true, false, null)
-  std::vector<const Node*> options;  // Choice: one of these (anyOf, oneOf, a list of types, enum)
+  // Literal: the values it may be, each as exact bytes (enum and const values, true, false, null):
+  // one node for a whole enum, so the matcher reads it as one frame however many values it has.
+  std::vector<std::string> texts;
+  std::vector<const Node*> options;  // Choice: one of these (anyOf, oneOf, a list of types)
 };
 
 class Schema {

@@ -13,7 +13,7 @@ template <class json>
 json parse_as(std::string_view text, const std::string& where, int max_depth) {
   // One key set per open object, to refuse duplicate keys.
   std::vector<std::set<std::string>> keys;
-  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
+  auto cb = [&](int depth, typename json::parse_event_t ev, json& parsed) {
     switch (ev) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start:

@@ -1419,7 +1419,10 @@ QTARGET inline void dot_k4(const std::byte* const* rows, const Acts<RM, Q8KRow>&
       if constexpr (kZmm && RM == 1) {
         // Row j's eight scales as int16 in every 128-bit lane.
         __m512i scz;
-        if constexpr (decode4) scz = _mm512_maskz_shuffle_i32x4(0xFFFF, sm16[j / 2], sm16[j / 2], j % 2 ? 0xAA : 0x00);
+        // The shuffle's selector must be a literal for clang (j is a loop variable).
+        if constexpr (decode4)
+          scz = j % 2 ? _mm512_maskz_shuffle_i32x4(0xFFFF, sm16[j / 2], sm16[j / 2], 0xAA)
+                      : _mm512_maskz_shuffle_i32x4(0xFFFF, sm16[j / 2], sm16[j / 2], 0x00);
         else scz = _mm512_maskz_broadcast_i32x4(0xFFFF, _mm_cvtepu8_epi16(sm));
         const __m512i m4z = _mm512_set1_epi8(0x0F);
         // Q5_K: qh in both halves; sub-block k's fifth bits (bit k of each byte) rotate to bit 4 in

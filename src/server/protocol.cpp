@@ -239,7 +239,8 @@ std::vector<std::string> parse_stop(const json& body) {
 }
 
 // response_format: text (null), json_object (any object) or json_schema (its schema, compiled here
-// so that an unsupported keyword is a 400 naming it; "strict" is accepted and always holds).
+// so that an unsupported keyword is a 400 naming it; "strict" is accepted and always holds; no
+// schema is any object, as llama-server takes it).
 std::shared_ptr<const grammar::Schema> response_format(const json& rf) {
   const json* ty = rf.is_object() ? field(rf, "type") : nullptr;
   if (!ty || !ty->is_string()) refuse(400, "'response_format' must be an object with a string 'type'", "response_format");
@@ -257,7 +258,7 @@ std::shared_ptr<const grammar::Schema> response_format(const json& rf) {
   if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean() && !strict->is_null())
     wrong_type("response_format.json_schema.strict", "a boolean", *strict);
   const json* schema = field(*js, "schema");
-  if (!schema) refuse(400, "'response_format.json_schema.schema' is required", "response_format.json_schema.schema");
+  if (!schema) return grammar::Schema::any_object();  // as llama.cpp: no schema, any object
   try {
     return grammar::Schema::compile(*schema);
   } catch (const Error& e) {

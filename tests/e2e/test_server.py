@@ -305,8 +305,8 @@ class TestServer(unittest.TestCase):
             ("schema keyword", dict(good, response_format={"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "string", "pattern": "^a"}}}), 400,
              "response_format.json_schema.schema"),
-            ("schema missing", dict(good, response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
-             400, "response_format.json_schema.schema"),
+            ("json_schema not an object", dict(good, response_format={"type": "json_schema", "json_schema": "x"}),
+             400, "response_format.json_schema"),
             ("stream_options without stream", dict(good, stream_options={"include_usage": True}), 400,
              "stream_options"),
             ("stop list too long", dict(good, stop=["a", "b", "c", "d", "e"]), 400, "stop"),

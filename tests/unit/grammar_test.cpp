@@ -78,11 +78,16 @@ TEST(Grammar, AnyObjectTakesJsonObjectsOnly) {
   EXPECT_TRUE(accepts(s, "{\n\t\t \"a\": 1\n}"));
   EXPECT_FALSE(accepts(s, "{\n" + std::string(kMaxIndent + 1, ' ') + "}"));
   EXPECT_FALSE(accepts(s, "{  }"));
-  EXPECT_FALSE(accepts(s, "{\n\n}"));
+  EXPECT_TRUE(accepts(s, "{\n\n" + std::string(kMaxIndent, '\t') + "}"));
+  EXPECT_FALSE(accepts(s, "{\n\n\n}"));
+  EXPECT_FALSE(accepts(s, "{\n\n" + std::string(kMaxIndent + 1, '\t') + "}"));
+  EXPECT_FALSE(accepts(s, "{\n \n}"));
   EXPECT_FALSE(accepts(s, "{\t}"));
   // So are numbers.
   EXPECT_TRUE(accepts(s, "{\"a\":" + std::string(kMaxDigits, '7') + "}"));
   EXPECT_FALSE(accepts(s, "{\"a\":" + std::string(kMaxDigits + 1, '7') + "}"));
+  EXPECT_TRUE(accepts(s, "{\"a\":" + std::string(kMaxDigits, '9') + "." + std::string(kMaxDigits, '9') + "e+99}"));
+  EXPECT_FALSE(accepts(s, "{\"a\":1e100}"));
   // And nesting.
   EXPECT_TRUE(accepts(s, "{\"a\":" + std::string(kMaxDepth - 1, '[') + std::string(kMaxDepth - 1, ']') + "}"));
   EXPECT_FALSE(accepts(s, "{\"a\":" + std::string(kMaxDepth + 1, '[') + std::string(kMaxDepth + 1, ']') + "}"));
@@ -139,6 +144,52 @@ TEST(Grammar, RefsAnyOfConstAndRecursion) {
   EXPECT_FALSE(accepts(map, R"({"a":"x"})"));
   EXPECT_TRUE(accepts(compile(R"({"type": "object", "additionalProperties": false})"), "{}"));
   EXPECT_FALSE(accepts(compile(R"({"type": "object", "additionalProperties": false})"), R"({"a":1})"));
+}
+
+TEST(Grammar, EnumsAndManyPropertiesAreOneReading) {
+  // A number value may be a prefix of another: whole at "1", still open to "12".
+  const auto e = compile(R"({"enum": [1, 12, "a", [1, 2], {"k": null}]})");
+  Matcher m(e);
+  ASSERT_TRUE(m.feed("1"));
+  EXPECT_TRUE(m.complete());
+  EXPECT_FALSE(m.closed());
+  ASSERT_TRUE(m.feed("2"));
+  EXPECT_TRUE(m.closed());
+  for (const char* ok : {"1", "12", "\"a\"", "[1,2]", "{\"k\":null}"}) EXPECT_TRUE(accepts(e, ok)) << ok;
+  for (const char* bad : {"123", "2", "\"b\"", "[1, 2]", "{\"k\": null}"}) EXPECT_FALSE(accepts(e, bad)) << bad;
+  const auto arr = compile(R"({"type": "array", "items": {"enum": [1, 12]}})");
+  EXPECT_TRUE(accepts(arr, "[1,12, 1]"));
+  EXPECT_FALSE(accepts(arr, "[13]"));
+
+  // 300 values with a common prefix, and 40 optional properties: one reading each, all reachable.
+  ojson values = ojson::array();
+  for (int i = 0; i < 300; ++i) values.push_back("value-" + std::to_string(i));
+  ojson props = ojson::object();
+  for (int i = 0; i < 40; ++i) props["p" + std::to_string(i)] = {{"enum", values}};
+  const auto big = Schema::compile(ojson{{"type", "object"}, {"properties", props}});
+  for (int i = 0; i < 40; i += 7) {
+    Matcher b(big);
+    const std::string text = "{\"p" + std::to_string(i) + "\": \"value-" + std::to_string(i * 7) + "\"";
+    for (char c : text) {
+      ASSERT_TRUE(b.feed(uint8_t(c))) << text;
+      EXPECT_EQ(b.state().ends.size(), 1u) << text;
+    }
+    EXPECT_TRUE(b.feed(", \"p39\": \"value-299\"}")) << text;
+    EXPECT_TRUE(b.complete());
+  }
+  EXPECT_FALSE(accepts(big, R"({"p3": "value-300"})"));
+  EXPECT_FALSE(accepts(big, R"({"p3": "value-1", "p2": "value-1"})"));
+
+  // anyOf branches that agree for long are capped at kMaxReadings; the first ones stay.
+  ojson branches = ojson::array();
+  for (int i = 0; i < 40; ++i)
+    branches.push_back({{"type", "object"}, {"properties", {{"a", {{"type", "string"}}}, {"b" + std::to_string(i), {{"type", "integer"}}}}}});
+  const auto any = Schema::compile(ojson{{"anyOf", branches}});
+  Matcher a(any);
+  ASSERT_TRUE(a.feed(R"({"a": "x", "b)"));
+  EXPECT_EQ(a.state().ends.size(), size_t(kMaxReadings));
+  EXPECT_TRUE(a.feed(R"(3": 5})"));
+  EXPECT_TRUE(a.complete());
 }
 
 TEST(Grammar, UnsupportedKeywordsAreRefusedByName) {
@@ -254,6 +305,10 @@ TEST(Grammar, VocabularyWalkEqualsOneByOne) {
   const auto s = compile(R"({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "number"}},
       "b": {"type": "string", "maxLength": 3}, "c": {"type": "string"}}})");
   expect_walk_matches(v, s, {R"({"a":[1.5e-3, 20],"b":"x\"é"})", R"({ "b" : "ab", "c": "a\u00e9b" })"});
+  // Two readings inside strings of different room.
+  const auto two = compile(R"({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "string", "maxLength": 5},
+      {"type": "array", "items": {"type": "string", "maxLength": 1}}]})");
+  expect_walk_matches(v, two, {R"("abcd")", R"(["a","b"])"});
 }
 
 TEST(Grammar, GemmaVocabularyWalkEqualsOneByOne) {
