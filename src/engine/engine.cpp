@@ -169,6 +169,47 @@ void Engine::take_prefix(Sequence& s) {
   }
 }
 
+// Requests that run at the same time often share a prefix (several questions about one image, a
+// batch's system prompt), which the prefix cache, holding finished sequences only, cannot give
+// them. Before a prefill chunk, a sequence takes the rows a running one (or the prefix cache)
+// holds beyond its own, and waits while an earlier one is still computing rows it shares, rather
+// than computing them twice. Its images were encoded before (from the image cache when the earlier
+// one encoded them), so its features cover every image and no image bookkeeping changes.
+bool Engine::share_prefix(Sequence& s) {
+  if (budget_.prefix_cache_bytes == 0 || whole_prompt()) return false;
+  const ModelConfig& mc = model_.config();
+  const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
+  const std::vector<BlockKey> blocks = block_keys(s.image_keys_, s.crops_);
+  const KvCache* from = nullptr;
+  int64_t best = int64_t(s.prefilled_rows_);
+  bool wait = false, earlier = true;
+  for (auto& ap : active_) {
+    Sequence& a = *ap;
+    if (&a == &s) {
+      earlier = false;
+      continue;
+    }
+    if (!a.cache_ || a.phase() == Phase::Queued || a.phase() == Phase::Finished) continue;
+    // a's ids at the positions its cache holds, and at those its prompt will fill.
+    std::vector<int32_t> held = a.req_.prompt;
+    held.insert(held.end(), a.tokens_.begin(), a.tokens_.end());
+    const std::vector<BlockKey> held_blocks = block_keys(a.image_keys_, a.crops_);
+    const size_t later = shared_prefix(held, held_blocks, s.req_.prompt, blocks, image_id);
+    held.resize(std::min(held.size(), size_t(a.cache_->length())));
+    const int64_t now = int64_t(shared_prefix(held, held_blocks, s.req_.prompt, blocks, image_id));
+    if (now > best && s.cache_->can_copy_prefix(*a.cache_, now)) from = &*a.cache_, best = now;
+    if (earlier && (a.phase() == Phase::Encoding || a.phase() == Phase::Prefill) && int64_t(later) > best) wait = true;
+  }
+  const PrefixCache::Match m = prefix_cache_.find(s.req_.prompt, blocks, image_id, *s.cache_);
+  if (m.positions > best) from = m.cache, best = m.positions;
+  if (from) {
+    s.cache_->copy_prefix(*from, best);
+    s.prefilled_rows_ = size_t(best);
+    s.usage_.cached_tokens = int(best);
+  }
+  return wait && s.prefilled_rows_ < s.req_.prompt.size();
+}
+
 void Engine::admit(StepStats& st) {
   std::deque<std::shared_ptr<Sequence>> inbox;
   {
@@ -287,7 +328,7 @@ StepStats Engine::step() {
   size_t left = size_t(budget_.prefill_rows);
   for (auto& sp : active_) {
     Sequence& s = *sp;
-    if (s.phase() != Phase::Prefill || left == 0) continue;
+    if (s.phase() != Phase::Prefill || left == 0 || share_prefix(s)) continue;
     const std::span<const int32_t> ids(s.req_.prompt);
     size_t end = chunk_end(ids, s.prefilled_rows_, left, image_id, whole);
     // A block larger than the whole budget goes alone, so every prompt makes progress.

@@ -93,6 +93,7 @@ class Engine {
   void admit(StepStats& st);
   bool start(Sequence& s);                  // admission work: validate, prompt cache, sampler
   void take_prefix(Sequence& s);            // rows from the prefix cache, and the images they hold
+  bool share_prefix(Sequence& s);           // rows of running sequences; true: wait for an earlier one
   bool whole_prompt() const;                // the mask mode makes every prompt row see every other
   void encode_images(StepStats& st);
   void build_rows(Sequence& s);

@@ -50,6 +50,12 @@ size_t agreeing(std::span<const int32_t> held, std::span<const BlockKey> held_bl
 }
 }  // namespace
 
+size_t shared_prefix(std::span<const int32_t> held, std::span<const BlockKey> held_blocks, std::span<const int32_t> ids,
+                     std::span<const BlockKey> blocks, int32_t image_id) {
+  if (ids.empty()) return 0;
+  return agreeing(held, held_blocks, ids, blocks, block_spans(ids, image_id));
+}
+
 void PrefixCache::put(std::vector<int32_t> ids, std::vector<BlockKey> blocks, KvCache cache) {
   const size_t b = cache.bytes() + ids.size() * sizeof(int32_t) + blocks.size() * sizeof(BlockKey);
   if (b > max_bytes_ || ids.empty()) return;

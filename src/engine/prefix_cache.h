@@ -33,6 +33,11 @@ struct BlockKey {
 // The blocks of images with `crops` Pan & Scan crops each, in prompt order.
 std::vector<BlockKey> block_keys(std::span<const ImageKey> images, std::span<const int> crops);
 
+// The positions of a prompt (`ids`, its image blocks `blocks`) that a cache holding `held` (the ids
+// at its positions, its image blocks `held_blocks`) supplies, as the header says.
+size_t shared_prefix(std::span<const int32_t> held, std::span<const BlockKey> held_blocks,
+                     std::span<const int32_t> ids, std::span<const BlockKey> blocks, int32_t image_id);
+
 // Least recently used entries go first once the caches held pass max_bytes (0: holds nothing).
 // Not thread-safe: the engine's thread alone uses it.
 class PrefixCache {
@@ -46,7 +51,7 @@ class PrefixCache {
     int64_t positions = 0;  // 0: nothing to take
     size_t blocks = 0;      // the image blocks among them (whole images)
   };
-  // The entry with the most positions that `into` (an empty cache) may copy for a prompt `ids`
+  // The entry with the most positions that `into` may copy (more than it holds) for a prompt `ids`
   // with image blocks `blocks` (runs of image_id), as the header says; that entry becomes the
   // most recently used.
   Match find(std::span<const int32_t> ids, std::span<const BlockKey> blocks, int32_t image_id, const KvCache& into);

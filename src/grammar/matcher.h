@@ -68,7 +68,6 @@ class Matcher {
   static constexpr int64_t kNotInString = -2;
   static int64_t string_room(const State& s);
   const State& state() const { return state_; }
-  void set_state(const State& s) { state_ = s; }
 
  private:
   std::shared_ptr<const Schema> schema_;

@@ -105,7 +105,7 @@ const std::byte* KvCache::held_row(const HugePageVector<std::byte>& ring, const 
 }
 
 bool KvCache::can_copy_prefix(const KvCache& from, int64_t n) const {
-  if (length_ != 0 || n <= 0 || n > from.length_ || n > context_ || from.row_ != row_ || from.dtype_ != dtype_ ||
+  if (n <= length_ || n > from.length_ || n > context_ || from.row_ != row_ || from.dtype_ != dtype_ ||
       from.layers_.size() != layers_.size())
     return false;
   for (size_t l = 0; l < layers_.size(); ++l)  // positions [n - visible, n) are needed
@@ -116,6 +116,7 @@ bool KvCache::can_copy_prefix(const KvCache& from, int64_t n) const {
 
 void KvCache::copy_prefix(const KvCache& from, int64_t n) {
   if (!can_copy_prefix(from, n)) fail("KV cache: cannot take {} positions from a cache of {}", n, from.length_);
+  length_ = 0;  // every row it needs is copied, over what it held
   reserve(n);
   const size_t row = row_bytes();
   for (size_t l = 0; l < layers_.size(); ++l)

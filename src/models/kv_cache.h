@@ -57,11 +57,13 @@ class KvCache {
   // trims it. A prefill chunk starts the log afresh (its rows past the window never enter the
   // ring). Call before the first reserve(); bytes() counts the log.
   void keep_overwritten(int64_t rows);
-  // Whether `from` (a cache of the same model) still holds every row this empty cache needs to go
-  // on from position n: n within both caches' lengths and limits, and in sliding layers the last
-  // window before n, in `from`'s ring or its log of overwritten rows.
+  // Whether `from` (a cache of the same model) still holds every row this cache needs to go on
+  // from position n: n past this cache's length and within both caches' limits and `from`'s
+  // length, and in sliding layers the last window before n, in `from`'s ring or its log of
+  // overwritten rows.
   bool can_copy_prefix(const KvCache& from, int64_t n) const;
-  // Copies those rows (can_copy_prefix, else fails); this cache then holds positions [0, n).
+  // Copies those rows (can_copy_prefix, else fails), over any this cache held; it then holds
+  // positions [0, n).
   void copy_prefix(const KvCache& from, int64_t n);
   // The memory its rows take now (grown on demand: at most bytes_for its context).
   size_t bytes() const;

@@ -742,6 +742,48 @@ TEST_F(EngineTest, PrefixCacheTakesAnImageWithAllItsCrops) {
   expect_logits_near(rab, solo_ab);
 }
 
+// Requests that run together and share a prefix (three questions about one image, one asked
+// twice): the first computes the shared rows, the others wait for them and take them from its
+// cache, prefilling only their own rows; the image is encoded once; every answer is its solo run.
+TEST_F(EngineTest, RunningSequencesTakeTheRowsTheyShare) {
+  const Model& m = *wide_;
+  const Request a = request("Describe this picture.", 1, 71, 4);
+  const Request same = a;
+  const Request more = request_with({a.images[0]}, "Describe this picture in detail, please.", 0, 72, 4);
+  size_t agree = 0;
+  while (agree < a.prompt.size() && a.prompt[agree] == more.prompt[agree]) ++agree;
+  const int32_t image_id = m.config().image_token_id;
+  const auto past_image = std::find(a.prompt.rbegin(), a.prompt.rend(), image_id).base() - a.prompt.begin();
+  ASSERT_GT(agree, size_t(past_image));  // the image block is shared
+  ASSERT_LT(agree, more.prompt.size() - 1);
+  Engine eng(m, StepBudget{.prefill_rows = 16, .images = 1, .vision_layers = 0, .image_cache_bytes = 64u << 20,
+                           .prefix_cache_bytes = 256u << 20});
+  Record ra, rs, rm;
+  eng.add(std::make_shared<Sequence>(m, a, record_into(ra)));
+  eng.add(std::make_shared<Sequence>(m, same, record_into(rs)));
+  eng.add(std::make_shared<Sequence>(m, more, record_into(rm)));
+  int rows = 0;
+  ImageCounts images;
+  while (!eng.idle()) {
+    const StepStats st = eng.step();
+    rows += st.prefill_rows;
+    images.encoded += st.images;
+    images.cached += st.images_cached;
+  }
+  EXPECT_EQ(images.encoded, 1);
+  EXPECT_EQ(images.cached, 2);
+  EXPECT_EQ(ra.usage.cached_tokens, 0);
+  EXPECT_EQ(rs.usage.cached_tokens, int(a.prompt.size()) - 1);
+  EXPECT_EQ(rm.usage.cached_tokens, int(agree));
+  // Each prompt row computed once: a's, the last row of its twin, the rest of the longer question.
+  EXPECT_EQ(rows, int(a.prompt.size() + 1 + more.prompt.size() - agree));
+  for (const auto& [got, req] : {std::pair{&ra, &a}, {&rs, &same}, {&rm, &more}}) {
+    const Record solo = alone(*req, &m);
+    EXPECT_EQ(got->tokens, solo.tokens);
+    expect_logits_near(*got, solo);
+  }
+}
+
 TEST_F(EngineTest, PrefixCacheKeepsTheLatestTurnAndItsBytes) {
   const TextConfig& cfg = model_->config().text;
   auto cache_of = [&](int64_t n) {
