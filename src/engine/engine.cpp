@@ -181,8 +181,8 @@ bool Engine::share_prefix(Sequence& s) {
   const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
   const std::vector<BlockKey> blocks = block_keys(s.image_keys_, s.crops_);
   const KvCache* from = nullptr;
-  int64_t best = int64_t(s.prefilled_rows_);
-  bool wait = false, earlier = true;
+  int64_t best = int64_t(s.prefilled_rows_), coming = 0;  // coming: what earlier ones are computing
+  bool earlier = true;
   for (auto& ap : active_) {
     Sequence& a = *ap;
     if (&a == &s) {
@@ -198,7 +198,7 @@ bool Engine::share_prefix(Sequence& s) {
     held.resize(std::min(held.size(), size_t(a.cache_->length())));
     const int64_t now = int64_t(shared_prefix(held, held_blocks, s.req_.prompt, blocks, image_id));
     if (now > best && s.cache_->can_copy_prefix(*a.cache_, now)) from = &*a.cache_, best = now;
-    if (earlier && (a.phase() == Phase::Encoding || a.phase() == Phase::Prefill) && int64_t(later) > best) wait = true;
+    if (earlier && (a.phase() == Phase::Encoding || a.phase() == Phase::Prefill)) coming = std::max(coming, int64_t(later));
   }
   const PrefixCache::Match m = prefix_cache_.find(s.req_.prompt, blocks, image_id, *s.cache_);
   if (m.positions > best) from = m.cache, best = m.positions;
@@ -207,7 +207,7 @@ bool Engine::share_prefix(Sequence& s) {
     s.prefilled_rows_ = size_t(best);
     s.usage_.cached_tokens = int(best);
   }
-  return wait && s.prefilled_rows_ < s.req_.prompt.size();
+  return coming > best;
 }
 
 void Engine::admit(StepStats& st) {
