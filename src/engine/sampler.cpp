@@ -21,6 +21,11 @@ void validate(const SamplingParams& p) {
   if (!std::isfinite(p.presence_penalty)) fail("presence_penalty must be finite");
   if (!std::isfinite(p.frequency_penalty)) fail("frequency_penalty must be finite");
   if (p.vocab_limit < 0) fail("vocab_limit must be >= 0, got {}", p.vocab_limit);
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0 || (p.vocab_limit > 0 && id >= p.vocab_limit))
+      fail("logit_bias: token id {} is outside the vocabulary [0, {})", id, p.vocab_limit);
+    if (!(bias >= -100.f && bias <= 100.f)) fail("logit_bias: the bias of token {} must be in [-100, 100]", id);
+  }
 }
 
 namespace {
@@ -151,6 +156,8 @@ int32_t Sampler::sample(std::span<float> logits, TokenFilter* filter) {
   if (p_.presence_penalty != 0.f || p_.frequency_penalty != 0.f)
     for (const auto& [id, n] : generated_)
       if (size_t(id) < V) logits[size_t(id)] -= p_.frequency_penalty * float(n) + p_.presence_penalty;
+  for (const auto& [id, bias] : p_.logit_bias)
+    if (size_t(id) < V) logits[size_t(id)] += bias;
 
   const std::span<float> kept = logits.first(V);
   int32_t pick = -1;

@@ -1,6 +1,7 @@
 // Next-token choice from one row of logits. Order: repetition penalty (HF: over the
 // prompt and everything generated), presence/frequency penalties (OpenAI: over
-// generated tokens), masking of ids ≥ vocab_limit, then greedy argmax when
+// generated tokens), logit_bias (OpenAI: added to the logits), masking of ids ≥ vocab_limit,
+// then greedy argmax when
 // temperature is 0, else temperature → top-k → top-p → min-p → draw. The rules and the draw
 // take the tokens ranked by logit, highest first (ties: lower id first); the draw walks the kept
 // ones against u · (their mass). Only the ranked prefix they reach is sorted (sampler.cpp). With
@@ -13,6 +14,7 @@
 #include <random>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace vlm {
@@ -27,6 +29,9 @@ struct SamplingParams {
   float frequency_penalty = 0.f;
   uint64_t seed = 0;
   int vocab_limit = 0;  // ids ≥ this are never sampled (0 = no limit); VLM vocab padding
+  // Added to the logits of these ids (OpenAI's logit_bias: -100 all but bans one, 100 all but
+  // forces it); ids outside the vocabulary are refused by the engine.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 // Throws Error naming the parameter when out of range.

@@ -82,6 +82,8 @@ engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const
   s.repetition_penalty = r.repetition_penalty.value_or(defaults.repetition_penalty);
   s.presence_penalty = r.presence_penalty.value_or(0.f);
   s.frequency_penalty = r.frequency_penalty.value_or(0.f);
+  s.logit_bias = r.logit_bias;
+  s.vocab_limit = model.vocab_limit();  // so that validate_request refuses ids outside it
   // Without a seed every request draws its own (OpenAI); with one, the same tokens every time.
   s.seed = r.seed ? *r.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   req.stop_strings = r.stop;

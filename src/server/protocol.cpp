@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -287,8 +288,19 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
   if (field(body, "functions")) refuse(400, "'functions' is not supported", "functions");
   if (const json* rf = field(body, "response_format")) r.response_schema = response_format(*rf);
   if (field(body, "suffix")) refuse(400, "'suffix' is not supported", "suffix");
-  if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    refuse(400, "'logit_bias' is not supported", "logit_bias");
+  if (const json* lb = field(body, "logit_bias"); lb && !lb->is_null()) {
+    if (!lb->is_object()) wrong_type("logit_bias", "an object of token ids to biases", *lb);
+    if (lb->size() > 1024) refuse(400, fmt::format("'logit_bias' has {} entries; at most 1024", lb->size()), "logit_bias");
+    for (const auto& [key, bias] : lb->items()) {
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc() || end != key.data() + key.size() || id < 0 || id > std::numeric_limits<int32_t>::max())
+        refuse(400, fmt::format("'logit_bias' key '{}' is not a token id", shorten(key)), "logit_bias");
+      if (!bias.is_number() || !(bias.get<double>() >= -100 && bias.get<double>() <= 100))
+        refuse(400, fmt::format("'logit_bias[{}]' must be a number in [-100, 100]", id), "logit_bias");
+      r.logit_bias.emplace_back(int32_t(id), bias.get<float>());
+    }
+  }
 
   r.stream = boolean(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {

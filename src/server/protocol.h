@@ -60,6 +60,7 @@ struct ApiRequest {
   std::string max_tokens_param = "max_tokens";  // the key it came in (max_completion_tokens)
   std::optional<float> temperature, top_p, min_p, presence_penalty, frequency_penalty, repetition_penalty;
   std::optional<int> top_k;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // token id → bias in [-100, 100]
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
   int top_logprobs = -1;                        // -1 = no logprobs; chat: top_logprobs, completions: logprobs

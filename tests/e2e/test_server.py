@@ -280,6 +280,18 @@ class TestServer(unittest.TestCase):
             self.assertAlmostEqual(t["top_logprobs"][0]["logprob"], t["logprob"], places=5)
             self.assertEqual(bytes(t["bytes"]).decode("utf-8", "replace"), t["token"])
 
+    def test_logit_bias(self):
+        free = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=6))[2]["choices"][0]["token_ids"]
+        forced = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=6, logit_bias={"236761": 100}))[2]
+        self.assertEqual(forced["choices"][0]["token_ids"], [236761] * 6)
+        banned = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=6, logit_bias={str(free[0]): -100}))[2]
+        self.assertNotEqual(banned["choices"][0]["token_ids"][0], free[0])
+        for bias, msg in [({"abc": 1}, "not a token id"), ({"5": 101}, "[-100, 100]"), ({"-3": 1}, "not a token id"),
+                          ({"262144": 5}, "outside the vocabulary"), ([1, 2], "an object")]:
+            status, _, r = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=2, logit_bias=bias))
+            self.assertEqual(status, 400, r)
+            self.assertIn(msg, r["error"]["message"])
+
     # -- client mistakes ------------------------------------------------------------------------
     def test_client_mistakes_are_4xx_openai_errors(self):
         good = chat("Hi", max_tokens=2)

@@ -63,6 +63,25 @@ TEST(Sampler, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
   EXPECT_FLOAT_EQ(b[0], 3.5f);
 }
 
+TEST(Sampler, LogitBiasIsAddedAfterThePenalties) {
+  SamplingParams p;
+  p.presence_penalty = 1.f;
+  p.logit_bias = {{2, 100.f}, {0, -100.f}};
+  Sampler s(p);
+  std::vector<float> l = {5, 4, -60, 1};
+  EXPECT_EQ(s.sample(l), 2);       // forced: -60 + 100
+  EXPECT_FLOAT_EQ(l[0], -95.f);    // banned in effect
+  l = {5, 4, -60.5f, 1};
+  EXPECT_EQ(s.sample(l), 2);
+  EXPECT_FLOAT_EQ(l[2], 38.5f);    // the presence penalty first: -60.5 - 1 + 100
+  SamplingParams bad;
+  bad.vocab_limit = 4;
+  bad.logit_bias = {{4, 1.f}};
+  EXPECT_THROW(validate(bad), Error);
+  bad.logit_bias = {{3, 101.f}};
+  EXPECT_THROW(validate(bad), Error);
+}
+
 TEST(Sampler, TopKOneAndTinyTopPAreGreedy) {
   for (int variant = 0; variant < 3; ++variant) {
     SamplingParams p;
