@@ -14,6 +14,11 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
+// Bounds on what a client's schema may cost the engine: each byte a literal frame takes scans its
+// values, and every node is a frame kind to step through.
+constexpr size_t kMaxValues = 1024;  // values of one enum (or of literal branches merged into one)
+constexpr size_t kMaxNodes = 4096;
+
 // Keywords that say nothing about which values match (JSON Schema 2020-12 §9, "meta-data").
 const std::set<std::string, std::less<>> kAnnotations = {
     "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
@@ -114,6 +119,7 @@ class Compiler {
     for (const Node* o : options)
       for (const std::string& t : o->texts)
         if (std::find(n->texts.begin(), n->texts.end(), t) == n->texts.end()) n->texts.push_back(t);
+    if (n->texts.size() > kMaxValues) fail("schema: more than {} values to choose among in one place", kMaxValues);
     return n;
   }
 
@@ -175,6 +181,7 @@ class Compiler {
     } else {
       const json& e = s["enum"];
       if (!e.is_array() || e.empty()) fail("schema {}/enum: must be a non-empty array", at);
+      if (e.size() > kMaxValues) fail("schema {}/enum: {} values; at most {} are supported", at, e.size(), kMaxValues);
       values.assign(e.begin(), e.end());
     }
     Node* n = out_.add();
@@ -273,6 +280,7 @@ class Compiler {
 };
 
 Node* Schema::add() {
+  if (nodes_.size() >= kMaxNodes) fail("schema: more than {} subschemas", kMaxNodes);
   nodes_.push_back(std::make_unique<Node>());
   return nodes_.back().get();
 }

@@ -216,6 +216,13 @@ TEST(Grammar, UnsupportedKeywordsAreRefusedByName) {
   EXPECT_TRUE(refused(R"({"type": "string", "enum": [1, 2]})", "no 'enum'/'const' value"));
   EXPECT_TRUE(refused("false", "matches no value"));
   EXPECT_TRUE(refused(R"({"type": "array", "uniqueItems": true})", "uniqueItems"));
+  // What a schema may cost is bounded.
+  ojson values = ojson::array();
+  for (int i = 0; i < 1025; ++i) values.push_back(i);
+  EXPECT_TRUE(refused(ojson{{"enum", values}}.dump(), "at most 1024"));
+  ojson props = ojson::object();
+  for (int i = 0; i < 5000; ++i) props["p" + std::to_string(i)] = {{"type", "string"}};
+  EXPECT_TRUE(refused(ojson{{"properties", props}}.dump(), "more than 4096 subschemas"));
 }
 
 // What the matcher generates is JSON (nlohmann parses it) and matches the schema (checked here by
