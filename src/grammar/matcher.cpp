@@ -338,20 +338,12 @@ class Stepper {
       case kFirst:
       case kComma:
         if (c == '"') {
-          if (props.empty()) {
-            if (!n->extra) return;
-            f.phase = kInKey;
-            Frame key;
-            key.kind = kKey;
-            s.push_back(key);
-            return advance(s, c);
-          }
-          // One of the names from the next property up to the next required one.
+          if (props.empty() && !n->extra) return;  // no key may come
           f.phase = kInKey;
+          // Any string, or one of the names from the next property up to the next required one.
           Frame key;
-          key.kind = kName;
-          key.node = n;
-          key.chosen = int32_t(f.count);
+          key.kind = props.empty() ? kKey : kName;
+          if (!props.empty()) key.node = n, key.chosen = int32_t(f.count);
           s.push_back(key);
           return advance(s, c);
         }
@@ -415,7 +407,7 @@ bool Matcher::complete(const State& st) {
   for (uint32_t end : st.ends) {
     if (end == begin) return true;
     // A number, or a literal such as 1 of [1, 12], is whole at the top while it may still go on.
-    Frame f = st.frames[begin];
+    const Frame& f = st.frames[begin];
     if (end - begin == 1 && f.kind == kNumber && number_ends(f.phase)) return true;
     if (end - begin == 1 && f.kind == kLiteral && Texts(f).ends_and_goes_on(size_t(f.count)).first) return true;
     begin = end;
