@@ -266,12 +266,59 @@ void HttpServer::routes() {
     }
   });
 
+  // vLLM's tokenizer endpoints: what a request's prompt takes (images included) before sending it.
+  svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      auto m = model();
+      TokenizeRequest t = parse_tokenize(parse_body(req.body), opt_.images);
+      check_model(t.request.model);
+      std::vector<vision::RgbImage> images;
+      std::vector<int32_t> ids = prompt_ids(*m, t.request, opt_.limits, images);
+      // raw_prompt puts <bos> first unless the text has it; without special tokens, only then.
+      const text::Tokenizer& tok = *m->tokenizer();
+      if (t.request.endpoint == Endpoint::Completion && !t.add_special_tokens && !ids.empty() &&
+          tok.token_id(tok.bos_token()) == ids[0] && t.request.prompt.rfind(tok.bos_token(), 0) != 0)
+        ids.erase(ids.begin());
+      json out{{"count", ids.size()}, {"max_model_len", m->context()}, {"tokens", ids}};
+      if (t.return_token_strs) {
+        out["token_strs"] = json::array();
+        for (int32_t id : ids) out["token_strs"].push_back(std::string(tok.token(id)));
+      }
+      send_json(res, 200, out);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+  svr.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      auto m = model();
+      const Json body = parse_body(req.body);
+      if (const json* name = body.is_object() && body.contains("model") ? &body["model"] : nullptr)
+        check_model(name->is_string() ? name->get<std::string>() : name->dump());
+      const std::vector<int32_t> ids = parse_detokenize(body);
+      const text::Tokenizer* tok = m->tokenizer();
+      if (!tok) refuse(400, "this model has no tokenizer.json", "tokens");
+      for (int32_t id : ids)
+        if (id >= tok->vocab_size())
+          refuse(400, fmt::format("token {} is outside the vocabulary [0, {})", id, tok->vocab_size()), "tokens");
+      send_json(res, 200, {{"prompt", tok->decode(ids)}});
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    }
+  });
+
   svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     generate(req.body, Endpoint::Chat, res);
   });
   svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     generate(req.body, Endpoint::Completion, res);
   });
+}
+
+void HttpServer::check_model(const std::string& name) const {
+  if (!name.empty() && name != model_id_)
+    refuse(404, fmt::format("The model '{}' does not exist; this server serves '{}'", printable(name), model_id_),
+           "model", "model_not_found");
 }
 
 void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Response& res) {
@@ -285,9 +332,7 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
       sched = scheduler_.get();
     }
     ApiRequest ar = parse_request(parse_body(body), ep, opt_.images);
-    if (!ar.model.empty() && ar.model != model_id_)
-      refuse(404, fmt::format("The model '{}' does not exist; this server serves '{}'", printable(ar.model), model_id_),
-             "model", "model_not_found");
+    check_model(ar.model);
     st->endpoint = ep;
     st->stream = ar.stream;
     st->include_usage = ar.include_usage;

@@ -58,6 +58,7 @@ class HttpServer {
   struct Stream;
   void routes();
   void generate(const std::string& body, Endpoint ep, httplib::Response& res);
+  void check_model(const std::string& name) const;  // 404 unless empty or the served model's id
   std::shared_ptr<const engine::Model> model() const;
 
   ServerOptions opt_;

@@ -50,20 +50,24 @@ std::vector<vision::RgbImage> decode_images(std::vector<ImageRef>& refs, const P
 
 }  // namespace
 
-engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const GenerationDefaults& defaults,
-                                const PrepareLimits& limits) {
-  engine::Request req;
+std::vector<int32_t> prompt_ids(const engine::Model& model, ApiRequest& r, const PrepareLimits& limits,
+                                std::vector<vision::RgbImage>& images) {
   if (!r.images.empty() && !model.has_vision())
     refuse(400, fmt::format("this model ({}) takes no images: it has no vision tower", model.config().architecture),
            r.images.front().param, "images_not_supported");
-  req.images = decode_images(r.images, limits);
-  const char* prompt_param = r.endpoint == Endpoint::Chat ? "messages" : "prompt";
+  images = decode_images(r.images, limits);
   try {
-    req.prompt = r.endpoint == Endpoint::Chat ? model.chat_prompt(r.messages, req.images)
-                                              : model.raw_prompt(r.prompt, req.images);
+    return r.endpoint == Endpoint::Chat ? model.chat_prompt(r.messages, images) : model.raw_prompt(r.prompt, images);
   } catch (const Error& e) {
-    refuse(400, e.what(), prompt_param);
+    refuse(400, e.what(), r.endpoint == Endpoint::Chat ? "messages" : "prompt");
   }
+}
+
+engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const GenerationDefaults& defaults,
+                                const PrepareLimits& limits) {
+  engine::Request req;
+  req.prompt = prompt_ids(model, r, limits, req.images);
+  const char* prompt_param = r.endpoint == Endpoint::Chat ? "messages" : "prompt";
   const int64_t ctx = model.context(), n = int64_t(req.prompt.size());
   if (n >= ctx || (r.max_tokens && n + *r.max_tokens > ctx))
     refuse(400,

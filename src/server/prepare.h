@@ -28,6 +28,11 @@ struct PrepareLimits {
   vision::DecodeLimits decode;  // per image
 };
 
+// The request's prompt ids (chat template or raw prompt, images decoded and expanded); fails with
+// ApiError. `r.images` are consumed into `images`.
+std::vector<int32_t> prompt_ids(const engine::Model& model, ApiRequest& r, const PrepareLimits& limits,
+                                std::vector<vision::RgbImage>& images);
+
 // Fails with ApiError; `r.images` are consumed.
 engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const GenerationDefaults& defaults,
                                 const PrepareLimits& limits);

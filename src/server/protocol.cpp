@@ -269,6 +269,36 @@ std::shared_ptr<const grammar::Schema> response_format(const json& rf) {
 
 }  // namespace
 
+TokenizeRequest parse_tokenize(const json& body, const ImagePolicy& images) {
+  if (!body.is_object()) wrong_type("body", "a JSON object", body);
+  const bool chat = field(body, "messages") != nullptr;
+  if (chat == (field(body, "prompt") != nullptr)) refuse(400, "give either 'prompt' or 'messages'", "prompt");
+  TokenizeRequest t;
+  t.request = parse_request(body, chat ? Endpoint::Chat : Endpoint::Completion, images);
+  t.add_special_tokens = boolean(body, "add_special_tokens").value_or(!chat);
+  t.return_token_strs = boolean(body, "return_token_strs").value_or(false);
+  if (chat && t.add_special_tokens)
+    refuse(400, "'add_special_tokens' must be false with 'messages': the chat template begins with <bos> itself",
+           "add_special_tokens");
+  if (chat && !boolean(body, "add_generation_prompt").value_or(true))
+    refuse(400, "'add_generation_prompt' false is not supported: the prompt ends with the model's turn",
+           "add_generation_prompt");
+  return t;
+}
+
+std::vector<int32_t> parse_detokenize(const json& body) {
+  if (!body.is_object()) wrong_type("body", "a JSON object", body);
+  const json* ids = field(body, "tokens");
+  if (!ids || !ids->is_array()) refuse(400, "'tokens' must be an array of token ids", "tokens");
+  std::vector<int32_t> out;
+  for (const json& id : *ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      refuse(400, "'tokens' must be an array of token ids", "tokens");
+    out.push_back(int32_t(id.get<int64_t>()));
+  }
+  return out;
+}
+
 ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy& images) {
   if (!body.is_object()) wrong_type("body", "a JSON object", body);
   ApiRequest r;

@@ -76,6 +76,19 @@ ApiRequest parse_request(const Json& body, Endpoint endpoint, const ImagePolicy&
 // The body as JSON (malformed, too deep, duplicate keys → 400).
 Json parse_body(std::string_view body);
 
+// POST /tokenize (vLLM's contract): "prompt" (text as /v1/completions reads it) or "messages"
+// (the chat template, images expanded into their soft tokens), "add_special_tokens" (prompt: the
+// leading <bos>, default true; messages: only false, the template has its own),
+// "add_generation_prompt" (messages: only true), "return_token_strs".
+struct TokenizeRequest {
+  ApiRequest request;  // Completion for a prompt, Chat for messages
+  bool add_special_tokens = true;
+  bool return_token_strs = false;
+};
+TokenizeRequest parse_tokenize(const Json& body, const ImagePolicy& images);
+// POST /detokenize: {"tokens": [ids]} (range-checked against the vocabulary by the caller).
+std::vector<int32_t> parse_detokenize(const Json& body);
+
 // Base64 (RFC 4648, padding optional, no whitespace); nullopt when malformed.
 std::optional<std::vector<uint8_t>> base64_decode(std::string_view s);
 

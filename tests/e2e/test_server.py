@@ -280,6 +280,41 @@ class TestServer(unittest.TestCase):
             self.assertAlmostEqual(t["top_logprobs"][0]["logprob"], t["logprob"], places=5)
             self.assertEqual(bytes(t["bytes"]).decode("utf-8", "replace"), t["token"])
 
+    def test_tokenize_and_detokenize(self):
+        # What a chat request's prompt takes, its image's soft tokens included, before sending it.
+        body = chat("What is this?", image_seeds=(3,))
+        status, _, t = self.srv.post("/tokenize", {"messages": body["messages"], "return_token_strs": True})
+        self.assertEqual(status, 200, t)
+        used = self.srv.post("/v1/chat/completions", dict(body, max_tokens=1))[2]["usage"]["prompt_tokens"]
+        self.assertEqual(t["count"], used)
+        self.assertEqual(len(t["tokens"]), used)
+        self.assertEqual(len(t["token_strs"]), used)
+        self.assertEqual(t["tokens"][0], 2)  # the template's <bos>, once
+        self.assertEqual(t["tokens"].count(2), 1)
+        card = json.loads(self.srv.request("GET", "/v1/models")[2])["data"][0]
+        self.assertEqual(t["max_model_len"], card["max_model_len"])
+        # A raw prompt as /v1/completions reads it; without special tokens, no <bos>.
+        text = "The quick brown fox"
+        t1 = self.srv.post("/tokenize", {"prompt": text})[2]
+        used = self.srv.post("/v1/completions", {"prompt": text, "max_tokens": 1})[2]["usage"]["prompt_tokens"]
+        self.assertEqual(t1["count"], used)
+        t0 = self.srv.post("/tokenize", {"prompt": text, "add_special_tokens": False})[2]
+        self.assertEqual(t0["tokens"], t1["tokens"][1:])
+        self.assertEqual(self.srv.post("/detokenize", {"tokens": t0["tokens"]})[2], {"prompt": text})
+        self.assertEqual(self.srv.post("/detokenize", {"tokens": t1["tokens"]})[2], {"prompt": "<bos>" + text})
+        for path, bad, param in [("/tokenize", {"prompt": "a", "messages": []}, "prompt"),
+                                 ("/tokenize", {}, "prompt"),
+                                 ("/tokenize", {"messages": body["messages"], "add_generation_prompt": False},
+                                  "add_generation_prompt"),
+                                 ("/tokenize", {"messages": body["messages"], "add_special_tokens": True},
+                                  "add_special_tokens"),
+                                 ("/detokenize", {"tokens": [1, 10 ** 7]}, "tokens"),
+                                 ("/detokenize", {"tokens": "abc"}, "tokens")]:
+            status, _, r = self.srv.post(path, bad)
+            self.assertEqual(status, 400, (path, bad, r))
+            self.assertEqual(r["error"]["param"], param)
+        self.assertEqual(self.srv.post("/tokenize", {"prompt": "a", "model": "gpt-4o"})[0], 404)
+
     def test_logit_bias(self):
         free = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=6))[2]["choices"][0]["token_ids"]
         forced = self.srv.post("/v1/chat/completions", chat("Hello", max_tokens=6, logit_bias={"236761": 100}))[2]
