@@ -7,24 +7,13 @@ unit of work between decode steps).
   bench_serve.py VLM_BIN MODEL_DIR [--threads N] [--tokens N]
 """
 import argparse
-import base64
 import http.client
-import io
 import json
-import re
 import signal
-import subprocess
 import threading
 import time
 
-
-def png_data_uri(w, h):
-    from PIL import Image
-    img = Image.new("RGB", (w, h))
-    img.putdata([((x * 3) % 256, (y * 5) % 256, (x + y) % 256) for y in range(h) for x in range(w)])
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+from serve_util import png_data_uri, start
 
 
 def stream(port, body, out):
@@ -55,19 +44,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=16)
     a = ap.parse_args()
-    p = subprocess.Popen([a.bin, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
-                          "--max-seqs", "16"], stderr=subprocess.PIPE, text=True)
-    port = int(re.search(r":(\d+) ", p.stderr.readline()).group(1))
-    threading.Thread(target=p.stderr.read, daemon=True).start()  # keep the pipe drained
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        time.sleep(0.2)
+    p, port = start([a.bin, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
+                     "--max-seqs", "16"])
     try:
         text = {"messages": [{"role": "user", "content": "Write a story about a lighthouse."}],
                 "max_tokens": a.tokens, "temperature": 0, "ignore_eos": True}

@@ -10,23 +10,11 @@ first token and llama-server's over vlm's.
 llama-server comes from bench/build_llama.sh's folder (DIR/bin/llama-server).
 """
 import argparse
-import base64
 import http.client
-import io
 import json
-import re
-import subprocess
-import threading
 import time
 
-
-def png_data_uri(w, h):
-    from PIL import Image
-    img = Image.new("RGB", (w, h))
-    img.putdata([((x * 3) % 256, (y * 5) % 256, (x * y) % 256) for y in range(h) for x in range(w)])
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+from serve_util import png_data_uri, start
 
 
 def model_id(port):
@@ -70,28 +58,6 @@ def chat(port, tokens):
     return times
 
 
-def serve(cmd, ready):
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    port = None
-    for line in p.stderr:
-        m = re.search(ready, line)
-        if m:
-            port = int(m.group(1))
-            break
-    if port is None:
-        raise SystemExit(f"{cmd[0]} did not start")
-    threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()  # a full pipe would stall it
-    while True:  # both answer /health with 200 once the model is loaded
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return p, port
-        except OSError:
-            pass
-        time.sleep(0.2)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("vlm")
@@ -105,7 +71,7 @@ def main():
     runs = {}
     vlm = [a.vlm, "serve", "--model", a.model, "--mmproj", a.mmproj, "--threads", str(a.threads), "--port", "0"]
     for name, extra in [("vlm", []), ("vlm, no caches", ["--image-cache", "0", "--prefix-cache", "0"])]:
-        p, port = serve(vlm + extra, r"listening on http://[\d.]+:(\d+)")
+        p, port = start(vlm + extra)
         try:
             runs[name] = chat(port, a.tokens)
         finally:
@@ -114,7 +80,7 @@ def main():
     if a.llama_server:
         cmd = [a.llama_server, "-m", a.model, "--mmproj", a.mmproj, "-t", str(a.threads), "-c", "4096",
                "--parallel", "1", "-fa", "off", "--port", str(a.port), "--host", "127.0.0.1"]
-        p, port = serve(cmd, r"listening on http://[\d.]+:(\d+)")
+        p, port = start(cmd)
         try:
             runs["llama-server"] = chat(port, a.tokens)
         finally:

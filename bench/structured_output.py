@@ -9,10 +9,10 @@ first, so without the prefill) and their ratio.
 import argparse
 import http.client
 import json
-import re
 import statistics
-import subprocess
 import time
+
+from serve_util import start
 
 SCHEMA = {"type": "object", "properties": {
     "caption": {"type": "string"}, "objects": {"type": "array", "items": {"type": "string"}},
@@ -20,9 +20,9 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["caption", "objects", "count", "outdoor"]}
 
 
-def per_token(host, port, body):
+def per_token(port, body):
     """Seconds per generated token after the first streamed one (the prompt's prefill excluded)."""
-    c = http.client.HTTPConnection(host, port, timeout=3600)
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
     assert r.status == 200, r.read()
@@ -54,20 +54,9 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
     a = ap.parse_args()
-    proc = subprocess.Popen([a.vlm, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
-                             "--prefix-cache", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc, port = start([a.vlm, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
+                        "--prefix-cache", "0"])
     try:
-        m = re.search(r"listening on http://([\d.]+):(\d+)", proc.stderr.readline())
-        host, port = m.group(1), int(m.group(2))
-        while True:
-            try:
-                c = http.client.HTTPConnection(host, port, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
         times = {"free": [], "schema": []}
         for run in range(a.runs):
             for kind in ("free", "schema"):
@@ -76,7 +65,7 @@ def main():
                         "ignore_eos": True, "return_token_ids": True}
                 if kind == "schema":
                     body["response_format"] = {"type": "json_schema", "json_schema": {"name": "scene", "schema": SCHEMA}}
-                t, n = per_token(host, port, body)
+                t, n = per_token(port, body)
                 times[kind].append(t)
                 print(f"run {run} {kind}: {t * 1e3:.2f} ms a token ({n} tokens)", flush=True)
         free, schema = statistics.median(times["free"]), statistics.median(times["schema"])

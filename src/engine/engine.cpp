@@ -74,8 +74,8 @@ void Engine::finish(Sequence& s, FinishReason r) {
   if (budget_.prefix_cache_bytes > 0 && (r == FinishReason::Stop || r == FinishReason::Length) && s.cache_ &&
       !whole_prompt() && size_t(s.cache_->length()) >= s.req_.prompt.size() &&
       size_t(s.cache_->length()) - s.req_.prompt.size() <= s.tokens_.size()) {
-    std::vector<int32_t> ids = s.req_.prompt;
-    ids.insert(ids.end(), s.tokens_.begin(), s.tokens_.begin() + (s.cache_->length() - int64_t(ids.size())));
+    std::vector<int32_t> ids = s.ids();
+    ids.resize(size_t(s.cache_->length()));
     prefix_cache_.put(std::move(ids), block_keys(s.image_keys_, s.crops_), std::move(*s.cache_));
     prefix_cache_bytes_.store(prefix_cache_.bytes());
   }
@@ -190,9 +190,8 @@ bool Engine::share_prefix(Sequence& s) {
       continue;
     }
     if (!a.cache_ || a.phase() == Phase::Queued || a.phase() == Phase::Finished) continue;
-    // a's ids at the positions its cache holds, and at those its prompt will fill.
-    std::vector<int32_t> held = a.req_.prompt;
-    held.insert(held.end(), a.tokens_.begin(), a.tokens_.end());
+    // a's ids at the positions its prompt will fill, and at those its cache holds.
+    std::vector<int32_t> held = a.ids();
     const std::vector<BlockKey> held_blocks = block_keys(a.image_keys_, a.crops_);
     const size_t later = shared_prefix(held, held_blocks, s.req_.prompt, blocks, image_id);
     held.resize(std::min(held.size(), size_t(a.cache_->length())));

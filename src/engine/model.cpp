@@ -56,14 +56,7 @@ int Model::vocab_limit() const {
 const grammar::Vocabulary& Model::vocabulary() const {
   if (!tok_) fail("response formats need a tokenizer, and {} has no tokenizer.json", dir().string());
   std::call_once(vocabulary_once_, [&] {
-    // The bytes the streaming detokenizer (text/detokenizer.h) emits for each id.
-    std::vector<std::string> bytes(size_t(std::min(vocab_limit(), tok_->vocab_size())));
-    for (size_t id = 0; id < bytes.size(); ++id) {
-      if (tok_->is_special(int32_t(id))) continue;
-      if (const int b = tok_->byte_value(int32_t(id)); b >= 0) bytes[id] = std::string(1, char(b));
-      else tok_->append_piece(int32_t(id), bytes[id]);
-    }
-    vocabulary_ = std::make_unique<const grammar::Vocabulary>(std::move(bytes));
+    vocabulary_ = std::make_unique<const grammar::Vocabulary>(grammar::token_bytes(*tok_, vocab_limit()));
   });
   return *vocabulary_;
 }

@@ -38,6 +38,12 @@ size_t Sequence::kv_bytes() const {
   return slots * cache_->row_bytes() * 2;  // keys and values
 }
 
+std::vector<int32_t> Sequence::ids() const {
+  std::vector<int32_t> out = req_.prompt;
+  out.insert(out.end(), tokens_.begin(), tokens_.end());
+  return out;
+}
+
 int64_t kv_positions(const Model& model, const Request& req) {
   if (req.prefilled) return req.prefilled->cache.context();
   return std::min<int64_t>(model.context(), int64_t(req.prompt.size()) + std::max(req.max_tokens, 1));

@@ -101,6 +101,9 @@ class Sequence {
   const Request& request() const { return req_; }
   const Usage& usage() const { return usage_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }  // generated ids
+  // The ids at its positions: the prompt, then the generated ids (the KV cache holds the first
+  // of them; the last sampled one is not in it yet).
+  std::vector<int32_t> ids() const;
   FinishReason finish_reason() const { return finish_; }
   const std::string& error() const { return error_; }  // the message when finish_reason() is Error
   size_t kv_bytes() const;                              // KV memory held now

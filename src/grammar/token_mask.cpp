@@ -2,9 +2,17 @@
 
 #include <algorithm>
 
-#include "text/tokenizer.h"
-
 namespace vlm::grammar {
+
+std::vector<std::string> token_bytes(const text::Tokenizer& tok, int32_t limit) {
+  std::vector<std::string> bytes(size_t(std::min(limit, tok.vocab_size())));
+  for (size_t id = 0; id < bytes.size(); ++id) {
+    if (tok.is_special(int32_t(id))) continue;
+    if (const int b = tok.byte_value(int32_t(id)); b >= 0) bytes[id] = std::string(1, char(b));
+    else tok.append_piece(int32_t(id), bytes[id]);
+  }
+  return bytes;
+}
 
 Vocabulary::Vocabulary(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
   for (size_t id = 0; id < bytes_.size(); ++id)

@@ -10,8 +10,13 @@
 #include <vector>
 
 #include "grammar/matcher.h"
+#include "text/tokenizer.h"
 
 namespace vlm::grammar {
+
+// What each id below `limit` adds to the text, as the streaming detokenizer (text/detokenizer.h)
+// emits it: a byte-fallback token its byte, another its piece; special tokens nothing.
+std::vector<std::string> token_bytes(const text::Tokenizer& tok, int32_t limit);
 
 class Vocabulary {
  public:

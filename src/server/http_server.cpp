@@ -292,16 +292,14 @@ void HttpServer::routes() {
   svr.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     try {
       auto m = model();
-      const Json body = parse_body(req.body);
-      if (const json* name = body.is_object() && body.contains("model") ? &body["model"] : nullptr)
-        check_model(name->is_string() ? name->get<std::string>() : name->dump());
-      const std::vector<int32_t> ids = parse_detokenize(body);
+      const DetokenizeRequest d = parse_detokenize(parse_body(req.body));
+      check_model(d.model);
       const text::Tokenizer* tok = m->tokenizer();
       if (!tok) refuse(400, "this model has no tokenizer.json", "tokens");
-      for (int32_t id : ids)
+      for (int32_t id : d.tokens)
         if (id >= tok->vocab_size())
           refuse(400, fmt::format("token {} is outside the vocabulary [0, {})", id, tok->vocab_size()), "tokens");
-      send_json(res, 200, {{"prompt", tok->decode(ids)}});
+      send_json(res, 200, {{"prompt", tok->decode(d.tokens)}});
     } catch (const ApiError& e) {
       send_error(res, e);
     }

