@@ -36,7 +36,7 @@ struct Item {
   std::string custom_id;
   json body;                          // the chat request
   std::optional<ApiError> error;      // refused before the engine
-  std::shared_ptr<server::Job> job;   // submitted
+  server::JobGroup jobs;              // submitted, one per choice
   bool token_ids = false;             // return_token_ids
   bool ready = false;                 // error or job set
 };
@@ -131,7 +131,7 @@ int cmd_batch(int argc, char** argv) {
   std::condition_variable cv;
   std::thread submitter([&] {
     for (Item& it : items) {
-      std::shared_ptr<server::Job> job;
+      server::JobGroup jobs;
       std::optional<ApiError> err;
       try {
         server::ApiRequest r = server::parse_request(it.body, server::Endpoint::Chat, policy);
@@ -140,14 +140,14 @@ int cmd_batch(int argc, char** argv) {
         for (auto& im : r.images)
           if (!im.path.empty() && std::filesystem::path(im.path).is_relative()) im.path = (base / im.path).string();
         it.token_ids = r.return_token_ids;
-        job = sched.submit(server::prepare_request(*model, r, defaults, {}), /*block=*/true);
+        jobs = sched.submit(server::prepare_requests(*model, r, defaults, {}), /*block=*/true);
       } catch (const ApiError& e) {
         err = e;
       } catch (const std::exception& e) {
         err = ApiError{500, e.what(), {}, "internal_error"};
       }
       std::lock_guard lk(mu);
-      it.job = std::move(job);
+      it.jobs = std::move(jobs);
       it.error = std::move(err);
       it.ready = true;
       cv.notify_all();
@@ -176,27 +176,33 @@ int cmd_batch(int argc, char** argv) {
       line = result_line(it.custom_id, it.error->status, server::error_json(*it.error));
       failed++;
     } else {
-      server::JobOutput o;
-      while (!it.job->take(o, std::chrono::milliseconds(200))) show(false);
-      const engine::Usage& u = o.usage;
-      if (*o.finish == engine::FinishReason::Error) {
-        line = result_line(it.custom_id, 500, server::error_json({500, o.error, {}, "internal_error"}));
+      std::vector<server::JobOutput> outs(it.jobs.size());
+      for (size_t c = 0; c < outs.size(); ++c)
+        while (!it.jobs[c]->take(outs[c], std::chrono::milliseconds(200))) show(false);
+      auto failed_out = std::find_if(outs.begin(), outs.end(),
+                                     [](const server::JobOutput& o) { return *o.finish == engine::FinishReason::Error; });
+      const engine::Usage& u = outs[0].usage;  // the prompt once, every choice's tokens
+      server::UsageOut usage{u.prompt_tokens, 0, u.image_tokens, u.cached_tokens};
+      for (const server::JobOutput& o : outs) usage.completion_tokens += o.usage.completion_tokens;
+      if (failed_out != outs.end()) {
+        line = result_line(it.custom_id, 500, server::error_json({500, failed_out->error, {}, "internal_error"}));
         failed++;
       } else {
         server::ResponseMeta meta{"chatcmpl-batch-" + it.custom_id, int64_t(std::time(nullptr)), model_id,
                                   "fp_" + model->identity().hash_hex()};
-        const std::string f = *o.finish == engine::FinishReason::Length ? "length" : "stop";
-        json body = server::chat_response(meta, o.text, {}, false, f,
-                                          {u.prompt_tokens, u.completion_tokens, u.image_tokens, u.cached_tokens});
-        if (it.token_ids) {
-          json ids = json::array();
-          for (const auto& t : o.tokens) ids.push_back(t.id);
-          body["choices"][0]["token_ids"] = std::move(ids);
+        std::vector<server::ChoiceOut> choices;
+        for (size_t c = 0; c < outs.size(); ++c) {
+          server::ChoiceOut ch{int(c), outs[c].text, {}, {}, server::finish_text(*outs[c].finish)};
+          if (it.token_ids) {
+            ch.token_ids.emplace();
+            for (const auto& t : outs[c].tokens) ch.token_ids->push_back(t.id);
+          }
+          choices.push_back(std::move(ch));
         }
-        line = result_line(it.custom_id, 200, body);
+        line = result_line(it.custom_id, 200, server::chat_response(meta, choices, false, usage));
       }
-      tokens += u.completion_tokens;
-      it.job.reset();
+      tokens += usage.completion_tokens;
+      it.jobs.clear();
     }
     out << server::dump(line) << "\n" << std::flush;
     finished++;

@@ -38,50 +38,86 @@ bool same_secret(const std::string& a, const std::string& b) {
   return d == 0;
 }
 
-std::string finish_text(engine::FinishReason r) {
-  return r == engine::FinishReason::Length ? "length" : "stop";
-}
-
 }  // namespace
 
-// One generation response being written: the job, what the client asked for, what was sent.
+// One generation response being written: its jobs (one per choice), what the client asked for,
+// what was sent.
 struct HttpServer::Stream {
-  std::shared_ptr<Job> job;
+  struct Choice {  // of jobs[i]
+    std::string prompt;  // completions with echo
+    JobOutput out;       // non-streamed: everything; streamed: what came since the last chunk
+    bool done = false;   // its finish is in `out`
+    bool sent = false;   // streamed: its finish went out
+  };
+  JobGroup jobs;
+  std::vector<Choice> choices;
+  int n = 1;  // choices per prompt
   std::shared_ptr<const engine::Model> model;  // keeps the tokenizer alive
   ResponseMeta meta;
   Endpoint endpoint = Endpoint::Chat;
   bool stream = false, include_usage = false, logprobs = false, echo = false, token_ids = false;
-  std::string prompt;  // completions with echo
   bool started = false;
-  JobOutput out;  // non-streamed: everything; streamed: what came since the last chunk
 
   std::string piece(int32_t id) const {
     const text::Tokenizer* tok = model->tokenizer();
     return tok ? tok->decode(std::span<const int32_t>(&id, 1)) : std::to_string(id);
   }
-  std::vector<TokenOut> convert(std::vector<engine::TokenEvent>& evs) const {
-    std::vector<TokenOut> v;
-    if (!logprobs) return v;
-    for (auto& e : evs) {
-      TokenOut t{e.id, e.text, piece(e.id), e.logprob, {}};
-      for (auto& [id, lp] : e.top) t.top.emplace_back(piece(id), lp);
-      v.push_back(std::move(t));
+  // Choice i's output so far as the client sees it (its text, tokens and ids are then cleared).
+  ChoiceOut take_out(size_t i, std::string finish = {}) {
+    JobOutput& o = choices[i].out;
+    ChoiceOut c{int(i), std::move(o.text), {}, {}, std::move(finish)};
+    if (logprobs)
+      for (auto& e : o.tokens) {
+        TokenOut t{e.id, e.text, piece(e.id), e.logprob, {}};
+        for (auto& [id, lp] : e.top) t.top.emplace_back(piece(id), lp);
+        c.tokens.push_back(std::move(t));
+      }
+    if (token_ids && (!stream || !o.tokens.empty())) {  // vLLM's return_token_ids: the ids next to the text
+      c.token_ids.emplace();
+      for (const auto& e : o.tokens) c.token_ids->push_back(e.id);
     }
-    return v;
+    o.text.clear();
+    o.tokens.clear();
+    return c;
   }
-  // vLLM's return_token_ids: the generated ids next to the text.
-  void add_ids(json& body, const std::vector<engine::TokenEvent>& evs) const {
-    if (!token_ids) return;
-    json ids = json::array();
-    for (const auto& e : evs) ids.push_back(e.id);
-    body["choices"][0]["token_ids"] = std::move(ids);
+  // Moves what each choice's job produced into its `out`; true once every choice has finished.
+  bool poll(std::chrono::milliseconds timeout) {
+    wait_any(jobs, timeout);
+    bool all = true;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      Choice& c = choices[i];
+      if (!c.done) c.done = jobs[i]->take(c.out, std::chrono::milliseconds(0));
+      all = all && c.done;
+    }
+    return all;
   }
+  void cancel() {
+    for (auto& j : jobs) j->cancel();
+  }
+  // The first choice that ended in an error or was cancelled (the server stopping), if any.
+  const Choice* failed() const {
+    for (const Choice& c : choices)
+      if (c.done && (*c.out.finish == engine::FinishReason::Error || *c.out.finish == engine::FinishReason::Cancelled))
+        return &c;
+    return nullptr;
+  }
+  static std::string error_message(const Choice& c) {
+    return *c.out.finish == engine::FinishReason::Cancelled ? "the request was cancelled: the server is shutting down"
+                                                            : c.out.error;
+  }
+  // Each prompt once (its first choice's prompt and image rows), every choice's tokens.
   UsageOut usage() const {
-    return {out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.image_tokens, out.usage.cached_tokens};
-  }
-  std::string error_message() const {
-    return *out.finish == engine::FinishReason::Cancelled ? "the request was cancelled: the server is shutting down"
-                                                          : out.error;
+    UsageOut u;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      const engine::Usage& e = choices[i].out.usage;
+      if (i % size_t(n) == 0) {
+        u.prompt_tokens += e.prompt_tokens;
+        u.image_tokens += e.image_tokens;
+        u.cached_tokens += e.cached_tokens;
+      }
+      u.completion_tokens += e.completion_tokens;
+    }
+    return u;
   }
 };
 
@@ -272,12 +308,12 @@ void HttpServer::routes() {
       auto m = model();
       TokenizeRequest t = parse_tokenize(parse_body(req.body), opt_.images);
       check_model(t.request.model);
-      std::vector<vision::RgbImage> images;
-      std::vector<int32_t> ids = prompt_ids(*m, t.request, opt_.limits, images);
+      const std::vector<vision::RgbImage> images = request_images(*m, t.request, opt_.limits);
+      std::vector<int32_t> ids = prompt_ids(*m, t.request, 0, images);
       // raw_prompt puts <bos> first unless the text has it; without special tokens, only then.
       const text::Tokenizer& tok = *m->tokenizer();
       if (t.request.endpoint == Endpoint::Completion && !t.add_special_tokens && !ids.empty() &&
-          tok.token_id(tok.bos_token()) == ids[0] && t.request.prompt.rfind(tok.bos_token(), 0) != 0)
+          tok.token_id(tok.bos_token()) == ids[0] && t.request.prompts[0].text.rfind(tok.bos_token(), 0) != 0)
         ids.erase(ids.begin());
       json out{{"count", ids.size()}, {"max_model_len", m->context()}, {"tokens", ids}};
       if (t.return_token_strs) {
@@ -332,14 +368,21 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     ApiRequest ar = parse_request(parse_body(body), ep, opt_.images);
     check_model(ar.model);
     st->endpoint = ep;
+    st->n = ar.n;
     st->stream = ar.stream;
     st->include_usage = ar.include_usage;
     st->logprobs = ar.top_logprobs >= 0;
     st->echo = ar.echo;
     st->token_ids = ar.return_token_ids;
-    if (ar.echo) st->prompt = ar.prompt;
-    engine::Request er = prepare_request(*st->model, ar, defaults_, opt_.limits);
-    st->job = sched->submit(std::move(er));
+    st->jobs = sched->submit(prepare_requests(*st->model, ar, defaults_, opt_.limits));
+    for (size_t i = 0; i < st->jobs.size(); ++i) {
+      Stream::Choice c;
+      if (ar.echo) {  // the prompt as written; a token-id prompt as its text
+        const Prompt& p = ar.prompts[i / size_t(ar.n)];
+        c.prompt = p.ids ? st->model->tokenizer()->decode(*p.ids) : p.text;
+      }
+      st->choices.push_back(std::move(c));
+    }
   } catch (const ApiError& e) {
     metrics_.add("requests_rejected_total", 1, fmt::format("status=\"{}\"", e.status));
     send_error(res, e);
@@ -354,7 +397,7 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
 
   // The releaser runs when the response ends: success = false means the client went away.
   auto release = [this, st](bool success) {
-    if (!success) st->job->cancel();
+    if (!success) st->cancel();
     active_--;
   };
   if (st->stream) {
@@ -366,47 +409,58 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
           const bool chat = st->endpoint == Endpoint::Chat;
           auto write = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
-            st->job->cancel();
+            st->cancel();
             return false;
+          };
+          auto chunk = [&](const ChoiceOut& c) {
+            return chat ? chat_delta_chunk(st->meta, c, st->logprobs, st->include_usage)
+                        : completion_chunk(st->meta, c, st->logprobs, st->include_usage);
           };
           if (!st->started) {
             st->started = true;
-            if (chat) return write(sse(chat_role_chunk(st->meta, st->include_usage)));
-            if (st->echo) return write(sse(completion_chunk(st->meta, st->prompt, {}, false, nullptr, st->include_usage)));
+            std::string head;
+            for (size_t i = 0; i < st->choices.size(); ++i) {
+              if (chat) head += sse(chat_role_chunk(st->meta, int(i), st->include_usage));
+              if (!chat && st->echo) {
+                ChoiceOut echo;
+                echo.index = int(i);
+                echo.text = st->choices[i].prompt;
+                head += sse(chunk(echo));
+              }
+            }
+            return head.empty() || write(head);
           }
-          JobOutput& out = st->out;
-          const bool done = st->job->take(out, kPoll);
+          const bool all = st->poll(kPoll);
           if (!sink.is_writable()) {
-            st->job->cancel();
+            st->cancel();
             return false;
           }
-          if (!out.text.empty() || (st->logprobs && !out.tokens.empty())) {
-            std::vector<TokenOut> toks = st->convert(out.tokens);
-            json chunk = chat ? chat_delta_chunk(st->meta, out.text, toks, st->logprobs, st->include_usage)
-                              : completion_chunk(st->meta, out.text, toks, st->logprobs, nullptr, st->include_usage);
-            st->add_ids(chunk, out.tokens);
-            if (!write(sse(chunk))) return false;
-            out.text.clear();
-            out.tokens.clear();
+          std::string events;
+          const Stream::Choice* bad = st->failed();
+          for (size_t i = 0; i < st->choices.size(); ++i) {
+            Stream::Choice& c = st->choices[i];
+            // Tokens without text yet (a character or a possible stop string held back) ride on
+            // the next chunk, or on the finish.
+            if (!c.out.text.empty() || (st->logprobs && !c.out.tokens.empty())) events += sse(chunk(st->take_out(i)));
+            if (c.done && !c.sent && !bad) {
+              c.sent = true;
+              events += sse(chunk(st->take_out(i, finish_text(*c.out.finish))));
+            }
           }
-          // Tokens without text yet (a character or a possible stop string held back) ride on
-          // the next chunk.
-          if (!done) return true;
-          std::string tail;
-          if (*out.finish == engine::FinishReason::Error || *out.finish == engine::FinishReason::Cancelled) {
+          if (bad) {
             // openai-node raises an APIError for an event with an "error" key.
-            tail = sse(error_json({500, st->error_message(), {}, "internal_error"}));
-          } else {
-            const std::string f = finish_text(*out.finish);
-            json fin = chat ? chat_finish_chunk(st->meta, f, st->include_usage)
-                            : completion_chunk(st->meta, "", {}, false, f.c_str(), st->include_usage);
-            if (!out.tokens.empty()) st->add_ids(fin, out.tokens);
-            tail = sse(fin);
-            if (st->include_usage) tail += sse(usage_chunk(st->meta, st->endpoint, st->usage()));
+            st->cancel();
+            events += sse(error_json({500, Stream::error_message(*bad), {}, "internal_error"})) + "data: [DONE]\n\n";
+            if (!write(events)) return false;
+            sink.done();
+            return true;
           }
-          tail += "data: [DONE]\n\n";
-          if (!write(tail)) return false;
-          sink.done();
+          if (all) {
+            if (st->include_usage) events += sse(usage_chunk(st->meta, st->endpoint, st->usage()));
+            events += "data: [DONE]\n\n";
+          }
+          if (!events.empty() && !write(events)) return false;
+          if (all) sink.done();
           return true;
         },
         release);
@@ -416,27 +470,30 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     res.set_chunked_content_provider(
         "application/json",
         [st](size_t, httplib::DataSink& sink) {
-          JobOutput& out = st->out;
-          const bool done = st->job->take(out, kPoll);
+          const bool all = st->poll(kPoll);
           if (!sink.is_writable()) {
-            st->job->cancel();
+            st->cancel();
             return false;
           }
-          if (!done) return true;
+          const Stream::Choice* bad = st->failed();
+          if (!all && !bad) return true;
           json body;
-          if (*out.finish == engine::FinishReason::Error || *out.finish == engine::FinishReason::Cancelled) {
-            body = error_json({500, st->error_message(), {}, "internal_error"});
+          if (bad) {
+            st->cancel();
+            body = error_json({500, Stream::error_message(*bad), {}, "internal_error"});
           } else {
-            const std::string f = finish_text(*out.finish);
-            std::vector<TokenOut> toks = st->convert(out.tokens);
-            body = st->endpoint == Endpoint::Chat
-                       ? chat_response(st->meta, out.text, toks, st->logprobs, f, st->usage())
-                       : completion_response(st->meta, st->prompt + out.text, toks, st->logprobs, f, st->usage());
-            st->add_ids(body, out.tokens);
+            std::vector<ChoiceOut> choices;
+            for (size_t i = 0; i < st->choices.size(); ++i) {
+              Stream::Choice& c = st->choices[i];
+              c.out.text = c.prompt + c.out.text;  // echo (completions)
+              choices.push_back(st->take_out(i, finish_text(*c.out.finish)));
+            }
+            body = st->endpoint == Endpoint::Chat ? chat_response(st->meta, choices, st->logprobs, st->usage())
+                                                  : completion_response(st->meta, choices, st->logprobs, st->usage());
           }
           const std::string s = dump(body);
           if (!sink.write(s.data(), s.size())) {
-            st->job->cancel();
+            st->cancel();
             return false;
           }
           sink.done();

@@ -50,56 +50,70 @@ std::vector<vision::RgbImage> decode_images(std::vector<ImageRef>& refs, const P
 
 }  // namespace
 
-std::vector<int32_t> prompt_ids(const engine::Model& model, ApiRequest& r, const PrepareLimits& limits,
-                                std::vector<vision::RgbImage>& images) {
+std::vector<vision::RgbImage> request_images(const engine::Model& model, ApiRequest& r, const PrepareLimits& limits) {
   if (!r.images.empty() && !model.has_vision())
     refuse(400, fmt::format("this model ({}) takes no images: it has no vision tower", model.config().architecture),
            r.images.front().param, "images_not_supported");
-  images = decode_images(r.images, limits);
+  return decode_images(r.images, limits);
+}
+
+std::vector<int32_t> prompt_ids(const engine::Model& model, const ApiRequest& r, size_t i,
+                                const std::vector<vision::RgbImage>& images) {
   try {
-    return r.endpoint == Endpoint::Chat ? model.chat_prompt(r.messages, images) : model.raw_prompt(r.prompt, images);
+    if (r.endpoint == Endpoint::Chat) return model.chat_prompt(r.messages, images);
+    const Prompt& p = r.prompts.at(i);
+    return p.ids ? *p.ids : model.raw_prompt(p.text, images);
   } catch (const Error& e) {
     refuse(400, e.what(), r.endpoint == Endpoint::Chat ? "messages" : "prompt");
   }
 }
 
-engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const GenerationDefaults& defaults,
-                                const PrepareLimits& limits) {
-  engine::Request req;
-  req.prompt = prompt_ids(model, r, limits, req.images);
+std::vector<engine::Request> prepare_requests(const engine::Model& model, ApiRequest& r,
+                                              const GenerationDefaults& defaults, const PrepareLimits& limits) {
+  const std::vector<vision::RgbImage> images = request_images(model, r, limits);
+  const size_t prompts = r.endpoint == Endpoint::Chat ? 1 : r.prompts.size();
   const char* prompt_param = r.endpoint == Endpoint::Chat ? "messages" : "prompt";
-  const int64_t ctx = model.context(), n = int64_t(req.prompt.size());
-  if (n >= ctx || (r.max_tokens && n + *r.max_tokens > ctx))
-    refuse(400,
-           fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
-                       "the {}, {} for the completion). Please reduce the length of the {} or the completion.",
-                       ctx, n + r.max_tokens.value_or(1), n, prompt_param, r.max_tokens.value_or(1), prompt_param),
-           r.max_tokens && n < ctx ? r.max_tokens_param : prompt_param, "context_length_exceeded");
-  // Chat default: until a stop token or the end of the context; completions: 16 (OpenAI, vLLM).
-  req.max_tokens = r.max_tokens.value_or(r.endpoint == Endpoint::Chat ? int(ctx - n) : 16);
+  std::vector<engine::Request> out;
+  for (size_t i = 0; i < prompts; ++i) {
+    engine::Request req;
+    req.prompt = prompt_ids(model, r, i, images);
+    req.images = images;
+    const int64_t ctx = model.context(), n = int64_t(req.prompt.size());
+    if (n >= ctx || (r.max_tokens && n + *r.max_tokens > ctx))
+      refuse(400,
+             fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens ({} in "
+                         "the {}, {} for the completion). Please reduce the length of the {} or the completion.",
+                         ctx, n + r.max_tokens.value_or(1), n, prompt_param, r.max_tokens.value_or(1), prompt_param),
+             r.max_tokens && n < ctx ? r.max_tokens_param : prompt_param, "context_length_exceeded");
+    // Chat default: until a stop token or the end of the context; completions: 16 (OpenAI, vLLM).
+    req.max_tokens = r.max_tokens.value_or(r.endpoint == Endpoint::Chat ? int(ctx - n) : 16);
 
-  SamplingParams& s = req.sampling;
-  s.temperature = r.temperature.value_or(defaults.do_sample ? defaults.temperature : 0.f);
-  s.top_p = r.top_p.value_or(defaults.do_sample ? defaults.top_p : 1.f);
-  s.top_k = r.top_k.value_or(defaults.do_sample ? defaults.top_k : 0);
-  s.min_p = r.min_p.value_or(defaults.do_sample ? defaults.min_p : 0.f);
-  s.repetition_penalty = r.repetition_penalty.value_or(defaults.repetition_penalty);
-  s.presence_penalty = r.presence_penalty.value_or(0.f);
-  s.frequency_penalty = r.frequency_penalty.value_or(0.f);
-  s.logit_bias = r.logit_bias;
-  s.vocab_limit = model.vocab_limit();  // so that validate_request refuses ids outside it
-  // Without a seed every request draws its own (OpenAI); with one, the same tokens every time.
-  s.seed = r.seed ? *r.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
-  req.stop_strings = r.stop;
-  req.response_schema = r.response_schema;
-  if (r.ignore_eos) req.stop_ids = std::vector<int32_t>{};
-  req.top_logprobs = r.top_logprobs;
-  try {
-    engine::validate_request(model, req);
-  } catch (const Error& e) {
-    refuse(400, e.what());
+    SamplingParams& s = req.sampling;
+    s.temperature = r.temperature.value_or(defaults.do_sample ? defaults.temperature : 0.f);
+    s.top_p = r.top_p.value_or(defaults.do_sample ? defaults.top_p : 1.f);
+    s.top_k = r.top_k.value_or(defaults.do_sample ? defaults.top_k : 0);
+    s.min_p = r.min_p.value_or(defaults.do_sample ? defaults.min_p : 0.f);
+    s.repetition_penalty = r.repetition_penalty.value_or(defaults.repetition_penalty);
+    s.presence_penalty = r.presence_penalty.value_or(0.f);
+    s.frequency_penalty = r.frequency_penalty.value_or(0.f);
+    s.logit_bias = r.logit_bias;
+    s.vocab_limit = model.vocab_limit();  // so that validate_request refuses ids outside it
+    req.stop_strings = r.stop;
+    req.response_schema = r.response_schema;
+    if (r.ignore_eos) req.stop_ids = std::vector<int32_t>{};
+    req.top_logprobs = r.top_logprobs;
+    try {
+      engine::validate_request(model, req);
+    } catch (const Error& e) {
+      refuse(400, e.what(), r.endpoint == Endpoint::Completion && r.prompts[i].ids ? "prompt" : "");
+    }
+    for (int j = 0; j < r.n; ++j) {
+      // Without a seed every choice draws its own (OpenAI); with one, the same tokens every time.
+      s.seed = r.seed ? *r.seed + uint64_t(j) : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+      out.push_back(req);
+    }
   }
-  return req;
+  return out;
 }
 
 }  // namespace vlm::server

@@ -28,13 +28,18 @@ struct PrepareLimits {
   vision::DecodeLimits decode;  // per image
 };
 
-// The request's prompt ids (chat template or raw prompt, images decoded and expanded); fails with
-// ApiError. `r.images` are consumed into `images`.
-std::vector<int32_t> prompt_ids(const engine::Model& model, ApiRequest& r, const PrepareLimits& limits,
-                                std::vector<vision::RgbImage>& images);
+// The request's images, decoded; fails with ApiError. `r.images` are consumed.
+std::vector<vision::RgbImage> request_images(const engine::Model& model, ApiRequest& r, const PrepareLimits& limits);
 
-// Fails with ApiError; `r.images` are consumed.
-engine::Request prepare_request(const engine::Model& model, ApiRequest& r, const GenerationDefaults& defaults,
-                                const PrepareLimits& limits);
+// Prompt `i` of the request as ids (chat: the template over its messages, the only prompt), its
+// images expanded into their soft tokens; fails with ApiError.
+std::vector<int32_t> prompt_ids(const engine::Model& model, const ApiRequest& r, size_t i,
+                                const std::vector<vision::RgbImage>& images);
+
+// One engine request per choice, prompt by prompt, n each (ChoiceOut's order). With a seed,
+// choice j of a prompt samples with seed + j (vLLM's parallel sampling: choice 0 is what n = 1
+// gives); without, each draws its own. Fails with ApiError; `r.images` are consumed.
+std::vector<engine::Request> prepare_requests(const engine::Model& model, ApiRequest& r,
+                                              const GenerationDefaults& defaults, const PrepareLimits& limits);
 
 }  // namespace vlm::server

@@ -29,8 +29,11 @@ void refuse(int status, std::string message, std::string param, std::string code
   throw ApiError{status, std::move(message), std::move(param), std::move(code)};
 }
 
+namespace {
+json or_null(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
+}  // namespace
+
 json error_json(const ApiError& e) {
-  auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
   return {{"error", {{"message", e.message}, {"type", e.type()}, {"param", or_null(e.param)}, {"code", or_null(e.code)}}}};
 }
 
@@ -283,6 +286,8 @@ TokenizeRequest parse_tokenize(const json& body, const ImagePolicy& images) {
   if (chat == (field(body, "prompt") != nullptr)) refuse(400, "give either 'prompt' or 'messages'", "prompt");
   TokenizeRequest t;
   t.request = parse_request(body, chat ? Endpoint::Chat : Endpoint::Completion, images);
+  if (!chat && (t.request.prompts.size() != 1 || t.request.prompts[0].ids))
+    refuse(400, "'prompt' must be one string here", "prompt");
   t.add_special_tokens = boolean(body, "add_special_tokens").value_or(!chat);
   t.return_token_strs = boolean(body, "return_token_strs").value_or(false);
   if (chat && t.add_special_tokens)
@@ -308,13 +313,60 @@ DetokenizeRequest parse_detokenize(const json& body) {
   return out;
 }
 
+namespace {
+
+// The most choices one request may ask for (n, times the prompts of a list): OpenAI's bound on n.
+constexpr int kMaxChoices = 128;
+
+// A token-id prompt: a non-empty array of ids (their range against the vocabulary is the model's
+// to check).
+Prompt id_prompt(const json& a, const std::string& param) {
+  Prompt p;
+  p.ids.emplace();
+  for (const json& id : a) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      refuse(400, fmt::format("'{}' must hold token ids (integers >= 0)", param), param);
+    p.ids->push_back(int32_t(id.get<int64_t>()));
+  }
+  if (p.ids->empty()) refuse(400, fmt::format("'{}' is an empty list of token ids", param), param);
+  return p;
+}
+
+// "prompt" as the completions API takes it: a string, a list of strings, a list of token ids or a
+// list of such lists.
+std::vector<Prompt> parse_prompts(const json& body) {
+  const json* p = field(body, "prompt");
+  if (!p) refuse(400, "'prompt' is required", "prompt");
+  if (p->is_string()) return {Prompt{p->get<std::string>(), {}}};
+  if (!p->is_array()) wrong_type("prompt", "a string, a list of strings, token ids or lists of token ids", *p);
+  if (p->empty()) refuse(400, "'prompt' is an empty list", "prompt");
+  if (p->front().is_number()) return {id_prompt(*p, "prompt")};
+  if (p->size() > size_t(kMaxChoices))
+    refuse(400, fmt::format("'prompt' lists {} prompts; at most {}", p->size(), kMaxChoices), "prompt");
+  std::vector<Prompt> out;
+  const bool strings = p->front().is_string();
+  for (size_t i = 0; i < p->size(); ++i) {
+    const json& e = (*p)[i];
+    const std::string at = fmt::format("prompt[{}]", i);
+    if (strings && e.is_string())
+      out.push_back({e.get<std::string>(), {}});
+    else if (!strings && e.is_array())
+      out.push_back(id_prompt(e, at));
+    else
+      refuse(400, "'prompt' must be a string, a list of strings, token ids or lists of token ids, not a mixture",
+             at);
+  }
+  return out;
+}
+
+}  // namespace
+
 ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy& images) {
   if (!body.is_object()) wrong_type("body", "a JSON object", body);
   ApiRequest r;
   r.endpoint = endpoint;
   r.model = model_name(body);
-  if (auto n = integer(body, "n", 1, 128); n && *n != 1)
-    refuse(400, fmt::format("'n' = {} is not supported; only one choice per request (n = 1)", *n), "n");
+  r.n = int(integer(body, "n", 1, kMaxChoices).value_or(1));
   if (auto b = integer(body, "best_of", 1, 128); b && *b != 1)
     refuse(400, "'best_of' other than 1 is not supported", "best_of");
   if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty()))
@@ -380,15 +432,10 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
   } else {
     if (auto lp = integer(body, "logprobs", 0, 5)) r.top_logprobs = int(*lp);
     r.echo = boolean(body, "echo").value_or(false);
-    const json* p = field(body, "prompt");
-    if (!p) refuse(400, "'prompt' is required", "prompt");
-    if (p->is_array()) {
-      if (p->size() != 1 || !(*p)[0].is_string())
-        refuse(400, "'prompt' must be one string (lists of prompts and token-id prompts are not supported)", "prompt");
-      p = &(*p)[0];
-    }
-    if (!p->is_string()) wrong_type("prompt", "a string", *p);
-    r.prompt = p->get<std::string>();
+    r.prompts = parse_prompts(body);
+    if (r.prompts.size() * size_t(r.n) > size_t(kMaxChoices))
+      refuse(400, fmt::format("{} prompts × n = {} asks for {} choices; at most {}", r.prompts.size(), r.n,
+                              r.prompts.size() * size_t(r.n), kMaxChoices), "n");
   }
   return r;
 }
@@ -444,58 +491,77 @@ json legacy_logprobs(const std::vector<TokenOut>& tokens, size_t offset) {
 
 }  // namespace
 
-json chat_response(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens, bool logprobs,
-                   std::string_view finish, const UsageOut& u) {
-  json j = head(m, "chat.completion");
-  j["choices"] = json::array({{{"index", 0},
-                               {"message", {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}}},
-                               {"logprobs", logprobs ? chat_logprobs(tokens) : json(nullptr)},
-                               {"finish_reason", finish}}});
-  j["usage"] = usage_json(u);
-  return j;
-}
-
-json completion_response(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
-                         bool logprobs, std::string_view finish, const UsageOut& u) {
-  json j = head(m, "text_completion");
-  j["choices"] = json::array({{{"index", 0},
-                               {"text", text},
-                               {"logprobs", logprobs ? legacy_logprobs(tokens, 0) : json(nullptr)},
-                               {"finish_reason", finish}}});
-  j["usage"] = usage_json(u);
-  return j;
-}
-
 namespace {
-json chat_chunk(const ResponseMeta& m, json delta, json logprobs, json finish, bool usage_null) {
+
+// A choice's token_ids (return_token_ids) after its other keys.
+json with_ids(json c, const ChoiceOut& o) {
+  if (o.token_ids) c["token_ids"] = *o.token_ids;
+  return c;
+}
+
+json completion_choice(const ChoiceOut& c, bool logprobs) {
+  return with_ids({{"index", c.index},
+                   {"text", c.text},
+                   {"logprobs", logprobs ? legacy_logprobs(c.tokens, 0) : json(nullptr)},
+                   {"finish_reason", or_null(c.finish)}},
+                  c);
+}
+
+json chat_chunk(const ResponseMeta& m, json choice, bool usage_null) {
   json j = head(m, "chat.completion.chunk");
-  j["choices"] = json::array(
-      {{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}}});
+  j["choices"] = json::array({std::move(choice)});
   if (usage_null) j["usage"] = nullptr;
   return j;
 }
+
 }  // namespace
 
-json chat_role_chunk(const ResponseMeta& m, bool usage_null) {
-  return chat_chunk(m, {{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}, nullptr, nullptr, usage_null);
+json chat_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, bool logprobs, const UsageOut& u) {
+  json j = head(m, "chat.completion");
+  j["choices"] = json::array();
+  for (const ChoiceOut& c : choices)
+    j["choices"].push_back(with_ids({{"index", c.index},
+                                     {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},
+                                     {"logprobs", logprobs ? chat_logprobs(c.tokens) : json(nullptr)},
+                                     {"finish_reason", c.finish}},
+                                    c));
+  j["usage"] = usage_json(u);
+  return j;
 }
 
-json chat_delta_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
-                      bool logprobs, bool usage_null) {
-  return chat_chunk(m, {{"content", text}}, logprobs ? chat_logprobs(tokens) : json(nullptr), nullptr, usage_null);
-}
-
-json chat_finish_chunk(const ResponseMeta& m, std::string_view finish, bool usage_null) {
-  return chat_chunk(m, json::object(), nullptr, finish, usage_null);
-}
-
-json completion_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
-                      bool logprobs, const char* finish, bool usage_null) {
+json completion_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, bool logprobs,
+                         const UsageOut& u) {
   json j = head(m, "text_completion");
-  j["choices"] = json::array({{{"index", 0},
-                               {"text", text},
-                               {"logprobs", logprobs ? legacy_logprobs(tokens, 0) : json(nullptr)},
-                               {"finish_reason", finish ? json(finish) : json(nullptr)}}});
+  j["choices"] = json::array();
+  for (const ChoiceOut& c : choices) j["choices"].push_back(completion_choice(c, logprobs));
+  j["usage"] = usage_json(u);
+  return j;
+}
+
+json chat_role_chunk(const ResponseMeta& m, int index, bool usage_null) {
+  return chat_chunk(m,
+                    {{"index", index},
+                     {"delta", {{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}},
+                     {"logprobs", nullptr},
+                     {"finish_reason", nullptr}},
+                    usage_null);
+}
+
+json chat_delta_chunk(const ResponseMeta& m, const ChoiceOut& c, bool logprobs, bool usage_null) {
+  // A finish on its own has an empty delta, as OpenAI's last chunk of a choice.
+  json delta = c.text.empty() && !c.finish.empty() ? json::object() : json{{"content", c.text}};
+  return chat_chunk(m,
+                    with_ids({{"index", c.index},
+                              {"delta", std::move(delta)},
+                              {"logprobs", logprobs && !c.tokens.empty() ? chat_logprobs(c.tokens) : json(nullptr)},
+                              {"finish_reason", or_null(c.finish)}},
+                             c),
+                    usage_null);
+}
+
+json completion_chunk(const ResponseMeta& m, const ChoiceOut& c, bool logprobs, bool usage_null) {
+  json j = head(m, "text_completion");
+  j["choices"] = json::array({completion_choice(c, logprobs && !c.tokens.empty())});
   if (usage_null) j["usage"] = nullptr;
   return j;
 }

@@ -41,6 +41,13 @@ struct ImagePolicy {
   uint64_t max_image_bytes = 20u << 20;  // per encoded image
 };
 
+// One prompt of /v1/completions: text (tokenized with <bos> first, as HF's tokenizer does), or
+// token ids taken as they are.
+struct Prompt {
+  std::string text;
+  std::optional<std::vector<int32_t>> ids;
+};
+
 struct ImageRef {
   std::string param;                  // "messages[1].content[0].image_url"
   std::vector<uint8_t> bytes;         // a data: URI's payload, base64-decoded
@@ -53,7 +60,8 @@ struct ApiRequest {
   std::string model;                            // empty = not given
   std::vector<text::ChatMessage> messages;      // chat
   std::vector<ImageRef> images;                 // chat, in prompt order
-  std::string prompt;                           // completions
+  std::vector<Prompt> prompts;                  // completions: one or a list, each answered n times
+  int n = 1;                                    // choices per prompt
   bool stream = false;
   bool include_usage = false;                   // stream_options.include_usage
   std::optional<int> max_tokens;
@@ -65,7 +73,7 @@ struct ApiRequest {
   std::vector<std::string> stop;
   int top_logprobs = -1;                        // -1 = no logprobs; chat: top_logprobs, completions: logprobs
   bool echo = false;                            // completions: prompt text before the answer
-  bool return_token_ids = false;                // vLLM's extension: choices[0].token_ids
+  bool return_token_ids = false;                // vLLM's extension: each choice's token_ids
   bool ignore_eos = false;                      // vLLM's extension: only max_tokens and stop strings end it
   // response_format json_object / json_schema, compiled (null: text).
   std::shared_ptr<const grammar::Schema> response_schema;
@@ -117,21 +125,26 @@ struct ResponseMeta {
   std::string fingerprint; // system_fingerprint: the compatibility identity hash
 };
 
+// One choice of a response, or what a stream chunk carries of it. Choices are numbered prompt by
+// prompt, n each (OpenAI's and vLLM's order for a list of prompts).
+struct ChoiceOut {
+  int index = 0;
+  std::string text;
+  std::vector<TokenOut> tokens;                  // with logprobs
+  std::optional<std::vector<int32_t>> token_ids; // return_token_ids
+  std::string finish;                            // empty: not finished (chunks)
+};
+
 Json usage_json(const UsageOut& u);
-// Non-streamed bodies: the whole answer, its tokens (logprobs) and the finish reason.
-Json chat_response(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
-                             bool logprobs, std::string_view finish, const UsageOut& u);
-Json completion_response(const ResponseMeta& m, const std::string& text,
-                                   const std::vector<TokenOut>& tokens, bool logprobs, std::string_view finish,
-                                   const UsageOut& u);
-// Stream chunks (chat.completion.chunk / text_completion). `usage_null` adds "usage": null as
-// openai-node's include_usage contract wants on every chunk but the last.
-Json chat_role_chunk(const ResponseMeta& m, bool usage_null);
-Json chat_delta_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
-                                bool logprobs, bool usage_null);
-Json chat_finish_chunk(const ResponseMeta& m, std::string_view finish, bool usage_null);
-Json completion_chunk(const ResponseMeta& m, const std::string& text, const std::vector<TokenOut>& tokens,
-                                bool logprobs, const char* finish, bool usage_null);
+// Non-streamed bodies: every choice whole, with its tokens (logprobs) and finish reason.
+Json chat_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, bool logprobs, const UsageOut& u);
+Json completion_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, bool logprobs,
+                         const UsageOut& u);
+// Stream chunks (chat.completion.chunk / text_completion), one choice each. `usage_null` adds
+// "usage": null as openai-node's include_usage contract wants on every chunk but the last.
+Json chat_role_chunk(const ResponseMeta& m, int index, bool usage_null);
+Json chat_delta_chunk(const ResponseMeta& m, const ChoiceOut& c, bool logprobs, bool usage_null);
+Json completion_chunk(const ResponseMeta& m, const ChoiceOut& c, bool logprobs, bool usage_null);
 Json usage_chunk(const ResponseMeta& m, Endpoint endpoint, const UsageOut& u);
 
 // JSON text for the wire: invalid UTF-8 becomes U+FFFD instead of throwing.

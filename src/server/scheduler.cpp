@@ -14,14 +14,25 @@ namespace {
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 }  // namespace
 
+std::string finish_text(engine::FinishReason r) { return r == engine::FinishReason::Length ? "length" : "stop"; }
+
+void wait_any(const JobGroup& group, std::chrono::milliseconds timeout) {
+  if (group.empty()) return;
+  Job::Signal& sig = *group.front()->signal_;
+  std::unique_lock lk(sig.mu);
+  sig.cv.wait_for(lk, timeout,
+                  [&] { return std::any_of(group.begin(), group.end(), [](auto& j) { return j->has_news(); }); });
+}
+
 bool Job::take(JobOutput& out, std::chrono::milliseconds timeout) {
-  std::unique_lock lk(mu_);
-  cv_.wait_for(lk, timeout, [&] { return finished_ || !pending_.text.empty() || !pending_.tokens.empty(); });
+  std::unique_lock lk(signal_->mu);
+  signal_->cv.wait_for(lk, timeout, [&] { return finished_ || !pending_.text.empty() || !pending_.tokens.empty(); });
   out.text += pending_.text;
   pending_.text.clear();
   for (auto& t : pending_.tokens) out.tokens.push_back(std::move(t));
   pending_.tokens.clear();
   if (finished_) {
+    finish_taken_ = true;
     out.finish = pending_.finish;
     out.usage = pending_.usage;
     out.error = pending_.error;
@@ -57,17 +68,7 @@ void Scheduler::note_cancel(Job& job) {
   cv_.notify_all();
 }
 
-std::shared_ptr<Job> Scheduler::submit(engine::Request req, bool block) {
-  // A request that could never be admitted is the client's to fix (a 400, not a wait forever).
-  if (const size_t budget = opt_.budget.kv_bytes;
-      budget > 0 && engine::kv_reservation(model_, req, opt_.budget.overwritten_rows()) > budget)
-    refuse(400, engine::kv_budget_error(model_, req, budget, opt_.budget.overwritten_rows()), "max_tokens",
-           "kv_budget_exceeded");
-  auto job = std::make_shared<Job>();
-  Job* j = job.get();
-  j->owner_ = this;
-  for (const auto& im : req.images) j->image_bytes_ += im.rgb.size();
-  j->arrival_ = Clock::now();
+engine::Callbacks Scheduler::callbacks(const std::shared_ptr<Job>& job) {
   engine::Callbacks cb;
   // The callbacks run on the engine thread. They hold the job weakly: the job owns the sequence,
   // and the engine may outlive a job whose client is gone (it then ends the sequence unseen).
@@ -84,16 +85,16 @@ std::shared_ptr<Job> Scheduler::submit(engine::Request req, bool block) {
     j->last_token_ = now;
     metrics_.add("generation_tokens_total");
     if (j->cancelled_.load()) metrics_.add("tokens_after_cancel_total");
-    std::lock_guard lk(j->mu_);
+    std::lock_guard lk(j->signal_->mu);
     j->pending_.tokens.push_back(ev);
-    j->cv_.notify_all();
+    j->signal_->cv.notify_all();
   };
   cb.on_text = [weak](std::string_view t) {
     const std::shared_ptr<Job> j = weak.lock();
     if (!j) return;
-    std::lock_guard lk(j->mu_);
+    std::lock_guard lk(j->signal_->mu);
     j->pending_.text += t;
-    j->cv_.notify_all();
+    j->signal_->cv.notify_all();
   };
   cb.on_finish = [this, weak](engine::FinishReason r, const engine::Usage& u) {
     metrics_.add("request_success_total", 1, fmt::format("finished_reason=\"{}\"", engine::finish_name(r)));
@@ -102,20 +103,46 @@ std::shared_ptr<Job> Scheduler::submit(engine::Request req, bool block) {
     const std::shared_ptr<Job> j = weak.lock();
     if (!j) return;
     metrics_.observe("e2e_request_latency_seconds", seconds(Clock::now() - j->arrival_));
-    std::lock_guard lk(j->mu_);
+    std::lock_guard lk(j->signal_->mu);
     if (j->finished_) return;  // already ended by the scheduler (shutdown)
     j->pending_.finish = r;
     j->pending_.usage = u;
     if (r == engine::FinishReason::Error) j->pending_.error = j->seq_->error();
     j->finished_ = true;
-    j->cv_.notify_all();
+    j->signal_->cv.notify_all();
   };
-  j->seq_ = std::make_shared<engine::Sequence>(model_, std::move(req), std::move(cb));
+  return cb;
+}
+
+JobGroup Scheduler::submit(std::vector<engine::Request> reqs, bool block) {
+  // A request that could never be admitted is the client's to fix (a 400, not a wait forever).
+  if (reqs.size() > size_t(opt_.max_queue))
+    refuse(400, fmt::format("{} choices are more than this server queues at once ({})", reqs.size(), opt_.max_queue),
+           "n", "too_many_choices");
+  for (const engine::Request& req : reqs)
+    if (const size_t budget = opt_.budget.kv_bytes;
+        budget > 0 && engine::kv_reservation(model_, req, opt_.budget.overwritten_rows()) > budget)
+      refuse(400, engine::kv_budget_error(model_, req, budget, opt_.budget.overwritten_rows()), "max_tokens",
+             "kv_budget_exceeded");
+  const auto signal = std::make_shared<Job::Signal>();
+  JobGroup group;
+  uint64_t image_bytes = 0;
+  for (engine::Request& req : reqs) {
+    auto job = std::make_shared<Job>();
+    Job* j = job.get();
+    j->owner_ = this;
+    j->signal_ = signal;
+    for (const auto& im : req.images) j->image_bytes_ += im.rgb.size();
+    image_bytes += j->image_bytes_;
+    j->arrival_ = Clock::now();
+    j->seq_ = std::make_shared<engine::Sequence>(model_, std::move(req), callbacks(job));
+    group.push_back(std::move(job));
+  }
 
   std::unique_lock lk(mu_);
   auto full = [&] {
-    return waiting_ >= size_t(opt_.max_queue) ||
-           (waiting_ > 0 && queued_image_bytes_ + j->image_bytes_ > opt_.max_queued_image_bytes);
+    return waiting_ + group.size() > size_t(opt_.max_queue) ||
+           (waiting_ > 0 && queued_image_bytes_ + image_bytes > opt_.max_queued_image_bytes);
   };
   for (;;) {
     if (draining_ || stop_) refuse(503, "the server is shutting down", {}, "server_shutting_down");
@@ -126,12 +153,12 @@ std::shared_ptr<Job> Scheduler::submit(engine::Request req, bool block) {
                               queued_image_bytes_ >> 20), {}, "queue_full");
     room_cv_.wait(lk);
   }
-  inbox_.push_back(job);
-  waiting_++;
-  queued_image_bytes_ += j->image_bytes_;
+  inbox_.insert(inbox_.end(), group.begin(), group.end());
+  waiting_ += group.size();
+  queued_image_bytes_ += image_bytes;
   metrics_.set("num_requests_waiting", double(waiting_));
   cv_.notify_all();
-  return job;
+  return group;
 }
 
 void Scheduler::drain() {
@@ -166,7 +193,7 @@ void Scheduler::update_queue_state() {
     queued += j->queued_;
   }
   std::erase_if(live_, [&](const std::shared_ptr<Job>& j) {
-    std::lock_guard jl(j->mu_);
+    std::lock_guard jl(j->signal_->mu);
     if (j->finished_ && j->queued_) queued_image_bytes_ -= j->image_bytes_, --queued;
     return j->finished_;
   });
@@ -220,12 +247,12 @@ void Scheduler::loop() {
 void Scheduler::end_all(engine::FinishReason r, const std::string& error) {
   std::lock_guard lk(mu_);
   auto end = [&](const std::shared_ptr<Job>& j) {
-    std::lock_guard jl(j->mu_);
+    std::lock_guard jl(j->signal_->mu);
     if (j->finished_) return;
     j->pending_.finish = r;
     j->pending_.error = error;
     j->finished_ = true;
-    j->cv_.notify_all();
+    j->signal_->cv.notify_all();
   };
   std::for_each(inbox_.begin(), inbox_.end(), end);
   std::for_each(live_.begin(), live_.end(), end);

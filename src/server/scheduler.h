@@ -4,7 +4,9 @@
 // through a bounded queue (requests and not-yet-encoded image bytes) and get each request's
 // output through its own Job: a thread-safe channel the engine's callbacks fill and the
 // submitter drains (the SSE writer, the batch writer). Job::cancel() sets that request's own
-// cancel flag; the engine drops it at its next step in whatever phase it is.
+// cancel flag; the engine drops it at its next step in whatever phase it is. A request with
+// several choices is a group of jobs submitted together, one per choice, whose submitter waits
+// on all of them at once (wait_any).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -34,6 +36,16 @@ struct JobOutput {
   std::string error;                        // with FinishReason::Error
 };
 
+// A finished answer's finish_reason on the wire: "length" or "stop".
+std::string finish_text(engine::FinishReason r);
+
+class Job;
+using JobGroup = std::vector<std::shared_ptr<Job>>;
+
+// Waits up to `timeout` until a job of `group` (one submit's) has output or has finished and not
+// yet handed its finish to take().
+void wait_any(const JobGroup& group, std::chrono::milliseconds timeout);
+
 class Job {
  public:
   // Waits up to `timeout` for output; moves what there is into `out` (appending). Returns true
@@ -50,10 +62,16 @@ class Job {
   Clock::time_point arrival_, last_token_;
   bool queued_ = true, got_token_ = false;
   std::atomic<bool> cancelled_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
+  // Shared by the jobs of one group: the engine's callbacks wake whoever waits on any of them.
+  struct Signal {
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+  std::shared_ptr<Signal> signal_;
   JobOutput pending_;
-  bool finished_ = false;
+  bool finished_ = false, finish_taken_ = false;
+  bool has_news() const { return !pending_.text.empty() || !pending_.tokens.empty() || (finished_ && !finish_taken_); }
+  friend void wait_any(const JobGroup& group, std::chrono::milliseconds timeout);
   class Scheduler* owner_ = nullptr;
 };
 
@@ -71,9 +89,10 @@ class Scheduler {
   Scheduler(const engine::Model& model, const SchedulerOptions& opt, Metrics& metrics);
   ~Scheduler();  // cancels what is left and joins the engine thread
 
-  // Queues a request. Throws ApiError: 429 when the queue is full (requests or image bytes),
-  // 503 once draining. `block` (vlm batch) waits for room instead of refusing.
-  std::shared_ptr<Job> submit(engine::Request req, bool block = false);
+  // Queues a request's choices, one job each, all or none. Throws ApiError: 429 when the queue
+  // is full (requests or image bytes), 503 once draining, 400 for more choices than the queue
+  // holds. `block` (vlm batch) waits for room instead of refusing.
+  JobGroup submit(std::vector<engine::Request> reqs, bool block = false);
   // Stops admitting (new submits get 503); running and queued requests go on.
   void drain();
   bool draining() const { return draining_.load(); }
@@ -87,6 +106,7 @@ class Scheduler {
  private:
   friend class Job;
   void loop();
+  engine::Callbacks callbacks(const std::shared_ptr<Job>& job);  // fill the job from the engine thread
   void note_cancel(Job& job);
   void update_queue_state();  // queued flags, waiting counts, image bytes, gauges
   // Finishes every queued and live job with `r` (the engine thread died or the server stops).

@@ -21,6 +21,23 @@ def model_dir(name):
     return os.path.join(FIXTURES, name)
 
 
+def windowed_copy(tmp, window=64):
+    """A copy of tiny-f32 in `tmp` (its files linked) with a sliding window of `window` instead of 8,
+    so that the sliding layers' rings hold a whole short prompt or chat turn: a running or finished
+    sequence's rows can then be taken by another."""
+    folder = os.path.join(tmp, "tiny-f32")
+    os.mkdir(folder)
+    for f in os.listdir(model_dir("tiny-f32")):
+        if f != "config.json":
+            os.symlink(os.path.join(model_dir("tiny-f32"), f), os.path.join(folder, f))
+    with open(os.path.join(model_dir("tiny-f32"), "config.json")) as f:
+        cfg = json.load(f)
+    cfg["text_config"]["sliding_window"] = window
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return folder
+
+
 class Server:
     """`vlm serve` on 127.0.0.1:<any free port>; stop() sends SIGTERM and returns the exit code."""
 

@@ -10,7 +10,7 @@ import threading
 import time
 import unittest
 
-from server_util import BIN, FIXTURES, Server, chat, data_uri, metric, model_dir, openai_client, png_bytes
+from server_util import BIN, FIXTURES, Server, chat, data_uri, metric, model_dir, openai_client, png_bytes, windowed_copy
 
 
 def run_ids(prompt, max_tokens, image_files=()):
@@ -195,16 +195,7 @@ class TestServer(unittest.TestCase):
         # may take its rows, and the template trims the answer it repeats).
         wide = tempfile.TemporaryDirectory()
         self.addCleanup(wide.cleanup)
-        folder = os.path.join(wide.name, "tiny-f32")
-        os.mkdir(folder)
-        for f in os.listdir(model_dir("tiny-f32")):
-            if f != "config.json":
-                os.symlink(os.path.join(model_dir("tiny-f32"), f), os.path.join(folder, f))
-        with open(os.path.join(model_dir("tiny-f32"), "config.json")) as f:
-            cfg = json.load(f)
-        cfg["text_config"]["sliding_window"] = 64
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(cfg, f)
+        folder = windowed_copy(wide.name)
         for args in ([], ["--prefix-cache", "0", "--image-cache", "0"]):
             with Server(folder, args=args) as srv:
                 status, _, r1 = srv.post("/v1/chat/completions", first)
@@ -330,7 +321,6 @@ class TestServer(unittest.TestCase):
     # -- client mistakes ------------------------------------------------------------------------
     def test_client_mistakes_are_4xx_openai_errors(self):
         good = chat("Hi", max_tokens=2)
-        msgs = good["messages"]
         cases = [
             ("malformed JSON", b"{\"model\": ", 400, None),
             ("not an object", [1, 2], 400, "body"),
@@ -346,7 +336,9 @@ class TestServer(unittest.TestCase):
             ("max_tokens type", dict(good, max_tokens=1.5), 400, "max_tokens"),
             ("max_tokens zero", dict(good, max_tokens=0), 400, "max_tokens"),
             ("top_logprobs without logprobs", dict(good, top_logprobs=2), 400, "top_logprobs"),
-            ("n > 1", dict(good, n=2), 400, "n"),
+            ("n zero", dict(good, n=0), 400, "n"),
+            ("n over 128", dict(good, n=129), 400, "n"),
+            ("n over the queue", dict(good, n=100), 400, "n"),
             ("tools", dict(good, tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
             ("response_format type", dict(good, response_format={"type": "json"}), 400, "response_format.type"),
             ("schema keyword", dict(good, response_format={"type": "json_schema", "json_schema": {
@@ -403,7 +395,7 @@ class TestServer(unittest.TestCase):
         self.assertIn("1024", r["error"]["message"])
         self.assertIn("1030", r["error"]["message"])
         # The official client sees the right classes and does not retry.
-        res = openai_client(self.srv, [{"op": "chat", "params": dict(good, n=3)},
+        res = openai_client(self.srv, [{"op": "chat", "params": dict(good, n=300)},
                                        {"op": "chat", "params": dict(good, model="nope")}])
         self.assertEqual(res[0]["error"]["name"], "BadRequestError")
         self.assertEqual(res[0]["error"]["param"], "n")
