@@ -143,12 +143,17 @@ ImageRef image_ref(const json& part, const std::string& param, const ImagePolicy
     const size_t comma = s.find(',');
     if (comma == std::string::npos || comma < 12 || s.compare(comma - 7, 7, ";base64") != 0)
       refuse(400, fmt::format("'{}': a data URL must be data:image/<format>;base64,<data>", up), up, "invalid_image_url");
-    const size_t payload = s.size() - comma - 1;
-    if (payload / 4 * 3 > policy.max_image_bytes)
-      refuse(400, fmt::format("'{}': image of about {} bytes exceeds the limit of {} bytes", up, payload / 4 * 3,
+    // Refused before decoding when even the fewest bytes the payload can hold are too many, and
+    // after it by the exact count (unpadded base64 holds up to 2 bytes more than 3 per 4 chars).
+    auto too_large = [&](const char* least, size_t n) {
+      refuse(400, fmt::format("'{}': image of {}{} bytes exceeds the limit of {} bytes", up, least, n,
                               policy.max_image_bytes), up, "image_too_large");
+    };
+    const size_t payload = s.size() - comma - 1;
+    if (payload / 4 * 3 > policy.max_image_bytes) too_large("at least ", payload / 4 * 3);
     auto bytes = base64_decode(std::string_view(s).substr(comma + 1));
     if (!bytes) refuse(400, fmt::format("'{}': the base64 data is malformed", up), up, "invalid_image_url");
+    if (bytes->size() > policy.max_image_bytes) too_large("", bytes->size());
     ref.bytes = std::move(*bytes);
     return ref;
   }
