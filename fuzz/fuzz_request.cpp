@@ -34,6 +34,7 @@ void check_request(const ApiRequest& r) {
   for (const auto& [id, bias] : r.logit_bias) check(id >= 0 && bias >= -100 && bias <= 100);
   if (r.endpoint == Endpoint::Chat) {
     check(!r.messages.empty() && r.prompts.empty());
+    if (r.tool_answer) check(r.response_schema && r.messages.front().role == "system");
     return;
   }
   check(!r.prompts.empty() && r.prompts.size() * size_t(r.n) <= 128);

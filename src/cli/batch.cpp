@@ -24,6 +24,7 @@
 #include "server/prepare.h"
 #include "server/protocol.h"
 #include "server/scheduler.h"
+#include "server/tools.h"
 
 namespace vlm::cli {
 
@@ -38,6 +39,7 @@ struct Item {
   std::optional<ApiError> error;      // refused before the engine
   server::JobGroup jobs;              // submitted, one per choice
   bool token_ids = false;             // return_token_ids
+  bool tool_answer = false;           // tools: the answer is read as calls (server/tools.h)
   bool ready = false;                 // error or job set
 };
 
@@ -140,6 +142,7 @@ int cmd_batch(int argc, char** argv) {
         for (auto& im : r.images)
           if (!im.path.empty() && std::filesystem::path(im.path).is_relative()) im.path = (base / im.path).string();
         it.token_ids = r.return_token_ids;
+        it.tool_answer = r.tool_answer;
         jobs = sched.submit(server::prepare_requests(*model, r, defaults, {}), /*block=*/true);
       } catch (const ApiError& e) {
         err = e;
@@ -192,11 +195,12 @@ int cmd_batch(int argc, char** argv) {
                                   "fp_" + model->identity().hash_hex()};
         std::vector<server::ChoiceOut> choices;
         for (size_t c = 0; c < outs.size(); ++c) {
-          server::ChoiceOut ch{int(c), outs[c].text, {}, {}, server::finish_text(*outs[c].finish)};
+          server::ChoiceOut ch{int(c), outs[c].text, {}, {}, {}, server::finish_text(*outs[c].finish)};
           if (it.token_ids) {
             ch.token_ids.emplace();
             for (const auto& t : outs[c].tokens) ch.token_ids->push_back(t.id);
           }
+          if (it.tool_answer) server::read_tool_answer(ch);
           choices.push_back(std::move(ch));
         }
         line = result_line(it.custom_id, 200, server::chat_response(meta, choices, false, usage));

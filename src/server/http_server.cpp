@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/json.h"
 #include "server/chat_page.h"
+#include "server/tools.h"
 
 namespace vlm::server {
 
@@ -56,6 +57,7 @@ struct HttpServer::Stream {
   ResponseMeta meta;
   Endpoint endpoint = Endpoint::Chat;
   bool stream = false, include_usage = false, logprobs = false, echo = false, token_ids = false;
+  bool tool_answer = false;  // the text is tools.h's JSON: sent whole, as calls or content, at the end
   bool started = false;
 
   std::string piece(int32_t id) const {
@@ -65,7 +67,7 @@ struct HttpServer::Stream {
   // Choice i's output so far as the client sees it (its text, tokens and ids are then cleared).
   ChoiceOut take_out(size_t i, std::string finish = {}) {
     JobOutput& o = choices[i].out;
-    ChoiceOut c{int(i), std::move(o.text), {}, {}, std::move(finish)};
+    ChoiceOut c{int(i), std::move(o.text), {}, {}, {}, std::move(finish)};
     if (logprobs)
       for (auto& e : o.tokens) {
         TokenOut t{e.id, e.text, piece(e.id), e.logprob, {}};
@@ -79,6 +81,15 @@ struct HttpServer::Stream {
     o.text.clear();
     o.tokens.clear();
     return c;
+  }
+  // A finished choice's last output, the echoed prompt before it (completions), read as tool calls
+  // or content where the request has tools.
+  ChoiceOut finished_out(size_t i) {
+    Choice& c = choices[i];
+    c.out.text = c.prompt + c.out.text;
+    ChoiceOut o = take_out(i, finish_text(*c.out.finish));
+    if (tool_answer) read_tool_answer(o);
+    return o;
   }
   // Moves what each choice's job produced into its `out`; true once every choice has finished.
   bool poll(std::chrono::milliseconds timeout) {
@@ -374,6 +385,7 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     st->logprobs = ar.top_logprobs >= 0;
     st->echo = ar.echo;
     st->token_ids = ar.return_token_ids;
+    st->tool_answer = ar.tool_answer;
     st->jobs = sched->submit(prepare_requests(*st->model, ar, defaults_, opt_.limits));
     for (size_t i = 0; i < st->jobs.size(); ++i) {
       Stream::Choice c;
@@ -441,10 +453,18 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
             Stream::Choice& c = st->choices[i];
             // Tokens without text yet (a character or a possible stop string held back) ride on
             // the next chunk, or on the finish.
-            if (!c.out.text.empty() || (st->logprobs && !c.out.tokens.empty())) events += sse(chunk(st->take_out(i)));
+            if (!st->tool_answer && (!c.out.text.empty() || (st->logprobs && !c.out.tokens.empty())))
+              events += sse(chunk(st->take_out(i)));
             if (c.done && !c.sent && !bad) {
               c.sent = true;
-              events += sse(chunk(st->take_out(i, finish_text(*c.out.finish))));
+              ChoiceOut fin = st->finished_out(i);
+              if (!fin.text.empty() || !fin.tool_calls.empty()) {  // a tool answer, whole
+                ChoiceOut body = fin;
+                body.finish.clear();
+                events += sse(chunk(body));
+                fin = ChoiceOut{fin.index, {}, {}, {}, {}, fin.finish};
+              }
+              events += sse(chunk(fin));
             }
           }
           if (bad) {
@@ -483,11 +503,7 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
             body = error_json({500, Stream::error_message(*bad), {}, "internal_error"});
           } else {
             std::vector<ChoiceOut> choices;
-            for (size_t i = 0; i < st->choices.size(); ++i) {
-              Stream::Choice& c = st->choices[i];
-              c.out.text = c.prompt + c.out.text;  // echo (completions)
-              choices.push_back(st->take_out(i, finish_text(*c.out.finish)));
-            }
+            for (size_t i = 0; i < st->choices.size(); ++i) choices.push_back(st->finished_out(i));
             body = st->endpoint == Endpoint::Chat ? chat_response(st->meta, choices, st->logprobs, st->usage())
                                                   : completion_response(st->meta, choices, st->logprobs, st->usage());
           }

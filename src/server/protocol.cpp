@@ -2,13 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "core/error.h"
 #include "io/json.h"
+#include "server/tools.h"
 
 namespace vlm::server {
 
@@ -175,6 +178,35 @@ ImageRef image_ref(const json& part, const std::string& param, const ImagePolicy
   return ref;
 }
 
+// Text at the end of a message's last text part, a line apart: the template trims each part, so a
+// separate part would lose the separation.
+void append_text(text::ChatMessage& m, const std::string& t) {
+  if (m.content.empty() || m.content.back().is_image)
+    m.content.push_back({false, t});
+  else
+    m.content.back().text += m.content.back().text.empty() ? t : "\n" + t;
+}
+
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+std::vector<ToolCall> parse_tool_calls(const json& calls, const std::string& at) {
+  if (!calls.is_array()) wrong_type(at, "an array of tool calls", calls);
+  std::vector<ToolCall> out;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const json& c = calls[k];
+    const std::string cat = fmt::format("{}[{}]", at, k);
+    const json* f = c.is_object() ? field(c, "function") : nullptr;
+    const json* name = f && f->is_object() ? field(*f, "name") : nullptr;
+    const json* args = f && f->is_object() ? field(*f, "arguments") : nullptr;
+    if (!name || !name->is_string() || (args && !args->is_string()))
+      refuse(400, fmt::format("'{}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                              "\"arguments\": JSON text}}}}", cat), cat);
+    const json* id = field(c, "id");
+    if (id && !id->is_string()) wrong_type(cat + ".id", "a string", *id);
+    out.push_back({id ? id->get<std::string>() : "", name->get<std::string>(), args ? args->get<std::string>() : "{}"});
+  }
+  return out;
+}
+
 std::vector<text::ChatMessage> parse_messages(const json& body, std::vector<ImageRef>& images,
                                               const ImagePolicy& policy) {
   const json* msgs = field(body, "messages");
@@ -182,6 +214,8 @@ std::vector<text::ChatMessage> parse_messages(const json& body, std::vector<Imag
   if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
   if (msgs->empty()) refuse(400, "'messages' must contain at least one message", "messages");
   std::vector<text::ChatMessage> out;
+  std::map<std::string, std::string> call_names;  // an earlier call's id → its function
+  bool after_tool = false;  // out.back() holds tool results (server/tools.h): a user turn
   for (size_t i = 0; i < msgs->size(); ++i) {
     const json& m = (*msgs)[i];
     const std::string at = fmt::format("messages[{}]", i);
@@ -191,14 +225,15 @@ std::vector<text::ChatMessage> parse_messages(const json& body, std::vector<Imag
     if (!role->is_string()) wrong_type(at + ".role", "a string", *role);
     std::string r = role->get<std::string>();
     if (r == "developer") r = "system";  // OpenAI's newer name for the system role
-    if (r != "system" && r != "user" && r != "assistant")
-      refuse(400, fmt::format("'{}.role' must be system, developer, user or assistant, got '{}' (this model has no "
-                              "tool template)", at, printable(r)), at + ".role");
+    if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+      refuse(400, fmt::format("'{}.role' must be system, developer, user, assistant or tool, got '{}'", at,
+                              printable(r)), at + ".role");
     text::ChatMessage msg{r, {}};
     const json* content = field(m, "content");
+    const json* calls = r == "assistant" ? field(m, "tool_calls") : nullptr;
     if (!content) {
       if (r != "assistant") refuse(400, fmt::format("'{}.content' is required", at), at + ".content");
-      msg.content.push_back({false, {}});
+      if (!calls) msg.content.push_back({false, {}});
     } else if (content->is_string()) {
       msg.content.push_back({false, content->get<std::string>()});
     } else if (content->is_array()) {
@@ -228,7 +263,31 @@ std::vector<text::ChatMessage> parse_messages(const json& body, std::vector<Imag
     } else {
       wrong_type(at + ".content", "a string or an array of content parts", *content);
     }
-    out.push_back(std::move(msg));
+    if (calls) {  // the JSON the model answers with when it calls them
+      const std::vector<ToolCall> cs = parse_tool_calls(*calls, at + ".tool_calls");
+      for (const ToolCall& c : cs) call_names[c.id] = c.name;
+      append_text(msg, tool_calls_text(cs));
+    }
+    if (r == "tool") {  // a result, in the user's turn (Gemma 3 has two roles)
+      const json* id = field(m, "tool_call_id");
+      if (id && !id->is_string()) wrong_type(at + ".tool_call_id", "a string", *id);
+      const std::string call = id ? id->get<std::string>() : "";
+      std::string result;
+      for (const text::ChatPart& part : msg.content) result += part.text;
+      auto name = call_names.find(call);
+      msg = {"user", {{false, tool_result_text(name == call_names.end() ? "" : name->second, call, result)}}};
+    }
+    // Results, and the user's words after them, are one turn.
+    if (after_tool && msg.role == "user") {
+      for (text::ChatPart& part : msg.content)
+        if (part.is_image)
+          out.back().content.push_back(std::move(part));
+        else
+          append_text(out.back(), part.text);
+    } else {
+      out.push_back(std::move(msg));
+    }
+    after_tool = r == "tool" || (after_tool && r == "user");
   }
   return out;
 }
@@ -320,6 +379,84 @@ DetokenizeRequest parse_detokenize(const json& body) {
 
 namespace {
 
+// "tools", "tool_choice" and "parallel_tool_calls" (chat): nullopt without tools or with
+// tool_choice "none". Function names as OpenAI allows them; parameters compile (grammar/).
+std::optional<ToolUse> parse_tools(const json& body, Endpoint endpoint) {
+  const json* t = field(body, "tools");
+  const json* c = field(body, "tool_choice");
+  const bool none = c && c->is_string() && *c == "none";
+  if (!t || (t->is_array() && t->empty())) {
+    if (c && !none) refuse(400, "'tool_choice' needs 'tools'", "tool_choice");
+    return std::nullopt;
+  }
+  if (endpoint != Endpoint::Chat) refuse(400, "'tools' are for chat completions", "tools");
+  if (!t->is_array()) wrong_type("tools", "an array of tools", *t);
+  if (t->size() > 128) refuse(400, fmt::format("'tools' lists {} tools; at most 128", t->size()), "tools");
+  std::vector<Function> fns;
+  for (size_t i = 0; i < t->size(); ++i) {
+    const json& tool = (*t)[i];
+    const std::string at = fmt::format("tools[{}]", i);
+    if (!tool.is_object()) wrong_type(at, "an object", tool);
+    const json* ty = field(tool, "type");
+    if (!ty || *ty != "function") refuse(400, fmt::format("'{}.type' must be \"function\"", at), at + ".type");
+    const json* f = field(tool, "function");
+    if (!f || !f->is_object()) refuse(400, fmt::format("'{}.function' must be an object", at), at + ".function");
+    const json* name = field(*f, "name");
+    const std::string nat = at + ".function.name";
+    if (!name || !name->is_string()) refuse(400, fmt::format("'{}' must be a string", nat), nat);
+    const std::string& n = name->get_ref<const std::string&>();
+    if (n.empty() || n.size() > 64 ||
+        n.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") != std::string::npos)
+      refuse(400, fmt::format("'{}' must be 1 to 64 letters, digits, '_' or '-', got '{}'", nat, shorten(n)), nat);
+    for (const Function& other : fns)
+      if (other.name == n) refuse(400, fmt::format("'{}': '{}' is named twice", nat, n), nat);
+    Function fn{n, {}, {{"type", "object"}, {"properties", json::object()}, {"additionalProperties", false}}};
+    if (const json* d = field(*f, "description")) {
+      if (!d->is_string()) wrong_type(at + ".function.description", "a string", *d);
+      fn.description = d->get<std::string>();
+    }
+    if (const json* p = field(*f, "parameters")) {
+      const std::string pat = at + ".function.parameters";
+      if (!p->is_object()) wrong_type(pat, "a JSON Schema object", *p);
+      try {
+        grammar::Schema::compile(*p);
+      } catch (const Error& e) {
+        refuse(400, fmt::format("'{}': {}", pat, e.what()), pat);
+      }
+      fn.parameters = *p;
+    }
+    if (const json* s = field(*f, "strict"); s && !s->is_boolean()) wrong_type(at + ".function.strict", "a boolean", *s);
+    fns.push_back(std::move(fn));
+  }
+  if (none) return std::nullopt;
+  ToolChoice choice = ToolChoice::Auto;
+  std::string named;
+  if (c && c->is_string()) {
+    if (*c == "required")
+      choice = ToolChoice::Required;
+    else if (*c != "auto")
+      refuse(400, fmt::format("'tool_choice' must be none, auto, required or a function, got '{}'",
+                              shorten(c->get<std::string>())), "tool_choice");
+  } else if (c) {
+    const json* f = c->is_object() ? field(*c, "function") : nullptr;
+    const json* n = f && f->is_object() ? field(*f, "name") : nullptr;
+    if (!n || !n->is_string())
+      refuse(400, "'tool_choice' must be a string or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+             "tool_choice");
+    named = n->get<std::string>();
+    if (std::none_of(fns.begin(), fns.end(), [&](const Function& fn) { return fn.name == named; }))
+      refuse(400, fmt::format("'tool_choice' names '{}', which is not in 'tools'", shorten(named)),
+             "tool_choice.function.name");
+    choice = ToolChoice::Named;
+  }
+  const bool parallel = boolean(body, "parallel_tool_calls").value_or(true);
+  try {
+    return tool_use(fns, choice, named, parallel);
+  } catch (const Error& e) {  // each function's parameters compile, yet together may pass the bounds
+    refuse(400, fmt::format("'tools': {}", e.what()), "tools");
+  }
+}
+
 // The most choices one request may ask for (n, times the prompts of a list): OpenAI's bound on n.
 constexpr int kMaxChoices = 128;
 
@@ -374,12 +511,12 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
   r.n = int(integer(body, "n", 1, kMaxChoices).value_or(1));
   if (auto b = integer(body, "best_of", 1, 128); b && *b != 1)
     refuse(400, "'best_of' other than 1 is not supported", "best_of");
-  if (const json* t = field(body, "tools"); t && !(t->is_array() && t->empty()))
-    refuse(400, "'tools' is not supported: this model has no tool-calling template", "tools");
-  if (const json* t = field(body, "tool_choice"); t && !(t->is_string() && *t == "none"))
-    refuse(400, "'tool_choice' is not supported: this model has no tool-calling template", "tool_choice");
-  if (field(body, "functions")) refuse(400, "'functions' is not supported", "functions");
+  if (field(body, "functions")) refuse(400, "'functions' is not supported (send 'tools')", "functions");
   if (const json* rf = field(body, "response_format")) r.response_schema = response_format(*rf);
+  std::optional<ToolUse> tools = parse_tools(body, endpoint);
+  if (tools && r.response_schema)
+    refuse(400, "'response_format' cannot be combined with 'tools' (the answer is then the tool-call JSON)",
+           "response_format");
   if (field(body, "suffix")) refuse(400, "'suffix' is not supported", "suffix");
   if (const json* lb = field(body, "logit_bias"); lb && !lb->is_null()) {
     if (!lb->is_object()) wrong_type("logit_bias", "an object of token ids to biases", *lb);
@@ -434,6 +571,12 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
     if (top && !lp) refuse(400, "'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
     if (lp) r.top_logprobs = int(top.value_or(0));
     r.messages = parse_messages(body, r.images, images);
+    if (tools) {  // the functions and the answer's form, at the end of the system turn
+      if (r.messages.front().role != "system") r.messages.insert(r.messages.begin(), {"system", {}});
+      append_text(r.messages.front(), tools->instructions);
+      r.response_schema = tools->schema;
+      r.tool_answer = true;
+    }
   } else {
     if (auto lp = integer(body, "logprobs", 0, 5)) r.top_logprobs = int(*lp);
     r.echo = boolean(body, "echo").value_or(false);
@@ -512,6 +655,19 @@ json completion_choice(const ChoiceOut& c, bool logprobs) {
                   c);
 }
 
+// message.tool_calls, or a stream delta's (with each call's index).
+json tool_calls_json(const std::vector<ToolCall>& calls, bool delta) {
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json c = delta ? json{{"index", k}} : json::object();
+    c["id"] = calls[k].id;
+    c["type"] = "function";
+    c["function"] = {{"name", calls[k].name}, {"arguments", calls[k].arguments}};
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 json chat_chunk(const ResponseMeta& m, json choice, bool usage_null) {
   json j = head(m, "chat.completion.chunk");
   j["choices"] = json::array({std::move(choice)});
@@ -524,12 +680,15 @@ json chat_chunk(const ResponseMeta& m, json choice, bool usage_null) {
 json chat_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, bool logprobs, const UsageOut& u) {
   json j = head(m, "chat.completion");
   j["choices"] = json::array();
-  for (const ChoiceOut& c : choices)
+  for (const ChoiceOut& c : choices) {
+    json msg{{"role", "assistant"}, {"content", c.tool_calls.empty() ? json(c.text) : json(nullptr)}, {"refusal", nullptr}};
+    if (!c.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.tool_calls, false);
     j["choices"].push_back(with_ids({{"index", c.index},
-                                     {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},
+                                     {"message", std::move(msg)},
                                      {"logprobs", logprobs ? chat_logprobs(c.tokens) : json(nullptr)},
                                      {"finish_reason", c.finish}},
                                     c));
+  }
   j["usage"] = usage_json(u);
   return j;
 }
@@ -555,6 +714,7 @@ json chat_role_chunk(const ResponseMeta& m, int index, bool usage_null) {
 json chat_delta_chunk(const ResponseMeta& m, const ChoiceOut& c, bool logprobs, bool usage_null) {
   // A finish on its own has an empty delta, as OpenAI's last chunk of a choice.
   json delta = c.text.empty() && !c.finish.empty() ? json::object() : json{{"content", c.text}};
+  if (!c.tool_calls.empty()) delta = {{"content", nullptr}, {"tool_calls", tool_calls_json(c.tool_calls, true)}};
   return chat_chunk(m,
                     with_ids({{"index", c.index},
                               {"delta", std::move(delta)},

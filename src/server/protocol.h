@@ -75,8 +75,10 @@ struct ApiRequest {
   bool echo = false;                            // completions: prompt text before the answer
   bool return_token_ids = false;                // vLLM's extension: each choice's token_ids
   bool ignore_eos = false;                      // vLLM's extension: only max_tokens and stop strings end it
-  // response_format json_object / json_schema, compiled (null: text).
+  // response_format json_object / json_schema, or the tool-call JSON (server/tools.h), compiled
+  // (null: text).
   std::shared_ptr<const grammar::Schema> response_schema;
+  bool tool_answer = false;  // the answer is tools.h's JSON, read into tool calls or content
 };
 
 // Throws ApiError (400) naming the field for every wrong type, range or unsupported option.
@@ -125,6 +127,12 @@ struct ResponseMeta {
   std::string fingerprint; // system_fingerprint: the compatibility identity hash
 };
 
+// A function call of an answer (OpenAI's tool_calls[i], type "function").
+struct ToolCall {
+  std::string id, name;
+  std::string arguments;  // JSON text
+};
+
 // One choice of a response, or what a stream chunk carries of it. Choices are numbered prompt by
 // prompt, n each (OpenAI's and vLLM's order for a list of prompts).
 struct ChoiceOut {
@@ -132,6 +140,7 @@ struct ChoiceOut {
   std::string text;
   std::vector<TokenOut> tokens;                  // with logprobs
   std::optional<std::vector<int32_t>> token_ids; // return_token_ids
+  std::vector<ToolCall> tool_calls;              // chat: in place of the text
   std::string finish;                            // empty: not finished (chunks)
 };
 

@@ -339,7 +339,7 @@ class TestServer(unittest.TestCase):
             ("n zero", dict(good, n=0), 400, "n"),
             ("n over 128", dict(good, n=129), 400, "n"),
             ("n over the queue", dict(good, n=100), 400, "n"),
-            ("tools", dict(good, tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+            ("tools not a list", dict(good, tools={"type": "function"}), 400, "tools"),
             ("response_format type", dict(good, response_format={"type": "json"}), 400, "response_format.type"),
             ("schema keyword", dict(good, response_format={"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "string", "pattern": "^a"}}}), 400,

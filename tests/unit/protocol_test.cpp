@@ -4,7 +4,9 @@
 
 #include <string>
 
+#include "grammar/matcher.h"
 #include "server/protocol.h"
+#include "server/tools.h"
 
 namespace vlm::server {
 namespace {
@@ -85,6 +87,152 @@ TEST(Protocol, TokenizeTakesOneTextPrompt) {
     }
   }
   EXPECT_EQ(parse_tokenize(parse_body(R"({"prompt":"a"})"), {}).request.prompts.at(0).text, "a");
+}
+
+ApiRequest chat_with_tools(const std::string& extra) {
+  return parse_request(parse_body(R"({"messages":[{"role":"user","content":"hi"}],"tools":[
+      {"type":"function","function":{"name":"get_weather","description":"Weather now","parameters":
+        {"type":"object","properties":{"city":{"$ref":"#/$defs/city"}},"required":["city"],
+         "$defs":{"city":{"type":"string","maxLength":8}}}}},
+      {"type":"function","function":{"name":"now"}}])" + extra + "}"),
+                       Endpoint::Chat, {});
+}
+
+bool accepts(const ApiRequest& r, const std::string& answer) {
+  grammar::Matcher m(r.response_schema);
+  return m.feed(answer) && m.complete();
+}
+
+// The answer's schema: calls of the offered functions with their arguments (a $ref inside a
+// function's parameters still finds its $defs), or a response where tool_choice is auto.
+TEST(Tools, TheAnswerIsCallsOrAResponse) {
+  const ApiRequest r = chat_with_tools("");
+  ASSERT_TRUE(r.tool_answer);
+  EXPECT_TRUE(accepts(r, R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]})"));
+  EXPECT_TRUE(accepts(r, R"({"tool_calls":[{"name":"now","arguments":{}},{"name":"now","arguments":{}}]})"));
+  EXPECT_TRUE(accepts(r, R"({"response":"It is sunny."})"));
+  EXPECT_FALSE(accepts(r, R"({"tool_calls":[{"name":"other","arguments":{}}]})"));
+  EXPECT_FALSE(accepts(r, R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Parisienne"}}]})"));
+  EXPECT_FALSE(accepts(r, R"({"tool_calls":[{"name":"now","arguments":{"x":1}}]})"));  // no parameters
+  EXPECT_FALSE(accepts(r, R"({"tool_calls":[]})"));
+  EXPECT_FALSE(accepts(r, R"(It is sunny.)"));
+
+  const ApiRequest req = chat_with_tools(R"(,"tool_choice":"required","parallel_tool_calls":false)");
+  EXPECT_FALSE(accepts(req, R"({"response":"It is sunny."})"));
+  EXPECT_TRUE(accepts(req, R"({"tool_calls":[{"name":"now","arguments":{}}]})"));
+  EXPECT_FALSE(accepts(req, R"({"tool_calls":[{"name":"now","arguments":{}},{"name":"now","arguments":{}}]})"));
+  const ApiRequest named = chat_with_tools(R"(,"tool_choice":{"type":"function","function":{"name":"now"}})");
+  EXPECT_TRUE(accepts(named, R"({"tool_calls":[{"name":"now","arguments":{}}]})"));
+  EXPECT_FALSE(accepts(named, R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]})"));
+  // tool_choice none: the tools are not used.
+  const ApiRequest none = chat_with_tools(R"(,"tool_choice":"none")");
+  EXPECT_FALSE(none.tool_answer);
+  EXPECT_EQ(none.response_schema, nullptr);
+  // The functions and the answer's form go into a system turn ahead of the user's.
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_NE(r.messages[0].content.at(0).text.find(R"({"name":"get_weather","description":"Weather now")"),
+            std::string::npos);
+}
+
+TEST(Tools, AnswersReadAsCallsOrContent) {
+  ChoiceOut c;
+  c.text = R"({"tool_calls":[{"name":"f","arguments":{"b":[1,2],"a":"x"}},{"name":"g","arguments":{}}]})";
+  c.finish = "stop";
+  read_tool_answer(c);
+  ASSERT_EQ(c.tool_calls.size(), 2u);
+  EXPECT_EQ(c.tool_calls[0].name, "f");
+  EXPECT_EQ(c.tool_calls[0].arguments, R"({"b":[1,2],"a":"x"})");  // the order as generated
+  EXPECT_EQ(c.tool_calls[0].id.size(), 29u);
+  EXPECT_EQ(c.tool_calls[0].id.rfind("call_", 0), 0u);
+  EXPECT_NE(c.tool_calls[0].id, c.tool_calls[1].id);
+  EXPECT_EQ(c.text, "");
+  EXPECT_EQ(c.finish, "tool_calls");
+
+  ChoiceOut r;
+  r.text = R"({"response":"Hello \"you\""})";
+  r.finish = "stop";
+  read_tool_answer(r);
+  EXPECT_EQ(r.text, R"(Hello "you")");
+  EXPECT_TRUE(r.tool_calls.empty());
+  EXPECT_EQ(r.finish, "stop");
+
+  ChoiceOut cut;  // max_tokens ended it mid-JSON: the text as it stands
+  cut.text = R"({"tool_calls":[{"name":"f","argu)";
+  cut.finish = "length";
+  read_tool_answer(cut);
+  EXPECT_EQ(cut.text, R"({"tool_calls":[{"name":"f","argu)");
+  EXPECT_EQ(cut.finish, "length");
+}
+
+// Earlier calls and their results in a conversation read as the JSON the model writes: results in
+// the user's turn, several in a row and the user's words after them one turn.
+TEST(Tools, ConversationsCarryCallsAndResults) {
+  const ApiRequest r = parse_request(parse_body(R"({"messages":[
+      {"role":"user","content":"Weather?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",
+        "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},
+      {"role":"tool","tool_call_id":"call_1","content":"20 C"},
+      {"role":"tool","tool_call_id":"call_9","content":[{"type":"text","text":"sunny"}]},
+      {"role":"user","content":"Thanks"}]})"),
+                                     Endpoint::Chat, {});
+  ASSERT_EQ(r.messages.size(), 3u);
+  EXPECT_EQ(r.messages[1].role, "assistant");
+  EXPECT_EQ(r.messages[1].content.at(0).text, R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]})");
+  EXPECT_EQ(r.messages[2].role, "user");
+  ASSERT_EQ(r.messages[2].content.size(), 1u);
+  EXPECT_EQ(r.messages[2].content[0].text,
+            R"({"tool_response":{"name":"get_weather","tool_call_id":"call_1","content":"20 C"}})"
+            "\n"
+            R"({"tool_response":{"tool_call_id":"call_9","content":"sunny"}})"
+            "\nThanks");
+  EXPECT_FALSE(r.tool_answer);  // no tools offered this time
+}
+
+TEST(Tools, Refusals) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  const std::string tool = R"({"type":"function","function":{"name":"f"}})";
+  const std::pair<std::string, const char*> refused[] = {
+      {R"({"tools":{"a":1},)" + msgs + "}", "tools"},
+      {R"({"tools":[{"type":"retrieval"}],)" + msgs + "}", "tools[0].type"},
+      {R"({"tools":[{"type":"function","function":{"name":"a b"}}],)" + msgs + "}", "tools[0].function.name"},
+      {R"({"tools":[)" + tool + "," + tool + "]," + msgs + "}", "tools[1].function.name"},
+      {R"({"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"string","pattern":"a"}}}],)" +
+           msgs + "}",
+       "tools[0].function.parameters"},
+      {R"({"tools":[)" + tool + R"(],"tool_choice":"sometimes",)" + msgs + "}", "tool_choice"},
+      {R"({"tools":[)" + tool + R"(],"tool_choice":{"type":"function","function":{"name":"g"}},)" + msgs + "}",
+       "tool_choice.function.name"},
+      {R"({"tool_choice":"auto",)" + msgs + "}", "tool_choice"},
+      {R"({"tools":[)" + tool + R"(],"response_format":{"type":"json_object"},)" + msgs + "}", "response_format"},
+      {R"({"functions":[],)" + msgs + "}", "functions"},
+      {R"({"messages":[{"role":"assistant","tool_calls":[{"id":"x","function":{"name":"f","arguments":{}}}]}]})",
+       "messages[0].tool_calls[0]"},
+      {R"({"messages":[{"role":"tool","tool_call_id":"x","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]})",
+       "messages[0].content[0]"},
+      {R"({"messages":[{"role":"function","content":"x"}]})", "messages[0].role"},
+  };
+  for (const auto& [body, param] : refused) {
+    const ApiError e = refusal(body, Endpoint::Chat);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param, param) << body << "\n" << e.message;
+  }
+  EXPECT_EQ(refusal(R"({"prompt":"a","tools":[)" + tool + "]}", Endpoint::Completion).param, "tools");
+
+  // Two functions whose parameters each fit the schema bounds (4096 subschemas) and together do not.
+  Json body = parse_body(R"({"messages":[{"role":"user","content":"hi"}],"tools":[]})");
+  for (const char* name : {"a", "b"}) {
+    Json props = Json::object();
+    for (int i = 0; i < 2100; ++i) props["p" + std::to_string(i)] = {{"type", "integer"}};
+    body["tools"].push_back({{"type", "function"},
+                             {"function", {{"name", name}, {"parameters", {{"type", "object"}, {"properties", props}}}}}});
+  }
+  try {
+    parse_request(body, Endpoint::Chat, {});
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools") << e.message;
+  }
 }
 
 }  // namespace
