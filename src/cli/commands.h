@@ -14,6 +14,7 @@ int cmd_inspect(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_detokenize(int argc, char** argv);
 int cmd_run(int argc, char** argv);
+int cmd_chat(int argc, char** argv);
 int cmd_dump(int argc, char** argv);
 int cmd_serve(int argc, char** argv);
 int cmd_batch(int argc, char** argv);

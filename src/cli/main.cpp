@@ -30,6 +30,7 @@ const Command kCommands[] = {
     {"detokenize", "print the text of token ids", vlm::cli::cmd_detokenize},
     {"inspect", "describe a checkpoint folder (tensors, config, identity)", vlm::cli::cmd_inspect},
     {"run", "generate text from a prompt (streamed)", vlm::cli::cmd_run},
+    {"chat", "a conversation on the terminal, images included (/image FILE)", vlm::cli::cmd_chat},
     {"dump", "write prefill intermediates and greedy decode as .npy", vlm::cli::cmd_dump},
     {"serve", "OpenAI-compatible HTTP server with continuous batching", vlm::cli::cmd_serve},
     {"batch", "run a JSONL file of chat requests (continuous batching, resumable)", vlm::cli::cmd_batch},

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "engine/sampler.h"
 #include "kernels/exec.h"
 
 namespace vlm::cli {
@@ -37,6 +38,18 @@ inline void add_precision_option(CLI::App& app, std::string& value) {
 inline std::optional<kernels::Precision> precision_of(const std::string& value) {
   if (value.empty()) return std::nullopt;
   return kernels::parse_precision(value, "--precision");
+}
+
+// The sampling flags of `vlm run` and `vlm chat`, into `sp` (its defaults: greedy).
+inline void add_sampling_options(CLI::App& app, SamplingParams& sp) {
+  app.add_option("--temperature", sp.temperature, "0 = greedy");
+  app.add_option("--top-k", sp.top_k, "0 = off");
+  app.add_option("--top-p", sp.top_p, "1 = off");
+  app.add_option("--min-p", sp.min_p, "0 = off");
+  app.add_option("--repetition-penalty", sp.repetition_penalty, "1 = off");
+  app.add_option("--presence-penalty", sp.presence_penalty, "0 = off");
+  app.add_option("--frequency-penalty", sp.frequency_penalty, "0 = off");
+  app.add_option("--seed", sp.seed, "sampling seed")->check(unsigned64());
 }
 
 }  // namespace vlm::cli

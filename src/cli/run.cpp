@@ -2,8 +2,6 @@
 // generation at the next token; what was produced stays printed (exit code 130). A front end
 // over engine::Engine with one sequence.
 #include <CLI/CLI.hpp>
-#include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -11,21 +9,13 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/prompt_args.h"
+#include "cli/run_to_end.h"
 #include "core/error.h"
 #include "engine/engine.h"
 #include "io/file.h"
 #include "io/json.h"
 
 namespace vlm::cli {
-
-namespace {
-std::atomic<bool> g_interrupted{false};
-
-extern "C" void on_sigint(int) {
-  g_interrupted.store(true);
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
-}
-}  // namespace
 
 int cmd_run(int argc, char** argv) {
   CLI::App app{"Generate text from a prompt"};
@@ -42,14 +32,7 @@ int cmd_run(int argc, char** argv) {
   pa.add(app);
   app.add_flag("--ids", print_ids, "print generated token ids instead of text");
   app.add_option("--max-tokens", req.max_tokens, "most tokens to generate")->check(CLI::Range(0, 1 << 30));
-  app.add_option("--temperature", sp.temperature, "0 = greedy");
-  app.add_option("--top-k", sp.top_k, "0 = off");
-  app.add_option("--top-p", sp.top_p, "1 = off");
-  app.add_option("--min-p", sp.min_p, "0 = off");
-  app.add_option("--repetition-penalty", sp.repetition_penalty, "1 = off");
-  app.add_option("--presence-penalty", sp.presence_penalty, "0 = off");
-  app.add_option("--frequency-penalty", sp.frequency_penalty, "0 = off");
-  app.add_option("--seed", sp.seed, "sampling seed")->check(unsigned64());
+  add_sampling_options(app, sp);
   app.add_option("--stop", req.stop_strings, "stop string (repeatable)");
   // As llama.cpp's flags; the server's response_format (docs/structured-output.md).
   auto* j = app.add_flag("--json", json_object, "answer with a JSON object");
@@ -99,14 +82,7 @@ int cmd_run(int argc, char** argv) {
   }
   auto seq = std::make_shared<engine::Sequence>(*model, std::move(req), std::move(cb));
   engine::Engine eng(*model);
-  eng.add(seq);
-  g_interrupted = false;
-  std::signal(SIGINT, on_sigint);
-  while (!eng.idle()) {
-    if (g_interrupted) seq->cancel();
-    eng.step();
-  }
-  std::signal(SIGINT, SIG_DFL);
+  run_to_end(eng, seq);
   if (seq->finish_reason() == engine::FinishReason::Error) fail("{}", seq->error());
   const engine::Usage& u = seq->usage();
   if (u.cached_tokens > 0) std::fprintf(stderr, "[prompt cache: reusing %s]\n", cache_file.c_str());
