@@ -151,7 +151,7 @@ bool Engine::whole_prompt() const {
 }
 
 void Engine::take_prefix(Sequence& s) {
-  if (budget_.prefix_cache_bytes == 0 || whole_prompt()) return;
+  if (budget_.prefix_cache_bytes == 0 || whole_prompt() || s.req_.prompt_logprobs >= 0) return;
   const ModelConfig& mc = model_.config();
   const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
   const PrefixCache::Match m = prefix_cache_.find(s.req_.prompt, block_keys(s.image_keys_, s.crops_), image_id, *s.cache_);
@@ -176,7 +176,7 @@ void Engine::take_prefix(Sequence& s) {
 // than computing them twice. Its images were encoded before (from the image cache when the earlier
 // one encoded them), so its features cover every image and no image bookkeeping changes.
 bool Engine::share_prefix(Sequence& s) {
-  if (budget_.prefix_cache_bytes == 0 || whole_prompt()) return false;
+  if (budget_.prefix_cache_bytes == 0 || whole_prompt() || s.req_.prompt_logprobs >= 0) return false;
   const ModelConfig& mc = model_.config();
   const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
   const std::vector<BlockKey> blocks = block_keys(s.image_keys_, s.crops_);
@@ -329,7 +329,8 @@ StepStats Engine::step() {
     Sequence& s = *sp;
     if (s.phase() != Phase::Prefill || left == 0 || share_prefix(s)) continue;
     const std::span<const int32_t> ids(s.req_.prompt);
-    size_t end = chunk_end(ids, s.prefilled_rows_, left, image_id, whole);
+    const size_t rows = s.req_.prompt_logprobs >= 0 ? std::min(left, kPromptLogprobRows) : left;
+    size_t end = chunk_end(ids, s.prefilled_rows_, rows, image_id, whole);
     // A block larger than the whole budget goes alone, so every prompt makes progress.
     if (end == 0 && chunks.empty() && left == size_t(budget_.prefill_rows))
       end = unit_end(ids, s.prefilled_rows_, image_id, whole);
@@ -428,7 +429,7 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
     for (size_t i = 0; i < ids.size(); ++i, ++row) {
       pos_[row] = P + int64_t(i);
       seq_[row] = int32_t(slots_.size());
-      want_[row] = c.end == prompt.size() && i + 1 == ids.size();
+      want_[row] = (c.end == prompt.size() && i + 1 == ids.size()) || s.req_.prompt_logprobs >= 0;
       wanted += want_[row];
     }
     slots_.push_back({&*s.cache_, &specs[k]});
@@ -459,9 +460,18 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
     ++at;
   }
   for (const Chunk& c : chunks) {
-    c.seq->prefilled_rows_ = c.end;
-    if (c.end != c.seq->req_.prompt.size()) continue;
-    c.seq->logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + 1) * V));
+    Sequence& s = *c.seq;
+    s.prefilled_rows_ = c.end;
+    const std::vector<int32_t>& prompt = s.req_.prompt;
+    if (s.req_.prompt_logprobs >= 0)  // row p gives the logprob of prompt token p + 1
+      for (size_t p = c.begin; p < c.end && p + 1 < prompt.size(); ++p, ++at) {
+        TokenEvent ev;
+        ev.id = prompt[p + 1];
+        logprobs_of({logits_.data() + at * V, size_t(model_.vocab_limit())}, ev.id, s.req_.prompt_logprobs, ev);
+        if (s.cb_.on_prompt_token) s.cb_.on_prompt_token(ev);
+      }
+    if (c.end != prompt.size()) continue;
+    s.logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + 1) * V));
     ++at;
   }
 }
@@ -524,6 +534,22 @@ class SchemaFilter final : public TokenFilter {
 
 }  // namespace
 
+void logprobs_of(std::span<const float> logits, int32_t id, int k, TokenEvent& ev) {
+  const float mx = logits[size_t(argmax(logits))];
+  double sum = 0;
+  for (float x : logits) sum += std::exp(double(x) - double(mx));
+  const double lse = double(mx) + std::log(sum);
+  ev.logprob = float(double(logits[size_t(id)]) - lse);
+  std::vector<int32_t> idx(logits.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  const size_t n = std::min(idx.size(), size_t(k));
+  std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(n), idx.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  ev.top.clear();
+  for (size_t i = 0; i < n; ++i) ev.top.emplace_back(idx[i], float(double(logits[size_t(idx[i])]) - lse));
+}
+
 void Engine::sample(Sequence& s) {
   const Request& req = s.req_;
   if (s.cb_.on_logits) s.cb_.on_logits(s.logits_);
@@ -546,21 +572,7 @@ void Engine::sample(Sequence& s) {
   s.tokens_.push_back(id);
   ++s.usage_.completion_tokens;
   ev.id = id;
-  if (!raw.empty()) {
-    // log-softmax of the raw row, in double.
-    const float mx = raw[size_t(argmax(raw))];
-    double sum = 0;
-    for (float x : raw) sum += std::exp(double(x) - double(mx));
-    const double lse = double(mx) + std::log(sum);
-    ev.logprob = float(double(raw[size_t(id)]) - lse);
-    std::vector<int32_t> idx(raw.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    const size_t k = std::min(idx.size(), size_t(req.top_logprobs));
-    std::partial_sort(idx.begin(), idx.begin() + std::ptrdiff_t(k), idx.end(), [&](int32_t a, int32_t b) {
-      return raw[size_t(a)] > raw[size_t(b)] || (raw[size_t(a)] == raw[size_t(b)] && a < b);
-    });
-    for (size_t i = 0; i < k; ++i) ev.top.emplace_back(idx[i], float(double(raw[size_t(idx[i])]) - lse));
-  }
+  if (!raw.empty()) logprobs_of(raw, id, req.top_logprobs, ev);
   if (s.detok_) ev.text = s.detok_->push(id);
   if (s.cb_.on_token) s.cb_.on_token(ev);
   if (s.stops_) {

@@ -66,6 +66,8 @@ void validate_request(const Model& model, const Request& req) {
   if (req.top_logprobs < -1) fail("top_logprobs must be >= 0, got {}", req.top_logprobs);
   if (req.top_logprobs > model.vocab_limit())
     fail("top_logprobs {} exceeds the vocabulary of {}", req.top_logprobs, model.vocab_limit());
+  if (req.prompt_logprobs < -1 || req.prompt_logprobs > model.vocab_limit())
+    fail("prompt_logprobs must be in [-1, {}], got {}", model.vocab_limit(), req.prompt_logprobs);
   validate(req.sampling);
   if (!req.stop_strings.empty() && !model.tokenizer())
     fail("stop strings need a tokenizer, and {} has no tokenizer.json", model.dir().string());

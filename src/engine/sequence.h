@@ -48,6 +48,11 @@ struct Request {
   std::optional<std::vector<int32_t>> stop_ids;  // nullopt: the config's eos ids
   std::vector<std::string> stop_strings;         // need the model's tokenizer
   int top_logprobs = -1;                 // -1: no logprobs; else logprob + this many alternatives
+  // -1: none; else each prompt token after the first with its logprob given the tokens before it
+  // and this many alternatives (OpenAI's echo with logprobs; lm-evaluation-harness's
+  // loglikelihood). Such a prompt computes every row itself (no prefix taken from others) and its
+  // chunks are at most kPromptLogprobRows rows (each row's logits are a vocabulary of floats).
+  int prompt_logprobs = -1;
   // The answer is JSON that matches this (docs/structured-output.md); null: any text. Needs the
   // model's tokenizer. The answer ends (Stop) once the JSON is whole and nothing can follow it.
   std::shared_ptr<const grammar::Schema> response_schema;
@@ -75,6 +80,8 @@ struct TokenEvent {
 // Called on the engine's thread; must not block for long.
 struct Callbacks {
   std::function<void(const TokenEvent&)> on_token;  // every generated token
+  // Every prompt token after the first, in order, as its chunk is computed (prompt_logprobs).
+  std::function<void(const TokenEvent&)> on_prompt_token;
   // The user-visible text stream: detokenized, stop strings cut, nothing past a stop string.
   std::function<void(std::string_view)> on_text;
   // Every logits row a token is sampled from (the prompt's last row, then one per decode step),
@@ -147,6 +154,14 @@ class Sequence {
 // line message naming both numbers. The engine runs it on admission; a server may call it first
 // to answer 400 at once.
 void validate_request(const Model& model, const Request& req);
+
+// The most prompt rows a chunk takes when the request wants prompt logprobs: 64 rows of logits
+// (67 MB for Gemma 3's vocabulary) instead of one.
+constexpr size_t kPromptLogprobRows = 64;
+
+// The log-softmax of `logits` (raw, in double) at `id` into ev.logprob, and the `k` most likely
+// ids, best first (ties: the lower id), into ev.top.
+void logprobs_of(std::span<const float> logits, int32_t id, int k, TokenEvent& ev);
 
 // The positions a request may ever hold (its prompt plus max_tokens, within the model's context)
 // and the KV memory that takes, with `overwritten_rows` of each sliding layer kept beside its ring

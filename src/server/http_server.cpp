@@ -45,10 +45,13 @@ bool same_secret(const std::string& a, const std::string& b) {
 // what was sent.
 struct HttpServer::Stream {
   struct Choice {  // of jobs[i]
-    std::string prompt;  // completions with echo
-    JobOutput out;       // non-streamed: everything; streamed: what came since the last chunk
-    bool done = false;   // its finish is in `out`
-    bool sent = false;   // streamed: its finish went out
+    std::string prompt;     // completions with echo
+    int32_t first_id = -1;  // echo with logprobs: the prompt's first token, which has no logprob
+    size_t scored = 0;      // echo with logprobs: the prompt tokens that get one (all but the first)
+    JobOutput out;          // non-streamed: everything; streamed: what came since the last chunk
+    bool done = false;      // its finish is in `out`
+    bool echoed = false;    // streamed: its prompt went out (echo)
+    bool sent = false;      // streamed: its finish went out
   };
   JobGroup jobs;
   std::vector<Choice> choices;
@@ -64,16 +67,34 @@ struct HttpServer::Stream {
     const text::Tokenizer* tok = model->tokenizer();
     return tok ? tok->decode(std::span<const int32_t>(&id, 1)) : std::to_string(id);
   }
+  TokenOut token_out(const engine::TokenEvent& e, std::string text) const {
+    TokenOut t{e.id, std::move(text), piece(e.id), e.logprob, {}};
+    for (auto& [id, lp] : e.top) t.top.emplace_back(piece(id), lp);
+    return t;
+  }
+  // Choice i's prompt as echoed: its text and, with logprobs, its tokens (the first unscored).
+  ChoiceOut echo_out(size_t i) {
+    Choice& c = choices[i];
+    ChoiceOut o;
+    o.index = int(i);
+    o.text = c.prompt;
+    if (c.first_id >= 0) {
+      // Its text is the echo's start, unless that is <bos> the echo leaves out (a text prompt).
+      const std::string p = piece(c.first_id);
+      TokenOut first{c.first_id, c.prompt.rfind(p, 0) == 0 ? p : "", p, 0.f, {}};
+      first.unscored = true;
+      o.tokens.push_back(std::move(first));
+      for (const auto& e : c.out.prompt_tokens) o.tokens.push_back(token_out(e, piece(e.id)));
+    }
+    c.out.prompt_tokens.clear();
+    return o;
+  }
   // Choice i's output so far as the client sees it (its text, tokens and ids are then cleared).
   ChoiceOut take_out(size_t i, std::string finish = {}) {
     JobOutput& o = choices[i].out;
     ChoiceOut c{int(i), std::move(o.text), {}, {}, {}, std::move(finish)};
     if (logprobs)
-      for (auto& e : o.tokens) {
-        TokenOut t{e.id, e.text, piece(e.id), e.logprob, {}};
-        for (auto& [id, lp] : e.top) t.top.emplace_back(piece(id), lp);
-        c.tokens.push_back(std::move(t));
-      }
+      for (auto& e : o.tokens) c.tokens.push_back(token_out(e, e.text));
     if (token_ids && (!stream || !o.tokens.empty())) {  // vLLM's return_token_ids: the ids next to the text
       c.token_ids.emplace();
       for (const auto& e : o.tokens) c.token_ids->push_back(e.id);
@@ -82,13 +103,19 @@ struct HttpServer::Stream {
     o.tokens.clear();
     return c;
   }
-  // A finished choice's last output, the echoed prompt before it (completions), read as tool calls
-  // or content where the request has tools.
+  // A finished choice's last output, read as tool calls or content where the request has tools.
   ChoiceOut finished_out(size_t i) {
-    Choice& c = choices[i];
-    c.out.text = c.prompt + c.out.text;
-    ChoiceOut o = take_out(i, finish_text(*c.out.finish));
+    ChoiceOut o = take_out(i, finish_text(*choices[i].out.finish));
     if (tool_answer) read_tool_answer(o);
+    return o;
+  }
+  // Not streamed: choice i whole, after its echoed prompt.
+  ChoiceOut whole_out(size_t i) {
+    ChoiceOut o = finished_out(i);
+    if (!echo) return o;
+    ChoiceOut e = echo_out(i);
+    o.text = e.text + o.text;
+    o.tokens.insert(o.tokens.begin(), e.tokens.begin(), e.tokens.end());
     return o;
   }
   // Moves what each choice's job produced into its `out`; true once every choice has finished.
@@ -386,15 +413,17 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     st->echo = ar.echo;
     st->token_ids = ar.return_token_ids;
     st->tool_answer = ar.tool_answer;
-    st->jobs = sched->submit(prepare_requests(*st->model, ar, defaults_, opt_.limits));
-    for (size_t i = 0; i < st->jobs.size(); ++i) {
+    std::vector<engine::Request> reqs = prepare_requests(*st->model, ar, defaults_, opt_.limits);
+    for (size_t i = 0; i < reqs.size(); ++i) {
       Stream::Choice c;
       if (ar.echo) {  // the prompt as written; a token-id prompt as its text
         const Prompt& p = ar.prompts[i / size_t(ar.n)];
         c.prompt = p.ids ? st->model->tokenizer()->decode(*p.ids) : p.text;
       }
+      if (reqs[i].prompt_logprobs >= 0) c.first_id = reqs[i].prompt.front(), c.scored = reqs[i].prompt.size() - 1;
       st->choices.push_back(std::move(c));
     }
+    st->jobs = sched->submit(std::move(reqs));
   } catch (const ApiError& e) {
     metrics_.add("requests_rejected_total", 1, fmt::format("status=\"{}\"", e.status));
     send_error(res, e);
@@ -428,19 +457,11 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
             return chat ? chat_delta_chunk(st->meta, c, st->logprobs, st->include_usage)
                         : completion_chunk(st->meta, c, st->logprobs, st->include_usage);
           };
-          if (!st->started) {
+          if (!st->started && chat) {
             st->started = true;
             std::string head;
-            for (size_t i = 0; i < st->choices.size(); ++i) {
-              if (chat) head += sse(chat_role_chunk(st->meta, int(i), st->include_usage));
-              if (!chat && st->echo) {
-                ChoiceOut echo;
-                echo.index = int(i);
-                echo.text = st->choices[i].prompt;
-                head += sse(chunk(echo));
-              }
-            }
-            return head.empty() || write(head);
+            for (size_t i = 0; i < st->choices.size(); ++i) head += sse(chat_role_chunk(st->meta, int(i), st->include_usage));
+            return write(head);
           }
           const bool all = st->poll(kPoll);
           if (!sink.is_writable()) {
@@ -451,6 +472,12 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
           const Stream::Choice* bad = st->failed();
           for (size_t i = 0; i < st->choices.size(); ++i) {
             Stream::Choice& c = st->choices[i];
+            // The prompt first (echo), once it is scored where logprobs are asked for.
+            if (st->echo && !c.echoed) {
+              if (c.out.prompt_tokens.size() < c.scored && !c.done) continue;
+              c.echoed = true;
+              events += sse(chunk(st->echo_out(i)));
+            }
             // Tokens without text yet (a character or a possible stop string held back) ride on
             // the next chunk, or on the finish.
             if (!st->tool_answer && (!c.out.text.empty() || (st->logprobs && !c.out.tokens.empty())))
@@ -503,7 +530,7 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
             body = error_json({500, Stream::error_message(*bad), {}, "internal_error"});
           } else {
             std::vector<ChoiceOut> choices;
-            for (size_t i = 0; i < st->choices.size(); ++i) choices.push_back(st->finished_out(i));
+            for (size_t i = 0; i < st->choices.size(); ++i) choices.push_back(st->whole_out(i));
             body = st->endpoint == Endpoint::Chat ? chat_response(st->meta, choices, st->logprobs, st->usage())
                                                   : completion_response(st->meta, choices, st->logprobs, st->usage());
           }

@@ -102,6 +102,8 @@ std::vector<engine::Request> prepare_requests(const engine::Model& model, ApiReq
     req.response_schema = r.response_schema;
     if (r.ignore_eos) req.stop_ids = std::vector<int32_t>{};
     req.top_logprobs = r.top_logprobs;
+    // Completions with echo and logprobs score the prompt too (OpenAI's legacy API).
+    if (r.endpoint == Endpoint::Completion && r.echo) req.prompt_logprobs = r.top_logprobs;
     try {
       engine::validate_request(model, req);
     } catch (const Error& e) {

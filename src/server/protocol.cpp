@@ -627,10 +627,10 @@ json legacy_logprobs(const std::vector<TokenOut>& tokens, size_t offset) {
   json toks = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
   for (const TokenOut& t : tokens) {
     toks.push_back(t.piece);
-    lps.push_back(t.logprob);
+    lps.push_back(t.unscored ? json(nullptr) : json(t.logprob));
     json top = json::object();
     for (const auto& [piece, lp] : t.top) top[piece] = lp;
-    tops.push_back(top);
+    tops.push_back(t.unscored ? json(nullptr) : top);
     offs.push_back(offset);
     offset += t.text.size();
   }

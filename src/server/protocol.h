@@ -114,6 +114,7 @@ struct TokenOut {
   std::string piece;   // the token's own text (logprobs "token")
   float logprob = 0.f;
   std::vector<std::pair<std::string, float>> top;  // top alternatives (piece, logprob)
+  bool unscored = false;  // the prompt's first token (echo): nothing before it, logprob null
 };
 
 struct UsageOut {

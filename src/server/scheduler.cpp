@@ -26,8 +26,10 @@ void wait_any(const JobGroup& group, std::chrono::milliseconds timeout) {
 
 bool Job::take(JobOutput& out, std::chrono::milliseconds timeout) {
   std::unique_lock lk(signal_->mu);
-  signal_->cv.wait_for(lk, timeout, [&] { return finished_ || !pending_.text.empty() || !pending_.tokens.empty(); });
+  signal_->cv.wait_for(lk, timeout, [&] { return has_news(); });
   out.text += pending_.text;
+  for (auto& t : pending_.prompt_tokens) out.prompt_tokens.push_back(std::move(t));
+  pending_.prompt_tokens.clear();
   pending_.text.clear();
   for (auto& t : pending_.tokens) out.tokens.push_back(std::move(t));
   pending_.tokens.clear();
@@ -87,6 +89,13 @@ engine::Callbacks Scheduler::callbacks(const std::shared_ptr<Job>& job) {
     if (j->cancelled_.load()) metrics_.add("tokens_after_cancel_total");
     std::lock_guard lk(j->signal_->mu);
     j->pending_.tokens.push_back(ev);
+    j->signal_->cv.notify_all();
+  };
+  cb.on_prompt_token = [weak](const engine::TokenEvent& ev) {
+    const std::shared_ptr<Job> j = weak.lock();
+    if (!j) return;
+    std::lock_guard lk(j->signal_->mu);
+    j->pending_.prompt_tokens.push_back(ev);
     j->signal_->cv.notify_all();
   };
   cb.on_text = [weak](std::string_view t) {

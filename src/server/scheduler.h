@@ -31,6 +31,7 @@ using Clock = std::chrono::steady_clock;
 struct JobOutput {
   std::string text;                         // user-visible text (stop strings cut)
   std::vector<engine::TokenEvent> tokens;   // generated tokens (logprobs)
+  std::vector<engine::TokenEvent> prompt_tokens;  // prompt tokens after the first (prompt_logprobs)
   std::optional<engine::FinishReason> finish;
   engine::Usage usage;                      // with finish
   std::string error;                        // with FinishReason::Error
@@ -70,7 +71,10 @@ class Job {
   std::shared_ptr<Signal> signal_;
   JobOutput pending_;
   bool finished_ = false, finish_taken_ = false;
-  bool has_news() const { return !pending_.text.empty() || !pending_.tokens.empty() || (finished_ && !finish_taken_); }
+  bool has_news() const {
+    return !pending_.text.empty() || !pending_.tokens.empty() || !pending_.prompt_tokens.empty() ||
+           (finished_ && !finish_taken_);
+  }
   friend void wait_any(const JobGroup& group, std::chrono::milliseconds timeout);
   class Scheduler* owner_ = nullptr;
 };
