@@ -1,5 +1,5 @@
 // libFuzzer target: an HTTP request body as `vlm serve` reads it. Input: one byte choosing the
-// route (chat completions, completions, /tokenize, /detokenize), then the body. The parsers
+// route (chat completions, completions, /tokenize, /detokenize, /v1/responses), then the body. The parsers
 // return a request within the bounds the server relies on, or throw ApiError with a 4xx status
 // and a message; any other exception or a request out of bounds aborts (images at most 48 bytes,
 // so that inputs reach the bound). The error, and a
@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "server/protocol.h"
+#include "server/responses.h"
 
 namespace {
 
@@ -54,7 +55,7 @@ void check_request(const ApiRequest& r) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const int route = data[0] % 4;
+  const int route = data[0] % 5;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     const Json j = parse_body(body);
@@ -67,8 +68,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (t.request.endpoint == Endpoint::Completion) check(t.request.prompts.size() == 1 && !t.request.prompts[0].ids);
         break;
       }
-      default:
+      case 3:
         for (int32_t id : parse_detokenize(j).tokens) check(id >= 0);
+        break;
+      default: {
+        const ResponsesRequest r = parse_responses(j, kImages);
+        check_request(r.chat);
+        check(!r.origin.empty());
+        for (const std::string& o : r.origin) check(o == "instructions" || o == "input" || o.rfind("input[", 0) == 0);
+      }
     }
   } catch (const ApiError& e) {
     check(e.status >= 400 && e.status < 500 && !e.message.empty());

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/json.h"
 #include "server/chat_page.h"
+#include "server/responses.h"
 #include "server/tools.h"
 
 namespace vlm::server {
@@ -62,6 +63,10 @@ struct HttpServer::Stream {
   bool stream = false, include_usage = false, logprobs = false, echo = false, token_ids = false;
   bool tool_answer = false;  // the text is tools.h's JSON: sent whole, as calls or content, at the end
   bool started = false;
+  // POST /v1/responses: the request's settings the Response repeats, and its events so far.
+  std::optional<Json> responses;
+  int events = 0;
+  std::string said;  // streamed: the text its deltas carried
 
   std::string piece(int32_t id) const {
     const text::Tokenizer* tok = model->tokenizer();
@@ -142,6 +147,98 @@ struct HttpServer::Stream {
   static std::string error_message(const Choice& c) {
     return *c.out.finish == engine::FinishReason::Cancelled ? "the request was cancelled: the server is shutting down"
                                                             : c.out.error;
+  }
+  // The Responses API's answer, once its one choice has finished.
+  ResponseOut response_out() {
+    ChoiceOut c = finished_out(0);
+    return {meta.id, meta.created, meta.model, std::move(c.text), std::move(c.tool_calls), c.finish == "length",
+            usage()};
+  }
+  // The Responses API's stream (responses.h): created and in_progress, the message's item and
+  // part (an answer with tools comes whole at the end), text deltas, then each item done and
+  // completed (or incomplete); false once the client is gone.
+  bool write_responses(httplib::DataSink& sink) {
+    auto write = [&](const std::string& s) {
+      if (sink.write(s.data(), s.size())) return true;
+      cancel();
+      return false;
+    };
+    const std::string item = message_id(meta.id);
+    const Json part{{"type", "output_text"}, {"text", ""}, {"annotations", Json::array()}, {"logprobs", Json::array()}};
+    auto open_message = [&] {
+      std::string s = event({{"output_index", 0},
+                             {"item", {{"type", "message"}, {"id", item}, {"status", "in_progress"},
+                                       {"role", "assistant"}, {"content", Json::array()}}}},
+                            "response.output_item.added", events);
+      return s + event({{"item_id", item}, {"output_index", 0}, {"content_index", 0}, {"part", part}},
+                       "response.content_part.added", events);
+    };
+    auto delta = [&](const std::string& text) {
+      return event({{"item_id", item}, {"output_index", 0}, {"content_index", 0}, {"delta", text},
+                    {"logprobs", Json::array()}},
+                   "response.output_text.delta", events);
+    };
+    if (!started) {
+      started = true;
+      ResponseOut r{meta.id, meta.created, meta.model, {}, {}, false, {}};
+      std::string head = event({{"response", response_json(r, *responses, "in_progress")}}, "response.created", events);
+      head += event({{"response", response_json(r, *responses, "in_progress")}}, "response.in_progress", events);
+      if (!tool_answer) head += open_message();
+      return write(head);
+    }
+    const bool done = poll(kPoll);
+    if (!sink.is_writable()) {
+      cancel();
+      return false;
+    }
+    if (const Choice* bad = failed()) {
+      cancel();
+      if (!write(sse(error_json({500, error_message(*bad), {}, "internal_error"})))) return false;
+      sink.done();
+      return true;
+    }
+    std::string out;
+    if (!tool_answer && !choices[0].out.text.empty()) {
+      const std::string text = take_out(0).text;
+      said += text;
+      out += delta(text);
+    }
+    if (done) {
+      ResponseOut r = response_out();
+      if (!tool_answer) r.text = said;
+      const Json items = output_items(r);
+      if (tool_answer && r.calls.empty()) {
+        out += open_message();
+        if (!r.text.empty()) out += delta(r.text);
+      }
+      for (size_t k = 0; k < items.size(); ++k) {
+        const Json& it = items[k];
+        if (it["type"] == "function_call") {
+          Json added = it;
+          added["arguments"] = "";
+          added["status"] = "in_progress";
+          out += event({{"output_index", k}, {"item", added}}, "response.output_item.added", events);
+          out += event({{"item_id", it["id"]}, {"output_index", k}, {"delta", it["arguments"]}},
+                       "response.function_call_arguments.delta", events);
+          out += event({{"item_id", it["id"]}, {"output_index", k}, {"name", it["name"]}, {"arguments", it["arguments"]}},
+                       "response.function_call_arguments.done", events);
+        } else {
+          const Json& text_part = it["content"][0];
+          out += event({{"item_id", item}, {"output_index", k}, {"content_index", 0}, {"text", text_part["text"]},
+                        {"logprobs", Json::array()}},
+                       "response.output_text.done", events);
+          out += event({{"item_id", item}, {"output_index", k}, {"content_index", 0}, {"part", text_part}},
+                       "response.content_part.done", events);
+        }
+        out += event({{"output_index", k}, {"item", it}}, "response.output_item.done", events);
+      }
+      const std::string status = r.incomplete ? "incomplete" : "completed";
+      out += event({{"response", response_json(r, *responses, status)}},
+                   r.incomplete ? "response.incomplete" : "response.completed", events);
+    }
+    if (!out.empty() && !write(out)) return false;
+    if (done) sink.done();
+    return true;
   }
   // Each prompt once (its first choice's prompt and image rows), every choice's tokens.
   UsageOut usage() const {
@@ -385,6 +482,9 @@ void HttpServer::routes() {
   svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     generate(req.body, Endpoint::Completion, res);
   });
+  svr.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+    generate(req.body, Endpoint::Chat, res, /*responses=*/true);
+  });
 }
 
 void HttpServer::check_model(const std::string& name) const {
@@ -393,7 +493,7 @@ void HttpServer::check_model(const std::string& name) const {
            "model", "model_not_found");
 }
 
-void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Response& res) {
+void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Response& res, bool responses) {
   auto st = std::make_shared<Stream>();
   try {
     if (stopping_) refuse(503, "the server is shutting down", {}, "server_shutting_down");
@@ -403,7 +503,16 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
       std::lock_guard lk(mu_);
       sched = scheduler_.get();
     }
-    ApiRequest ar = parse_request(parse_body(body), ep, opt_.images);
+    ApiRequest ar;
+    std::vector<std::string> origin;  // Responses: the field of each chat message
+    if (responses) {
+      ResponsesRequest rr = parse_responses(parse_body(body), opt_.images);
+      ar = std::move(rr.chat);
+      st->responses = std::move(rr.echo);
+      origin = std::move(rr.origin);
+    } else {
+      ar = parse_request(parse_body(body), ep, opt_.images);
+    }
     check_model(ar.model);
     st->endpoint = ep;
     st->n = ar.n;
@@ -413,7 +522,13 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     st->echo = ar.echo;
     st->token_ids = ar.return_token_ids;
     st->tool_answer = ar.tool_answer;
-    std::vector<engine::Request> reqs = prepare_requests(*st->model, ar, defaults_, opt_.limits);
+    std::vector<engine::Request> reqs;
+    try {
+      reqs = prepare_requests(*st->model, ar, defaults_, opt_.limits);
+    } catch (ApiError& e) {
+      if (responses) name_for_responses(e, origin);
+      throw;
+    }
     for (size_t i = 0; i < reqs.size(); ++i) {
       Stream::Choice c;
       if (ar.echo) {  // the prompt as written; a token-id prompt as its text
@@ -430,8 +545,8 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     return;
   }
   const uint64_t n = ++next_id_;
-  st->meta = {fmt::format("{}-{:x}{:08x}", ep == Endpoint::Chat ? "chatcmpl" : "cmpl", created_, n),
-              int64_t(std::time(nullptr)), model_id_, fingerprint_};
+  const char* prefix = responses ? "resp_" : ep == Endpoint::Chat ? "chatcmpl-" : "cmpl-";
+  st->meta = {fmt::format("{}{:x}{:08x}", prefix, created_, n), int64_t(std::time(nullptr)), model_id_, fingerprint_};
   active_++;
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Request-Id", st->meta.id);
@@ -447,6 +562,7 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     res.set_chunked_content_provider(
         "text/event-stream",
         [st](size_t, httplib::DataSink& sink) {
+          if (st->responses) return st->write_responses(sink);
           const bool chat = st->endpoint == Endpoint::Chat;
           auto write = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
@@ -528,6 +644,9 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
           if (bad) {
             st->cancel();
             body = error_json({500, Stream::error_message(*bad), {}, "internal_error"});
+          } else if (st->responses) {
+            const ResponseOut r = st->response_out();
+            body = response_json(r, *st->responses, r.incomplete ? "incomplete" : "completed");
           } else {
             std::vector<ChoiceOut> choices;
             for (size_t i = 0; i < st->choices.size(); ++i) choices.push_back(st->whole_out(i));

@@ -57,7 +57,8 @@ class HttpServer {
  private:
   struct Stream;
   void routes();
-  void generate(const std::string& body, Endpoint ep, httplib::Response& res);
+  // A chat or completions request, or (responses) a Responses API one, which is served as chat.
+  void generate(const std::string& body, Endpoint ep, httplib::Response& res, bool responses = false);
   void check_model(const std::string& name) const;  // 404 unless empty or the served model's id
   std::shared_ptr<const engine::Model> model() const;
 

@@ -76,7 +76,6 @@ std::optional<std::vector<uint8_t>> base64_decode(std::string_view s) {
 }
 
 namespace {
-
 const char* type_name(const json& v) {
   switch (v.type()) {
     case json::value_t::null: return "null";
@@ -89,15 +88,18 @@ const char* type_name(const json& v) {
   }
 }
 
-[[noreturn]] void wrong_type(const std::string& param, const char* want, const json& got) {
+}  // namespace
+
+void wrong_type(const std::string& param, const char* want, const json& got) {
   refuse(400, fmt::format("'{}' must be {}, got {}", param, want, type_name(got)), param);
 }
 
-// Reads one optional field; null counts as absent (openai-node sends explicit nulls).
 const json* field(const json& body, const char* key) {
   auto it = body.find(key);
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
+
+namespace {
 
 std::optional<float> number(const json& body, const char* key, double lo, double hi) {
   const json* v = field(body, key);

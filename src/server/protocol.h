@@ -31,6 +31,10 @@ struct ApiError {
 };
 [[noreturn]] void refuse(int status, std::string message, std::string param = {}, std::string code = {});
 Json error_json(const ApiError& e);
+// A 400 naming `param`: it must be `want` ("a string"), and is not.
+[[noreturn]] void wrong_type(const std::string& param, const char* want, const Json& got);
+// The body's `key`, or null when absent or JSON null (openai-node sends explicit nulls).
+const Json* field(const Json& body, const char* key);
 
 enum class Endpoint { Chat, Completion };
 

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import time
+import unittest
 
 BIN = os.environ.get("VLM_BIN")
 FIXTURES = os.environ.get("VLM_FIXTURES")
@@ -139,6 +140,20 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class SharedServer(unittest.TestCase):
+    """One `vlm serve` of tiny-f32 on 2 threads for all of a class's tests, as `self.srv`, started
+    with the class's SERVER_ARGS."""
+    SERVER_ARGS = ("--max-seqs", "4")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server("tiny-f32", list(cls.SERVER_ARGS), threads=2)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.stop()
 
 
 def self_check_sse(headers, raw):

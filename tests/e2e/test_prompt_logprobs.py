@@ -6,20 +6,13 @@ streamed equals whole; a batch of token-id prompts reads as lm-eval reads it."""
 import json
 import unittest
 
-from server_util import BIN, FIXTURES, Server
+from server_util import BIN, FIXTURES, SharedServer
 
 TOL = 2e-5  # a row computed in a 64-row chunk against the same row last in its prompt
 
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
-class TestPromptLogprobs(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = Server("tiny-f32", ["--max-seqs", "4"], threads=2)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.stop()
+class TestPromptLogprobs(SharedServer):
 
     def post(self, path, body):
         code, _, r = self.srv.post(path, body)

@@ -13,7 +13,7 @@ import unittest
 
 import jsonschema
 
-from server_util import BIN, FIXTURES, Server, chat, openai_client
+from server_util import BIN, FIXTURES, SharedServer, chat, openai_client
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now",
@@ -32,14 +32,8 @@ def params_of(name):
 
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
-class TestTools(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = Server("tiny-f32", ["--max-seqs", "8"], threads=2)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.stop()
+class TestTools(SharedServer):
+    SERVER_ARGS = ("--max-seqs", "8")
 
     def post(self, body):
         code, _, r = self.srv.post("/v1/chat/completions", body)

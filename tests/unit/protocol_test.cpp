@@ -6,6 +6,7 @@
 
 #include "grammar/matcher.h"
 #include "server/protocol.h"
+#include "server/responses.h"
 #include "server/tools.h"
 
 namespace vlm::server {
@@ -232,6 +233,43 @@ TEST(Tools, Refusals) {
     ADD_FAILURE() << "accepted";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.param, "tools") << e.message;
+  }
+}
+
+// A Responses request is the chat request it means; its mistakes are named by its own fields.
+TEST(Responses, ReadAsChatAndNamedByTheirOwnFields) {
+  const ResponsesRequest r = parse_responses(parse_body(R"({"instructions":"Be brief.","input":[
+      {"role":"user","content":[{"type":"input_text","text":"Weather?"}]},
+      {"type":"function_call","call_id":"c1","name":"get_weather","arguments":"{\"city\":\"Oslo\"}"},
+      {"type":"function_call_output","call_id":"c1","output":"rain"}],"max_output_tokens":7})"),
+                                             {});
+  EXPECT_EQ(r.chat.max_tokens, 7);
+  ASSERT_EQ(r.chat.messages.size(), 4u);
+  EXPECT_EQ(r.chat.messages[0].role, "system");
+  EXPECT_EQ(r.chat.messages[2].content.at(0).text, R"({"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]})");
+  EXPECT_EQ(r.chat.messages[3].content.at(0).text, R"({"tool_response":{"name":"get_weather","tool_call_id":"c1","content":"rain"}})");
+  EXPECT_EQ(r.origin, (std::vector<std::string>{"instructions", "input[0]", "input[1]", "input[2]"}));
+
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"input":[{"role":"user","content":"a"},{"role":"robot","content":"b"}]})", "input[1].role"},
+      {R"({"instructions":"x","input":[{"role":"user"}]})", "input[0].content"},
+      {R"({"input":"a","max_output_tokens":0})", "max_output_tokens"},
+      {R"({"input":"a","text":{"format":{"type":"json_schema","name":"x","schema":{"type":"string","pattern":"a"}}}})",
+       "text.format.schema"},
+      {R"({"input":"a","tools":[{"type":"function","name":"a b"}]})", "tools[0].name"},
+      {R"({"input":"a","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"g"}})",
+       "tool_choice.name"},
+      {R"({"input":"a","previous_response_id":"resp_1"})", "previous_response_id"},
+      {R"({"input":[]})", "input"},
+  };
+  for (const auto& [body, param] : refused) {
+    try {
+      parse_responses(parse_body(body), {});
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, param) << body << "\n" << e.message;
+      EXPECT_EQ(e.message.find("messages"), std::string::npos) << e.message;
+    }
   }
 }
 

@@ -1,12 +1,15 @@
 // Drives `vlm serve` with the official `openai` npm client, as a user's tool would.
 // Usage: node openai_client.mjs BASE_URL API_KEY < jobs.json > results.json
-// jobs.json: {"concurrent": bool, "jobs": [{"op": "chat" | "completion" | "models" | "retrieve",
+// jobs.json: {"concurrent": bool, "jobs": [{"op": "chat" | "completion" | "response" | "response_stream" |
+//   "models" | "retrieve",
 //   "params": {...request...}, "id": "model id" (retrieve), "abort_after": N (streams: abort
 //   after N content chunks), "abort_after_ms": N (streams: abort N ms after the response
 //   headers), "delay_ms": N (start later)}]}
-// Each result: {"chunks": [...]} for streams (every chunk the client yielded), {"response": ...}
+// Each result: {"chunks": [...]} for streams (every chunk or event the client yielded), {"response": ...}
 // otherwise, or {"error": {"status", "name", "message", "code", "param"}}; "aborted": true when
-// the job aborted its own stream.
+// the job aborted its own stream. "response" is client.responses.create (with its output_text);
+// "response_stream" is the client.responses.stream() helper, whose checks of the event sequence
+// apply: {"chunks": events, "final": finalResponse()}.
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -24,7 +27,18 @@ async function run(job) {
   try {
     if (job.op === "models") return { response: await client.models.list().then((p) => p.data) };
     if (job.op === "retrieve") return { response: await client.models.retrieve(job.id) };
-    const api = job.op === "chat" ? client.chat.completions : client.completions;
+    if (job.op === "response_stream") {
+      const stream = client.responses.stream(job.params);
+      const chunks = [];
+      for await (const event of stream) chunks.push(event);
+      const final = await stream.finalResponse();
+      return { chunks, final };
+    }
+    if (job.op === "response" && !job.params.stream) {
+      const r = await client.responses.create(job.params);
+      return { response: { ...r, output_text: r.output_text } };
+    }
+    const api = job.op === "chat" ? client.chat.completions : job.op === "response" ? client.responses : client.completions;
     if (!job.params.stream) return { response: await api.create(job.params) };
     const stream = await api.create(job.params);
     const chunks = [];
@@ -37,7 +51,7 @@ async function run(job) {
     for await (const chunk of stream) {
       chunks.push(chunk);
       const c = chunk.choices && chunk.choices[0];
-      const text = c && (c.delta ? c.delta.content : c.text);
+      const text = c ? (c.delta ? c.delta.content : c.text) : chunk.type === "response.output_text.delta" && chunk.delta;
       if (text) content++;
       if (job.abort_after !== undefined && content >= job.abort_after) {
         stream.controller.abort();
