@@ -1,5 +1,6 @@
 // libFuzzer target: an HTTP request body as `vlm serve` reads it. Input: one byte choosing the
-// route (chat completions, completions, /tokenize, /detokenize, /v1/responses), then the body. The parsers
+// route (chat completions, completions, /tokenize, /detokenize, /v1/responses, /v1/messages), then
+// the body. The parsers
 // return a request within the bounds the server relies on, or throw ApiError with a 4xx status
 // and a message; any other exception or a request out of bounds aborts (images at most 48 bytes,
 // so that inputs reach the bound). The error, and a
@@ -10,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "server/messages.h"
 #include "server/protocol.h"
 #include "server/responses.h"
 
@@ -55,7 +57,7 @@ void check_request(const ApiRequest& r) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const int route = data[0] % 5;
+  const int route = data[0] % 6;
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     const Json j = parse_body(body);
@@ -71,6 +73,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 3:
         for (int32_t id : parse_detokenize(j).tokens) check(id >= 0);
         break;
+      case 5: {
+        const MessagesRequest m = parse_anthropic(j, kImages);
+        check_request(m.chat);
+        check(!m.origin.empty());
+        for (const std::string& o : m.origin) check(o == "system" || o.rfind("messages[", 0) == 0);
+        break;
+      }
       default: {
         const ResponsesRequest r = parse_responses(j, kImages);
         check_request(r.chat);
@@ -81,6 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const ApiError& e) {
     check(e.status >= 400 && e.status < 500 && !e.message.empty());
     check_dumps(error_json(e));
+    check_dumps(anthropic_error_json(e));
   }
   return 0;
 }

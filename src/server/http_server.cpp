@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "io/json.h"
 #include "server/chat_page.h"
+#include "server/messages.h"
 #include "server/responses.h"
 #include "server/tools.h"
 
@@ -26,8 +27,8 @@ void send_json(httplib::Response& res, int status, const json& j) {
   res.set_content(dump(j), "application/json");
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  send_json(res, e.status, error_json(e));
+void send_error(httplib::Response& res, const ApiError& e, bool anthropic = false) {
+  send_json(res, e.status, anthropic ? anthropic_error_json(e) : error_json(e));
   if (e.status == 429) res.set_header("Retry-After", "1");
   // openai-node retries 408/409/429/5xx unless told not to; a client mistake never helps by retrying.
   if (e.status < 500 && e.status != 429) res.set_header("x-should-retry", "false");
@@ -66,7 +67,9 @@ struct HttpServer::Stream {
   // POST /v1/responses: the request's settings the Response repeats, and its events so far.
   std::optional<Json> responses;
   int events = 0;
-  std::string said;  // streamed: the text its deltas carried
+  std::string said;  // streamed (responses, messages): the text its deltas carried
+  bool anthropic = false;  // POST /v1/messages
+  int prompt_tokens = 0;   // messages, streamed: message_start's input_tokens
 
   std::string piece(int32_t id) const {
     const text::Tokenizer* tok = model->tokenizer();
@@ -148,6 +151,29 @@ struct HttpServer::Stream {
     return *c.out.finish == engine::FinishReason::Cancelled ? "the request was cancelled: the server is shutting down"
                                                             : c.out.error;
   }
+  // Writes `s`; false, the request cancelled, once the client is gone.
+  bool send(httplib::DataSink& sink, const std::string& s) {
+    if (sink.write(s.data(), s.size())) return true;
+    cancel();
+    return false;
+  }
+  // A typed-event stream's poll (responses, messages): nullopt to go on (`done` once every choice
+  // finished), else what the provider returns: false when the client is gone, true once a failed
+  // choice's event (`error_event` of its error) went out and the stream ended.
+  template <class ErrorEvent>
+  std::optional<bool> poll_events(httplib::DataSink& sink, bool& done, ErrorEvent error_event) {
+    done = poll(kPoll);
+    if (!sink.is_writable()) {
+      cancel();
+      return false;
+    }
+    const Choice* bad = failed();
+    if (!bad) return std::nullopt;
+    cancel();
+    if (!send(sink, error_event(ApiError{500, error_message(*bad), {}, "internal_error"}))) return false;
+    sink.done();
+    return true;
+  }
   // The Responses API's answer, once its one choice has finished.
   ResponseOut response_out() {
     ChoiceOut c = finished_out(0);
@@ -158,11 +184,7 @@ struct HttpServer::Stream {
   // part (an answer with tools comes whole at the end), text deltas, then each item done and
   // completed (or incomplete); false once the client is gone.
   bool write_responses(httplib::DataSink& sink) {
-    auto write = [&](const std::string& s) {
-      if (sink.write(s.data(), s.size())) return true;
-      cancel();
-      return false;
-    };
+    auto write = [&](const std::string& s) { return send(sink, s); };
     const std::string item = message_id(meta.id);
     const Json part{{"type", "output_text"}, {"text", ""}, {"annotations", Json::array()}, {"logprobs", Json::array()}};
     auto open_message = [&] {
@@ -186,17 +208,8 @@ struct HttpServer::Stream {
       if (!tool_answer) head += open_message();
       return write(head);
     }
-    const bool done = poll(kPoll);
-    if (!sink.is_writable()) {
-      cancel();
-      return false;
-    }
-    if (const Choice* bad = failed()) {
-      cancel();
-      if (!write(sse(error_json({500, error_message(*bad), {}, "internal_error"})))) return false;
-      sink.done();
-      return true;
-    }
+    bool done = false;
+    if (auto end = poll_events(sink, done, [](const ApiError& e) { return sse(error_json(e)); })) return *end;
     std::string out;
     if (!tool_answer && !choices[0].out.text.empty()) {
       const std::string text = take_out(0).text;
@@ -235,6 +248,70 @@ struct HttpServer::Stream {
       const std::string status = r.incomplete ? "incomplete" : "completed";
       out += event({{"response", response_json(r, *responses, status)}},
                    r.incomplete ? "response.incomplete" : "response.completed", events);
+    }
+    if (!out.empty() && !write(out)) return false;
+    if (done) sink.done();
+    return true;
+  }
+  // Anthropic's Message, once its one choice has finished (`text`: what the stream already sent).
+  MessageOut message_out(const std::string* text = nullptr) {
+    ChoiceOut c = finished_out(0);
+    const UsageOut u = usage();
+    const std::string stop = !c.tool_calls.empty() ? "tool_use" : c.finish == "length" ? "max_tokens" : "end_turn";
+    return {meta.id, meta.model, text ? *text : std::move(c.text), std::move(c.tool_calls), stop,
+            u.prompt_tokens, u.completion_tokens, u.cached_tokens};
+  }
+  // Anthropic's stream (messages.h): message_start, the text block (an answer with tools comes
+  // whole at the end), text deltas, each block's stop, message_delta with the stop reason and
+  // usage, message_stop; false once the client is gone.
+  bool write_anthropic(httplib::DataSink& sink) {
+    auto write = [&](const std::string& s) { return send(sink, s); };
+    auto ev = [](const char* type, Json e) {
+      Json out{{"type", type}};
+      for (auto& [key, value] : e.items()) out[key] = std::move(value);
+      return fmt::format("event: {}\ndata: {}\n\n", type, dump(out));
+    };
+    auto text_start = [&](int index) {
+      return ev("content_block_start", {{"index", index}, {"content_block", {{"type", "text"}, {"text", ""}}}});
+    };
+    auto text_delta = [&](int index, const std::string& t) {
+      return ev("content_block_delta", {{"index", index}, {"delta", {{"type", "text_delta"}, {"text", t}}}});
+    };
+    if (!started) {
+      started = true;
+      MessageOut m{meta.id, meta.model, {}, {}, {}, prompt_tokens, 0, 0};
+      std::string head = ev("message_start", {{"message", message_json(m, true)}});
+      if (!tool_answer) head += text_start(0);
+      return write(head);
+    }
+    bool done = false;
+    if (auto end = poll_events(sink, done, [&](const ApiError& e) { return ev("error", anthropic_error_json(e)); }))
+      return *end;
+    std::string out;
+    if (!tool_answer && !choices[0].out.text.empty()) {
+      const std::string t = take_out(0).text;
+      said += t;
+      out += text_delta(0, t);
+    }
+    if (done) {
+      const MessageOut m = message_out(tool_answer ? nullptr : &said);
+      const Json blocks = content_blocks(m);
+      for (size_t k = 0; k < blocks.size(); ++k) {
+        const Json& b = blocks[k];
+        if (b["type"] == "text") {
+          if (tool_answer) out += text_start(int(k)) + (m.text.empty() ? "" : text_delta(int(k), m.text));
+        } else {
+          Json start = b;
+          start["input"] = Json::object();
+          out += ev("content_block_start", {{"index", k}, {"content_block", start}});
+          out += ev("content_block_delta",
+                    {{"index", k}, {"delta", {{"type", "input_json_delta"}, {"partial_json", dump(b["input"])}}}});
+        }
+        out += ev("content_block_stop", {{"index", k}});
+      }
+      out += ev("message_delta", {{"delta", {{"stop_reason", m.stop_reason}, {"stop_sequence", nullptr}}},
+                                  {"usage", message_json(m)["usage"]}});
+      out += ev("message_stop", Json::object());
     }
     if (!out.empty() && !write(out)) return false;
     if (done) sink.done();
@@ -349,9 +426,11 @@ void HttpServer::routes() {
     // /health, the chat page and /metrics stay public (load balancers and scrapers carry no key).
     const bool is_public = req.path == "/health" || req.path == "/" || req.path == "/metrics";
     if (!opt_.api_key.empty() && !is_public) {
+      // OpenAI's clients send "Authorization: Bearer <key>", Anthropic's "x-api-key: <key>".
       const std::string auth = req.get_header_value("Authorization");
       const std::string want = "Bearer " + opt_.api_key;
-      if (!same_secret(auth, want)) {
+      if (!same_secret(auth, want) && !(req.has_header("x-api-key") &&
+                                        same_secret(req.get_header_value("x-api-key"), opt_.api_key))) {
         metrics_.add("requests_rejected_total", 1, "status=\"401\"");
         send_error(res, {401, auth.empty() ? "missing API key: send 'Authorization: Bearer <key>'"
                                            : "invalid API key", {}, "invalid_api_key"});
@@ -483,7 +562,10 @@ void HttpServer::routes() {
     generate(req.body, Endpoint::Completion, res);
   });
   svr.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
-    generate(req.body, Endpoint::Chat, res, /*responses=*/true);
+    generate(req.body, Endpoint::Chat, res, Api::Responses);
+  });
+  svr.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+    generate(req.body, Endpoint::Chat, res, Api::Anthropic);
   });
 }
 
@@ -493,8 +575,10 @@ void HttpServer::check_model(const std::string& name) const {
            "model", "model_not_found");
 }
 
-void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Response& res, bool responses) {
+void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Response& res, Api api) {
   auto st = std::make_shared<Stream>();
+  const bool responses = api == Api::Responses;
+  st->anthropic = api == Api::Anthropic;
   try {
     if (stopping_) refuse(503, "the server is shutting down", {}, "server_shutting_down");
     st->model = model();
@@ -504,12 +588,16 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
       sched = scheduler_.get();
     }
     ApiRequest ar;
-    std::vector<std::string> origin;  // Responses: the field of each chat message
+    std::vector<std::string> origin;  // Responses, Messages: the field of each chat message
     if (responses) {
       ResponsesRequest rr = parse_responses(parse_body(body), opt_.images);
       ar = std::move(rr.chat);
       st->responses = std::move(rr.echo);
       origin = std::move(rr.origin);
+    } else if (st->anthropic) {
+      MessagesRequest mr = parse_anthropic(parse_body(body), opt_.images);
+      ar = std::move(mr.chat);
+      origin = std::move(mr.origin);
     } else {
       ar = parse_request(parse_body(body), ep, opt_.images);
     }
@@ -527,8 +615,10 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
       reqs = prepare_requests(*st->model, ar, defaults_, opt_.limits);
     } catch (ApiError& e) {
       if (responses) name_for_responses(e, origin);
+      if (st->anthropic) name_for_anthropic(e, origin);
       throw;
     }
+    if (!reqs.empty()) st->prompt_tokens = int(reqs[0].prompt.size());
     for (size_t i = 0; i < reqs.size(); ++i) {
       Stream::Choice c;
       if (ar.echo) {  // the prompt as written; a token-id prompt as its text
@@ -541,11 +631,11 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     st->jobs = sched->submit(std::move(reqs));
   } catch (const ApiError& e) {
     metrics_.add("requests_rejected_total", 1, fmt::format("status=\"{}\"", e.status));
-    send_error(res, e);
+    send_error(res, e, st->anthropic);
     return;
   }
   const uint64_t n = ++next_id_;
-  const char* prefix = responses ? "resp_" : ep == Endpoint::Chat ? "chatcmpl-" : "cmpl-";
+  const char* prefix = responses ? "resp_" : st->anthropic ? "msg_" : ep == Endpoint::Chat ? "chatcmpl-" : "cmpl-";
   st->meta = {fmt::format("{}{:x}{:08x}", prefix, created_, n), int64_t(std::time(nullptr)), model_id_, fingerprint_};
   active_++;
   res.set_header("Cache-Control", "no-cache");
@@ -563,6 +653,7 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
         "text/event-stream",
         [st](size_t, httplib::DataSink& sink) {
           if (st->responses) return st->write_responses(sink);
+          if (st->anthropic) return st->write_anthropic(sink);
           const bool chat = st->endpoint == Endpoint::Chat;
           auto write = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
@@ -643,7 +734,10 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
           json body;
           if (bad) {
             st->cancel();
-            body = error_json({500, Stream::error_message(*bad), {}, "internal_error"});
+            const ApiError e{500, Stream::error_message(*bad), {}, "internal_error"};
+            body = st->anthropic ? anthropic_error_json(e) : error_json(e);
+          } else if (st->anthropic) {
+            body = message_json(st->message_out());
           } else if (st->responses) {
             const ResponseOut r = st->response_out();
             body = response_json(r, *st->responses, r.incomplete ? "incomplete" : "completed");

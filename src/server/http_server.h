@@ -57,8 +57,10 @@ class HttpServer {
  private:
   struct Stream;
   void routes();
-  // A chat or completions request, or (responses) a Responses API one, which is served as chat.
-  void generate(const std::string& body, Endpoint ep, httplib::Response& res, bool responses = false);
+  // The wire a generation request comes in: OpenAI's chat or completions, OpenAI's Responses
+  // API or Anthropic's Messages API (both served as the chat request they mean).
+  enum class Api { OpenAI, Responses, Anthropic };
+  void generate(const std::string& body, Endpoint ep, httplib::Response& res, Api api = Api::OpenAI);
   void check_model(const std::string& name) const;  // 404 unless empty or the served model's id
   std::shared_ptr<const engine::Model> model() const;
 

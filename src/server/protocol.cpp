@@ -99,6 +99,48 @@ const json* field(const json& body, const char* key) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+std::string origin_param(const std::string& param, const std::vector<std::string>& origin) {
+  if (param.rfind("messages[", 0) != 0) return param;
+  size_t k = 0;
+  const auto [end, ec] = std::from_chars(param.data() + 9, param.data() + param.size(), k);
+  if (ec != std::errc() || end == param.data() + param.size() || *end != ']' || k >= origin.size()) return param;
+  return origin[k] + std::string(end + 1);
+}
+
+Json chat_tools(const Json& tools, const char* type, bool type_optional, Json (*function_of)(const Json& tool)) {
+  if (!tools.is_array()) wrong_type("tools", "an array of tools", tools);
+  json out = json::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const json& t = tools[i];
+    const std::string at = fmt::format("tools[{}]", i);
+    if (!t.is_object()) wrong_type(at, "an object", t);
+    const json* ty = field(t, "type");
+    if (ty ? *ty != type : !type_optional)
+      refuse(400, fmt::format("'{}.type' must be \"{}\" (no built-in tools here)", at, type), at + ".type");
+    out.push_back({{"type", "function"}, {"function", function_of(t)}});
+  }
+  return out;
+}
+
+std::string joined_text(const json& content, const std::string& param, const char* part_type) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) wrong_type(param, fmt::format("a string or an array of {} parts", part_type).c_str(), content);
+  std::string text;
+  for (const json& p : content) {
+    const json* tx = p.is_object() && p.value("type", "") == part_type ? field(p, "text") : nullptr;
+    if (!tx || !tx->is_string()) refuse(400, fmt::format("'{}' may hold only {} parts here", param, part_type), param);
+    text += tx->get<std::string>();
+  }
+  return text;
+}
+
+void rename_param(ApiError& e, const std::string& param) {
+  if (e.param.empty() || param == e.param) return;
+  for (size_t at = e.message.find(e.param); at != std::string::npos; at = e.message.find(e.param, at + param.size()))
+    e.message.replace(at, e.param.size(), param);
+  e.param = param;
+}
+
 namespace {
 
 std::optional<float> number(const json& body, const char* key, double lo, double hi) {

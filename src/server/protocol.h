@@ -35,6 +35,27 @@ Json error_json(const ApiError& e);
 [[noreturn]] void wrong_type(const std::string& param, const char* want, const Json& got);
 // The body's `key`, or null when absent or JSON null (openai-node sends explicit nulls).
 const Json* field(const Json& body, const char* key);
+// The error names `param` instead, in its param and every mention in its message: for the APIs
+// read into a chat request (responses.h, messages.h), whose fields have names of their own.
+void rename_param(ApiError& e, const std::string& param);
+// "messages[k]…" as the field chat message k came from (origin[k] + "…"); other params as they are.
+std::string origin_param(const std::string& param, const std::vector<std::string>& origin);
+// Chat messages read from another API's request, each with the field it came from.
+struct ConvertedMessages {
+  Json list = Json::array();
+  std::vector<std::string> origin;
+  void add(Json message, std::string from) {
+    list.push_back(std::move(message));
+    origin.push_back(std::move(from));
+  }
+};
+// Another API's "tools" as chat function tools: an array of objects of type `type` (absent too
+// where `type_optional`), each function's fields (name, description, parameters) from
+// `function_of`; else a 400 naming the field.
+Json chat_tools(const Json& tools, const char* type, bool type_optional, Json (*function_of)(const Json& tool));
+// A string, or parts {"type": part_type, "text"} joined (a tool result's content); else a 400
+// naming `param`.
+std::string joined_text(const Json& content, const std::string& param, const char* part_type);
 
 enum class Endpoint { Chat, Completion };
 

@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <charconv>
-
 #include "io/json.h"
 
 namespace vlm::server {
@@ -43,31 +41,9 @@ json chat_parts(const json& content, const std::string& at) {
   return parts;
 }
 
-// A function_call_output's output: a string, or input_text parts joined.
-std::string output_text(const json& out, const std::string& at) {
-  if (out.is_string()) return out.get<std::string>();
-  if (!out.is_array()) wrong_type(at, "a string or an array of input_text parts", out);
-  std::string text;
-  for (const json& p : out) {
-    const json* tx = p.is_object() ? field(p, "text") : nullptr;
-    if (!tx || !tx->is_string()) refuse(400, fmt::format("'{}' may hold only input_text parts here", at), at);
-    text += tx->get<std::string>();
-  }
-  return text;
-}
-
 // The chat messages an input means, and for each the Responses field it came from.
-struct Messages {
-  json list = json::array();
-  std::vector<std::string> origin;
-  void add(json m, std::string from) {
-    list.push_back(std::move(m));
-    origin.push_back(std::move(from));
-  }
-};
-
-Messages chat_messages(const json& body) {
-  Messages m;
+ConvertedMessages chat_messages(const json& body) {
+  ConvertedMessages m;
   if (const json* ins = field(body, "instructions")) {
     if (!ins->is_string()) wrong_type("instructions", "a string", *ins);
     m.add({{"role", "system"}, {"content", *ins}}, "instructions");
@@ -112,7 +88,7 @@ Messages chat_messages(const json& body) {
       const json* out = field(it, "output");
       if (!id || !id->is_string()) refuse(400, fmt::format("'{}.call_id' must be a string", at), at + ".call_id");
       if (!out) refuse(400, fmt::format("'{}.output' is required", at), at + ".output");
-      m.add({{"role", "tool"}, {"tool_call_id", *id}, {"content", output_text(*out, at + ".output")}}, at);
+      m.add({{"role", "tool"}, {"tool_call_id", *id}, {"content", joined_text(*out, at + ".output", "input_text")}}, at);
     } else {
       refuse(400, fmt::format("'{}.type' '{}' is not supported (message, function_call and function_call_output "
                               "are; nothing is stored, so no item_reference)", at, printable(type)),
@@ -129,11 +105,7 @@ std::string responses_param(std::string p, const std::vector<std::string>& origi
     p = to + p.substr(from.size());
     return true;
   };
-  if (p.rfind("messages[", 0) == 0) {
-    size_t k = 0;
-    const auto [end, ec] = std::from_chars(p.data() + 9, p.data() + p.size(), k);
-    if (ec == std::errc() && *end == ']' && k < origin.size()) return origin[k] + std::string(end + 1);
-  }
+  if (p.rfind("messages[", 0) == 0) return origin_param(p, origin);
   if (p == "messages") return "input";
   if (replace_prefix("max_completion_tokens", "max_output_tokens") ||
       replace_prefix("response_format.json_schema.schema", "text.format.schema") ||
@@ -168,7 +140,7 @@ void refuse_unsupported(const json& body) {
 ResponsesRequest parse_responses(const json& body, const ImagePolicy& images) {
   if (!body.is_object()) wrong_type("body", "a JSON object", body);
   refuse_unsupported(body);
-  Messages msgs = chat_messages(body);
+  ConvertedMessages msgs = chat_messages(body);
   json chat{{"messages", msgs.list}};
   // Fields with the chat name, as they are.
   for (const char* key : {"model", "stream", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
@@ -176,20 +148,12 @@ ResponsesRequest parse_responses(const json& body, const ImagePolicy& images) {
                           "parallel_tool_calls"})
     if (const json* v = field(body, key)) chat[key] = *v;
   if (const json* v = field(body, "max_output_tokens")) chat["max_completion_tokens"] = *v;
-  if (const json* tools = field(body, "tools")) {
-    if (!tools->is_array()) wrong_type("tools", "an array of tools", *tools);
-    chat["tools"] = json::array();
-    for (size_t i = 0; i < tools->size(); ++i) {
-      const json& t = (*tools)[i];
-      const std::string at = fmt::format("tools[{}]", i);
-      if (!t.is_object()) wrong_type(at, "an object", t);
-      if (const json* ty = field(t, "type"); !ty || *ty != "function")
-        refuse(400, fmt::format("'{}.type' must be \"function\" (no built-in tools here)", at), at + ".type");
+  if (const json* tools = field(body, "tools"))
+    chat["tools"] = chat_tools(*tools, "function", false, [](const json& t) {
       json fn = t;
       fn.erase("type");
-      chat["tools"].push_back({{"type", "function"}, {"function", std::move(fn)}});
-    }
-  }
+      return fn;
+    });
   if (const json* c = field(body, "tool_choice")) {
     if (c->is_object()) {
       if (const json* ty = field(*c, "type"); !ty || *ty != "function")
@@ -246,12 +210,7 @@ ResponsesRequest parse_responses(const json& body, const ImagePolicy& images) {
 }
 
 void name_for_responses(ApiError& e, const std::vector<std::string>& origin) {
-  const std::string now = responses_param(e.param, origin);
-  if (e.param.empty() || now == e.param) return;
-  // Every mention in the message too (a decoding error names it twice).
-  for (size_t at = e.message.find(e.param); at != std::string::npos; at = e.message.find(e.param, at + now.size()))
-    e.message.replace(at, e.param.size(), now);
-  e.param = now;
+  rename_param(e, responses_param(e.param, origin));
 }
 
 std::string message_id(const std::string& response_id) { return "msg_" + response_id.substr(5); }
