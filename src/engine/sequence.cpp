@@ -68,6 +68,11 @@ void validate_request(const Model& model, const Request& req) {
     fail("top_logprobs {} exceeds the vocabulary of {}", req.top_logprobs, model.vocab_limit());
   if (req.prompt_logprobs < -1 || req.prompt_logprobs > model.vocab_limit())
     fail("prompt_logprobs must be in [-1, {}], got {}", model.vocab_limit(), req.prompt_logprobs);
+  // A scored prompt token is one the model can answer with (logprobs are over those ids).
+  for (size_t i = 1; req.prompt_logprobs >= 0 && i < req.prompt.size(); ++i)
+    if (req.prompt[i] >= model.vocab_limit())
+      fail("prompt token {} (at {}) is not one the model answers with (ids below {}), so it has no logprob",
+           req.prompt[i], i, model.vocab_limit());
   validate(req.sampling);
   if (!req.stop_strings.empty() && !model.tokenizer())
     fail("stop strings need a tokenizer, and {} has no tokenizer.json", model.dir().string());

@@ -81,6 +81,15 @@ class TestPromptLogprobs(SharedServer):
         self.assertEqual(r["usage"]["completion_tokens"], 0)
         self.check_against_forced(ids, lp, [1, 63, 64, 65, 127, 128, len(ids) - 1], 2)
 
+    def test_ids_without_a_logprob_are_refused(self):
+        # 262150 is a padding row of the embedding table: in the vocabulary, never answered with.
+        code, _, r = self.srv.post("/v1/completions", {"prompt": [2, 262150], "echo": True, "logprobs": 1,
+                                                       "max_tokens": 1})
+        self.assertEqual(code, 400, r)
+        self.assertIn("262150", r["error"]["message"])
+        code, _, r = self.srv.post("/v1/completions", {"prompt": [2, 262150], "max_tokens": 1})
+        self.assertEqual(code, 200, r)  # without echo nothing asks for its logprob
+
     def test_lm_eval_loglikelihood_requests(self):
         """lm-eval's local-completions: token-id prompts in a batch, echo, logprobs 1, max_tokens 1;
         it sums token_logprobs[ctxlen:-1] and compares each with its top_logprobs' best."""
