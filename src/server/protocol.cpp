@@ -350,6 +350,19 @@ std::vector<std::string> parse_stop(const json& body) {
   return out;
 }
 
+// An array of token ids (integers in [0, 2^31)); their range against the vocabulary is the model's
+// to check.
+std::vector<int32_t> token_ids(const json& a, const std::string& param) {
+  if (!a.is_array()) refuse(400, fmt::format("'{}' must be an array of token ids", param), param);
+  std::vector<int32_t> ids;
+  for (const json& id : a) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      refuse(400, fmt::format("'{}' must be an array of token ids (integers >= 0)", param), param);
+    ids.push_back(int32_t(id.get<int64_t>()));
+  }
+  return ids;
+}
+
 // The body's "model" (empty when not given).
 std::string model_name(const json& body) {
   const json* m = field(body, "model");
@@ -412,12 +425,8 @@ DetokenizeRequest parse_detokenize(const json& body) {
   DetokenizeRequest out;
   out.model = model_name(body);
   const json* ids = field(body, "tokens");
-  if (!ids || !ids->is_array()) refuse(400, "'tokens' must be an array of token ids", "tokens");
-  for (const json& id : *ids) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      refuse(400, "'tokens' must be an array of token ids", "tokens");
-    out.tokens.push_back(int32_t(id.get<int64_t>()));
-  }
+  if (!ids) refuse(400, "'tokens' must be an array of token ids", "tokens");
+  out.tokens = token_ids(*ids, "tokens");
   return out;
 }
 
@@ -504,16 +513,9 @@ std::optional<ToolUse> parse_tools(const json& body, Endpoint endpoint) {
 // The most choices one request may ask for (n, times the prompts of a list): OpenAI's bound on n.
 constexpr int kMaxChoices = 128;
 
-// A token-id prompt: a non-empty array of ids (their range against the vocabulary is the model's
-// to check).
+// A token-id prompt: a non-empty array of ids.
 Prompt id_prompt(const json& a, const std::string& param) {
-  Prompt p;
-  p.ids.emplace();
-  for (const json& id : a) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > std::numeric_limits<int32_t>::max())
-      refuse(400, fmt::format("'{}' must hold token ids (integers >= 0)", param), param);
-    p.ids->push_back(int32_t(id.get<int64_t>()));
-  }
+  Prompt p{{}, token_ids(a, param)};
   if (p.ids->empty()) refuse(400, fmt::format("'{}' is an empty list of token ids", param), param);
   return p;
 }
