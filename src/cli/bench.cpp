@@ -59,7 +59,7 @@ std::shared_ptr<engine::Sequence> make_seq(const engine::Model& m, std::vector<i
   engine::Request req;
   req.prompt = std::move(prompt);
   req.max_tokens = max_tokens;
-  req.stop_ids.emplace();  // none: every run produces exactly max_tokens
+  req.ignore_eos = true;  // every run produces exactly max_tokens
   return std::make_shared<engine::Sequence>(m, std::move(req), std::move(cb));
 }
 

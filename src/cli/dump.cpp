@@ -127,7 +127,7 @@ int cmd_dump(int argc, char** argv) {
   engine::Request req;
   req.prompt = ids;
   req.max_tokens = steps + 1;
-  req.stop_ids.emplace();  // none
+  req.ignore_eos = true;
   req.prefilled = prefilled;
   std::vector<int32_t> tokens;
   std::vector<float> decode_logits;

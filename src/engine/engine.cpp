@@ -63,7 +63,7 @@ void Engine::finish(Sequence& s, FinishReason r) {
     std::string tail;
     if (s.detok_) {
       const std::string rest = s.detok_->finish();  // an unfinished character at the end
-      if (s.stops_ && !s.stops_->stopped()) tail = s.stops_->feed(rest);
+      if (s.stops_ && !s.stops_->stopped()) tail = s.stops_->feed(rest, s.may_stop_at(s.tokens_.size()));
     }
     if (s.stops_) tail += s.stops_->flush();
     if (!tail.empty()) s.cb_.on_text(tail);
@@ -97,14 +97,15 @@ bool Engine::start(Sequence& s) {
     s.usage_.prompt_tokens = int(req.prompt.size());
     if (mc.is_vlm())
       s.usage_.image_tokens = int(std::count(req.prompt.begin(), req.prompt.end(), mc.image_token_id));
-    s.stop_ids_ = req.stop_ids ? *req.stop_ids : std::vector<int32_t>(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+    if (!req.ignore_eos) s.stop_ids_.assign(mc.eos_token_ids.begin(), mc.eos_token_ids.end());
+    s.stop_ids_.insert(s.stop_ids_.end(), req.stop_ids.begin(), req.stop_ids.end());
     SamplingParams sp = req.sampling;
     if (sp.vocab_limit == 0) sp.vocab_limit = model_.vocab_limit();
     s.sampler_.emplace(sp);
     s.sampler_->add_prompt(req.prompt);
     if (const text::Tokenizer* tok = model_.tokenizer()) {
       s.detok_.emplace(*tok, text::DecodeOptions{.skip_special = true});
-      s.stops_.emplace(req.stop_strings);
+      s.stops_.emplace(req.stop_strings, req.include_stop_string);
     }
     if (req.response_schema) s.matcher_.emplace(req.response_schema);
     if (req.prefilled) {
@@ -557,6 +558,9 @@ void Engine::sample(Sequence& s) {
   TokenEvent ev;
   std::vector<float> raw;
   if (req.top_logprobs >= 0) raw.assign(s.logits_.begin(), s.logits_.begin() + model_.vocab_limit());
+  if (!s.may_stop_at(s.tokens_.size() + 1))  // min_tokens: no stop id can be drawn yet
+    for (int32_t stop : s.stop_ids_)
+      if (stop < model_.vocab_limit()) s.logits_[size_t(stop)] = -std::numeric_limits<float>::infinity();
   int32_t id = -1;
   try {
     std::optional<SchemaFilter> filter;
@@ -565,8 +569,10 @@ void Engine::sample(Sequence& s) {
   } catch (const Error& e) {
     return fail_request(s, e.what());
   }
-  if (std::find(s.stop_ids_.begin(), s.stop_ids_.end(), id) != s.stop_ids_.end())
+  if (std::find(s.stop_ids_.begin(), s.stop_ids_.end(), id) != s.stop_ids_.end()) {
+    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), id) != req.stop_ids.end()) s.stop_reason_ = id;
     return finish(s, FinishReason::Stop);
+  }
   if (s.matcher_ && !s.matcher_->feed(model_.vocabulary().bytes(id)))
     return fail_request(s, fmt::format("internal: token {} was allowed by the response format but does not continue it", id));
   s.tokens_.push_back(id);
@@ -576,9 +582,12 @@ void Engine::sample(Sequence& s) {
   if (s.detok_) ev.text = s.detok_->push(id);
   if (s.cb_.on_token) s.cb_.on_token(ev);
   if (s.stops_) {
-    const std::string out = s.stops_->feed(ev.text);
+    const std::string out = s.stops_->feed(ev.text, s.may_stop_at(s.tokens_.size()));
     if (!out.empty() && s.cb_.on_text) s.cb_.on_text(out);
-    if (s.stops_->stopped()) return finish(s, FinishReason::Stop);
+    if (s.stops_->stopped()) {
+      s.stop_reason_ = s.stops_->matched();
+      return finish(s, FinishReason::Stop);
+    }
   }
   if (s.matcher_ && s.matcher_->closed()) return finish(s, FinishReason::Stop);  // the JSON is whole
   // The token just sampled needs a position of its own before the next one.

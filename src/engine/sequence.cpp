@@ -74,6 +74,10 @@ void validate_request(const Model& model, const Request& req) {
       fail("prompt token {} (at {}) is not one the model answers with (ids below {}), so it has no logprob",
            req.prompt[i], i, model.vocab_limit());
   validate(req.sampling);
+  if (req.min_tokens < 0 || req.min_tokens > req.max_tokens)
+    fail("min_tokens must be in [0, max_tokens = {}], got {}", req.max_tokens, req.min_tokens);
+  for (int32_t id : req.stop_ids)
+    if (id < 0 || id >= model.vocab()) fail("stop id {} is outside the vocabulary [0, {})", id, model.vocab());
   if (!req.stop_strings.empty() && !model.tokenizer())
     fail("stop strings need a tokenizer, and {} has no tokenizer.json", model.dir().string());
   if (req.response_schema && !model.tokenizer())

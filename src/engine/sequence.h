@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "models/kv_cache.h"
@@ -45,8 +46,13 @@ struct Request {
   std::vector<vision::RgbImage> images;  // in prompt order, decoded and validated
   SamplingParams sampling;               // vocab_limit 0: the model's vocab_limit()
   int max_tokens = 256;
-  std::optional<std::vector<int32_t>> stop_ids;  // nullopt: the config's eos ids
-  std::vector<std::string> stop_strings;         // need the model's tokenizer
+  bool ignore_eos = false;                // the config's eos ids do not end the answer
+  std::vector<int32_t> stop_ids;          // more ids that end it (vLLM's stop_token_ids), not in its text
+  std::vector<std::string> stop_strings;  // need the model's tokenizer
+  bool include_stop_string = false;       // the matched stop string ends the text (vLLM's include_stop_str_in_output)
+  // No stop id or stop string ends an answer of fewer tokens (vLLM's min_tokens): the stop ids
+  // are masked out of the draw before, and a stop string must end in a later token's text.
+  int min_tokens = 0;
   int top_logprobs = -1;                 // -1: no logprobs; else logprob + this many alternatives
   // -1: none; else each prompt token after the first with its logprob given the tokens before it
   // and this many alternatives (OpenAI's echo with logprobs; lm-evaluation-harness's
@@ -62,6 +68,11 @@ struct Request {
   std::filesystem::path prompt_cache;
   std::shared_ptr<Prefilled> prefilled;  // skip encoding and prefill (consumed on admission)
 };
+
+// What ended an answer that finished with Stop, when the request named it (vLLM's stop_reason):
+// one of its stop ids or stop strings. Neither (monostate): the model's own end, an eos id or a
+// whole JSON answer.
+using StopReason = std::variant<std::monostate, int32_t, std::string>;
 
 struct Usage {
   int prompt_tokens = 0;      // image soft tokens included
@@ -112,6 +123,7 @@ class Sequence {
   // of them; the last sampled one is not in it yet).
   std::vector<int32_t> ids() const;
   FinishReason finish_reason() const { return finish_; }
+  const StopReason& stop_reason() const { return stop_reason_; }
   const std::string& error() const { return error_; }  // the message when finish_reason() is Error
   size_t kv_bytes() const;                              // KV memory held now
 
@@ -126,10 +138,13 @@ class Sequence {
   Usage usage_;
   std::vector<int32_t> tokens_;
   FinishReason finish_ = FinishReason::Length;
+  StopReason stop_reason_;
   std::string error_;
 
   // Engine state.
-  std::vector<int32_t> stop_ids_;
+  std::vector<int32_t> stop_ids_;  // the config's eos ids (unless ignore_eos), then the request's
+  // Whether the answer's token number `n` (from 1) may end it: past min_tokens.
+  bool may_stop_at(size_t n) const { return n > size_t(req_.min_tokens); }
   std::optional<KvCache> cache_;
   std::optional<Sampler> sampler_;
   std::optional<text::StreamDecoder> detok_;

@@ -4,18 +4,24 @@
 
 namespace vlm {
 
-StopStrings::StopStrings(std::vector<std::string> stops) : stops_(std::move(stops)) {
+StopStrings::StopStrings(std::vector<std::string> stops, bool keep) : stops_(std::move(stops)), keep_(keep) {
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
 
-std::string StopStrings::feed(std::string_view piece) {
-  if (stopped_) return {};
+std::string StopStrings::feed(std::string_view piece, bool armed) {
+  if (stopped()) return {};
   held_ += piece;
+  if (!armed) quiet_ = held_.size();
+  // The earliest match that ends in armed text.
   size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
-  if (first != std::string::npos) {
-    stopped_ = true;
-    std::string out = held_.substr(0, first);
+  const std::string* hit = nullptr;
+  for (const std::string& s : stops_) {
+    const size_t p = held_.find(s, quiet_ >= s.size() ? quiet_ - s.size() + 1 : 0);
+    if (p < first) first = p, hit = &s;
+  }
+  if (hit) {
+    matched_ = *hit;
+    std::string out = held_.substr(0, first + (keep_ ? hit->size() : 0));
     held_.clear();
     return out;
   }
@@ -27,14 +33,16 @@ std::string StopStrings::feed(std::string_view piece) {
         keep = n;
         break;
       }
-  std::string out = held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
+  const size_t out_bytes = held_.size() - keep;
+  std::string out = held_.substr(0, out_bytes);
+  held_.erase(0, out_bytes);
+  quiet_ = quiet_ > out_bytes ? quiet_ - out_bytes : 0;
   return out;
 }
 
 std::string StopStrings::flush() {
   std::string out;
-  if (!stopped_) out.swap(held_);
+  if (!stopped()) out.swap(held_);
   return out;
 }
 

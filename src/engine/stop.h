@@ -10,18 +10,24 @@ namespace vlm {
 // string is held back, so nothing past a stop string is ever emitted.
 class StopStrings {
  public:
-  explicit StopStrings(std::vector<std::string> stops);
-  // Adds a piece; returns the text now safe to emit. After a match, stopped() is true
-  // and the returned text ends right before the stop string.
-  std::string feed(std::string_view piece);
+  // `keep`: the matched stop string stays in the text (vLLM's include_stop_str_in_output).
+  explicit StopStrings(std::vector<std::string> stops, bool keep = false);
+  // Adds a piece; returns the text now safe to emit. After a match, stopped() is true and the
+  // returned text ends right before the stop string (right after it with `keep`). Unless `armed`,
+  // the piece cannot complete a match (vLLM's min_tokens: a stop string must end in text that
+  // comes once the answer may stop; it may begin earlier).
+  std::string feed(std::string_view piece, bool armed = true);
   // Everything still held back (at the end of generation without a match).
   std::string flush();
-  bool stopped() const { return stopped_; }
+  bool stopped() const { return !matched_.empty(); }
+  const std::string& matched() const { return matched_; }  // the stop string found, once stopped
 
  private:
   std::vector<std::string> stops_;
+  bool keep_ = false;
   std::string held_;
-  bool stopped_ = false;
+  size_t quiet_ = 0;  // a match must end past this many bytes of held_ (the text fed unarmed)
+  std::string matched_;
 };
 
 }  // namespace vlm

@@ -100,7 +100,8 @@ struct HttpServer::Stream {
   // Choice i's output so far as the client sees it (its text, tokens and ids are then cleared).
   ChoiceOut take_out(size_t i, std::string finish = {}) {
     JobOutput& o = choices[i].out;
-    ChoiceOut c{int(i), std::move(o.text), {}, {}, {}, std::move(finish)};
+    ChoiceOut c{int(i), std::move(o.text), {}, {}, {}, std::move(finish), {}};
+    if (!c.finish.empty()) c.stop_reason = o.stop_reason;
     if (logprobs)
       for (auto& e : o.tokens) c.tokens.push_back(token_out(e, e.text));
     if (token_ids && (!stream || !o.tokens.empty())) {  // vLLM's return_token_ids: the ids next to the text
@@ -257,9 +258,13 @@ struct HttpServer::Stream {
   MessageOut message_out(const std::string* text = nullptr) {
     ChoiceOut c = finished_out(0);
     const UsageOut u = usage();
-    const std::string stop = !c.tool_calls.empty() ? "tool_use" : c.finish == "length" ? "max_tokens" : "end_turn";
-    return {meta.id, meta.model, text ? *text : std::move(c.text), std::move(c.tool_calls), stop,
-            u.prompt_tokens, u.completion_tokens, u.cached_tokens};
+    const auto* sequence = std::get_if<std::string>(&c.stop_reason);  // one of its stop_sequences
+    const std::string stop = !c.tool_calls.empty() ? "tool_use"
+                             : c.finish == "length" ? "max_tokens"
+                             : sequence             ? "stop_sequence"
+                                                    : "end_turn";
+    return {meta.id,   meta.model,        text ? *text : std::move(c.text), std::move(c.tool_calls), stop,
+            sequence ? *sequence : "", u.prompt_tokens, u.completion_tokens, u.cached_tokens};
   }
   // Anthropic's stream (messages.h): message_start, the text block (an answer with tools comes
   // whole at the end), text deltas, each block's stop, message_delta with the stop reason and
@@ -279,7 +284,7 @@ struct HttpServer::Stream {
     };
     if (!started) {
       started = true;
-      MessageOut m{meta.id, meta.model, {}, {}, {}, prompt_tokens, 0, 0};
+      MessageOut m{meta.id, meta.model, {}, {}, {}, {}, prompt_tokens, 0, 0};
       std::string head = ev("message_start", {{"message", message_json(m, true)}});
       if (!tool_answer) head += text_start(0);
       return write(head);
@@ -309,7 +314,7 @@ struct HttpServer::Stream {
         }
         out += ev("content_block_stop", {{"index", k}});
       }
-      out += ev("message_delta", {{"delta", {{"stop_reason", m.stop_reason}, {"stop_sequence", nullptr}}},
+      out += ev("message_delta", {{"delta", {{"stop_reason", m.stop_reason}, {"stop_sequence", stop_sequence_json(m)}}},
                                   {"usage", message_json(m)["usage"]}});
       out += ev("message_stop", Json::object());
     }
@@ -696,7 +701,7 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
                 ChoiceOut body = fin;
                 body.finish.clear();
                 events += sse(chunk(body));
-                fin = ChoiceOut{fin.index, {}, {}, {}, {}, fin.finish};
+                fin = ChoiceOut{fin.index, {}, {}, {}, {}, fin.finish, fin.stop_reason};
               }
               events += sse(chunk(fin));
             }

@@ -194,6 +194,10 @@ Json content_blocks(const MessageOut& m) {
   return blocks;
 }
 
+Json stop_sequence_json(const MessageOut& m) {
+  return m.stop_reason == "stop_sequence" ? json(m.stop_sequence) : json(nullptr);
+}
+
 Json message_json(const MessageOut& m, bool streaming_start) {
   return {{"id", m.id},
           {"type", "message"},
@@ -201,7 +205,7 @@ Json message_json(const MessageOut& m, bool streaming_start) {
           {"model", m.model},
           {"content", streaming_start ? json::array() : content_blocks(m)},
           {"stop_reason", streaming_start ? json(nullptr) : json(m.stop_reason)},
-          {"stop_sequence", nullptr},
+          {"stop_sequence", streaming_start ? json(nullptr) : stop_sequence_json(m)},
           {"usage", {{"input_tokens", m.input_tokens - m.cached_tokens},
                      {"cache_creation_input_tokens", 0},
                      {"cache_read_input_tokens", m.cached_tokens},

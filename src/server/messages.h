@@ -30,13 +30,16 @@ struct MessageOut {
   std::string model;
   std::string text;
   std::vector<ToolCall> calls;
-  std::string stop_reason;  // end_turn, max_tokens, tool_use
+  std::string stop_reason;    // end_turn, max_tokens, stop_sequence, tool_use
+  std::string stop_sequence;  // with stop_sequence: the one that ended it
   int input_tokens = 0, output_tokens = 0, cached_tokens = 0;
 };
 // The tool_use id of a call (toolu_ and the call's own 24 characters).
 std::string tool_use_id(const ToolCall& c);
 // The Message's content blocks: its text (when there is any or nothing else), then its calls.
 Json content_blocks(const MessageOut& m);
+// The Message's stop_sequence: the one that ended it, or null.
+Json stop_sequence_json(const MessageOut& m);
 // The whole Message; `streaming_start`: the message_start event's (no content, no stop reason).
 Json message_json(const MessageOut& m, bool streaming_start = false);
 

@@ -100,7 +100,14 @@ std::vector<engine::Request> prepare_requests(const engine::Model& model, ApiReq
     s.vocab_limit = model.vocab_limit();  // so that validate_request refuses ids outside it
     req.stop_strings = r.stop;
     req.response_schema = r.response_schema;
-    if (r.ignore_eos) req.stop_ids = std::vector<int32_t>{};
+    req.ignore_eos = r.ignore_eos;
+    req.stop_ids = r.stop_token_ids;
+    for (int32_t id : req.stop_ids)
+      if (id >= model.vocab())
+        refuse(400, fmt::format("'stop_token_ids' has {}, outside the vocabulary [0, {})", id, model.vocab()),
+               "stop_token_ids");
+    req.min_tokens = r.min_tokens;
+    req.include_stop_string = r.include_stop_str_in_output;
     req.top_logprobs = r.top_logprobs;
     // Completions with echo and logprobs score the prompt too (OpenAI's legacy API).
     if (r.endpoint == Endpoint::Completion && r.echo) req.prompt_logprobs = r.top_logprobs;

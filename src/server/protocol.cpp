@@ -610,6 +610,16 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
   r.stop = parse_stop(body);
   r.return_token_ids = boolean(body, "return_token_ids").value_or(false);
   r.ignore_eos = boolean(body, "ignore_eos").value_or(false);
+  if (const json* ids = field(body, "stop_token_ids"); ids && !ids->is_null()) {
+    r.stop_token_ids = token_ids(*ids, "stop_token_ids");
+    if (r.stop_token_ids.size() > 1024)
+      refuse(400, fmt::format("'stop_token_ids' has {} entries; at most 1024", r.stop_token_ids.size()), "stop_token_ids");
+  }
+  r.min_tokens = int(integer(body, "min_tokens", 0, std::numeric_limits<int32_t>::max()).value_or(0));
+  if (r.max_tokens && r.min_tokens > *r.max_tokens)
+    refuse(400, fmt::format("'min_tokens' ({}) must not exceed '{}' ({})", r.min_tokens, max_key, *r.max_tokens),
+           "min_tokens");
+  r.include_stop_str_in_output = boolean(body, "include_stop_str_in_output").value_or(false);
 
   if (endpoint == Endpoint::Chat) {
     const bool lp = boolean(body, "logprobs").value_or(false);
@@ -687,14 +697,22 @@ json legacy_logprobs(const std::vector<TokenOut>& tokens, size_t offset) {
 
 namespace {
 
-// A choice's token_ids (return_token_ids) after its other keys.
-json with_ids(json c, const ChoiceOut& o) {
+json stop_reason_json(const engine::StopReason& r) {
+  if (const auto* id = std::get_if<int32_t>(&r)) return *id;
+  if (const auto* text = std::get_if<std::string>(&r)) return *text;
+  return nullptr;
+}
+
+// A choice's vLLM keys after its other keys: stop_reason once it finished, token_ids
+// (return_token_ids).
+json with_extras(json c, const ChoiceOut& o) {
+  if (!o.finish.empty()) c["stop_reason"] = stop_reason_json(o.stop_reason);
   if (o.token_ids) c["token_ids"] = *o.token_ids;
   return c;
 }
 
 json completion_choice(const ChoiceOut& c, bool logprobs) {
-  return with_ids({{"index", c.index},
+  return with_extras({{"index", c.index},
                    {"text", c.text},
                    {"logprobs", logprobs ? legacy_logprobs(c.tokens, 0) : json(nullptr)},
                    {"finish_reason", or_null(c.finish)}},
@@ -729,7 +747,7 @@ json chat_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices,
   for (const ChoiceOut& c : choices) {
     json msg{{"role", "assistant"}, {"content", c.tool_calls.empty() ? json(c.text) : json(nullptr)}, {"refusal", nullptr}};
     if (!c.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.tool_calls, false);
-    j["choices"].push_back(with_ids({{"index", c.index},
+    j["choices"].push_back(with_extras({{"index", c.index},
                                      {"message", std::move(msg)},
                                      {"logprobs", logprobs ? chat_logprobs(c.tokens) : json(nullptr)},
                                      {"finish_reason", c.finish}},
@@ -762,7 +780,7 @@ json chat_delta_chunk(const ResponseMeta& m, const ChoiceOut& c, bool logprobs, 
   json delta = c.text.empty() && !c.finish.empty() ? json::object() : json{{"content", c.text}};
   if (!c.tool_calls.empty()) delta = {{"content", nullptr}, {"tool_calls", tool_calls_json(c.tool_calls, true)}};
   return chat_chunk(m,
-                    with_ids({{"index", c.index},
+                    with_extras({{"index", c.index},
                               {"delta", std::move(delta)},
                               {"logprobs", logprobs && !c.tokens.empty() ? chat_logprobs(c.tokens) : json(nullptr)},
                               {"finish_reason", or_null(c.finish)}},

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/sequence.h"
 #include "grammar/schema.h"
 #include "text/chat.h"
 
@@ -100,6 +101,11 @@ struct ApiRequest {
   bool echo = false;                            // completions: prompt text before the answer
   bool return_token_ids = false;                // vLLM's extension: each choice's token_ids
   bool ignore_eos = false;                      // vLLM's extension: only max_tokens and stop strings end it
+  // vLLM's extensions: ids that end the answer besides eos, no stop before min_tokens tokens, the
+  // matched stop string kept in the text.
+  std::vector<int32_t> stop_token_ids;
+  int min_tokens = 0;
+  bool include_stop_str_in_output = false;
   // response_format json_object / json_schema, or the tool-call JSON (server/tools.h), compiled
   // (null: text).
   std::shared_ptr<const grammar::Schema> response_schema;
@@ -168,6 +174,7 @@ struct ChoiceOut {
   std::optional<std::vector<int32_t>> token_ids; // return_token_ids
   std::vector<ToolCall> tool_calls;              // chat: in place of the text
   std::string finish;                            // empty: not finished (chunks)
+  engine::StopReason stop_reason;  // with a finish: vLLM's stop_reason (a string, an id or null)
 };
 
 Json usage_json(const UsageOut& u);

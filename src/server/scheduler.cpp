@@ -36,6 +36,7 @@ bool Job::take(JobOutput& out, std::chrono::milliseconds timeout) {
   if (finished_) {
     finish_taken_ = true;
     out.finish = pending_.finish;
+    out.stop_reason = pending_.stop_reason;
     out.usage = pending_.usage;
     out.error = pending_.error;
   }
@@ -115,6 +116,7 @@ engine::Callbacks Scheduler::callbacks(const std::shared_ptr<Job>& job) {
     std::lock_guard lk(j->signal_->mu);
     if (j->finished_) return;  // already ended by the scheduler (shutdown)
     j->pending_.finish = r;
+    j->pending_.stop_reason = j->seq_->stop_reason();
     j->pending_.usage = u;
     if (r == engine::FinishReason::Error) j->pending_.error = j->seq_->error();
     j->finished_ = true;

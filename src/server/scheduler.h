@@ -33,6 +33,7 @@ struct JobOutput {
   std::vector<engine::TokenEvent> tokens;   // generated tokens (logprobs)
   std::vector<engine::TokenEvent> prompt_tokens;  // prompt tokens after the first (prompt_logprobs)
   std::optional<engine::FinishReason> finish;
+  engine::StopReason stop_reason;           // with FinishReason::Stop
   engine::Usage usage;                      // with finish
   std::string error;                        // with FinishReason::Error
 };

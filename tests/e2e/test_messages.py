@@ -2,7 +2,8 @@
 message is the answer the same request gives as a chat completion (system, text and image blocks),
 streamed through client.messages.stream() (whose checks of the event order apply) it equals the
 whole one, tools give tool_use blocks whose input validates, a tool_result turn runs, errors come
-in Anthropic's shape naming its fields, and the x-api-key header authenticates."""
+in Anthropic's shape naming its fields, a stop sequence that ends an answer is named (stop_reason
+stop_sequence), and the x-api-key header authenticates."""
 import json
 import os
 import subprocess
@@ -68,6 +69,25 @@ class TestMessages(SharedServer):
         self.assertEqual(final["content"], m["content"])
         self.assertEqual(final["stop_reason"], m["stop_reason"])
         self.assertEqual(final["usage"]["output_tokens"], u["output_tokens"])
+
+    def test_a_stop_sequence_is_named(self):
+        req = {"model": "tiny-f32", "max_tokens": 12, "temperature": 0,
+               "messages": [{"role": "user", "content": "Tell me about the sea"}]}
+        text = self.chat({"model": "tiny-f32", "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                          "messages": req["messages"]})["choices"][0]["message"]["content"]
+        stop = text[len(text) // 2:len(text) // 2 + 2]
+        self.assertTrue(stop)
+        req["stop_sequences"] = ["not in it", stop]
+        m = self.one({"op": "create", "params": req})["response"]
+        self.assertEqual((m["stop_reason"], m["stop_sequence"]), ("stop_sequence", stop))
+        self.assertEqual(m["content"], [{"type": "text", "text": text[:text.find(stop)]}])
+        res = self.one({"op": "stream", "params": req})
+        self.assertEqual(res["events"][-2]["delta"], {"stop_reason": "stop_sequence", "stop_sequence": stop})
+        self.assertEqual((res["final"]["stop_reason"], res["final"]["stop_sequence"]), ("stop_sequence", stop))
+        self.assertEqual(res["final"]["content"], m["content"])
+        # Ended by the token limit: no stop sequence.
+        m = self.one({"op": "create", "params": dict(req, stop_sequences=["not in it"])})["response"]
+        self.assertEqual((m["stop_reason"], m["stop_sequence"]), ("max_tokens", None))
 
     def test_tools_and_a_tool_result_turn(self):
         req = {"model": "tiny-f32", "max_tokens": 200, "temperature": 1.0, "tools": [WEATHER],

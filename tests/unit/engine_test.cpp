@@ -49,6 +49,7 @@ struct Record {
   std::string text;
   int finishes = 0;
   FinishReason reason = FinishReason::Length;
+  StopReason stop;
   Usage usage;
 };
 
@@ -116,15 +117,17 @@ class EngineTest : public ::testing::Test {
     const std::vector<text::ChatMessage> msgs{user_turn(text, r.images.size())};
     r.prompt = model_->chat_prompt(msgs, r.images);
     r.max_tokens = max_tokens;
-    r.stop_ids.emplace();  // run to max_tokens: the same number of steps alone and together
+    r.ignore_eos = true;  // run to max_tokens: the same number of steps alone and together
     return r;
   }
   Record alone(const Request& req, const Model* m = nullptr) const {
     m = m ? m : model_.get();
     Record r;
     Engine eng(*m, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0});  // whole images
-    eng.add(std::make_shared<Sequence>(*m, req, record_into(r)));
+    const auto seq = std::make_shared<Sequence>(*m, req, record_into(r));
+    eng.add(seq);
     eng.run_until_idle();
+    r.stop = seq->stop_reason();
     return r;
   }
 
@@ -330,6 +333,8 @@ TEST_F(EngineTest, StopIdsStopStringsAndMaxTokens) {
   EXPECT_EQ(a.finishes, 1);
   const auto first = std::find(full.tokens.begin(), full.tokens.end(), full.tokens[4]);
   EXPECT_EQ(a.tokens, std::vector<int32_t>(full.tokens.begin(), first));  // the stop id is not reported
+  EXPECT_EQ(a.stop, StopReason(full.tokens[4]));
+  EXPECT_EQ(full.stop, StopReason());
   Request zero = base;
   zero.max_tokens = 0;
   const Record z = alone(zero);
@@ -341,6 +346,66 @@ TEST_F(EngineTest, StopIdsStopStringsAndMaxTokens) {
     const Record s = alone(ss);
     EXPECT_EQ(s.reason, FinishReason::Stop);
     EXPECT_EQ(s.text, full.text.substr(0, full.text.find(ss.stop_strings[0])));
+    EXPECT_EQ(s.stop, StopReason(ss.stop_strings[0]));
+    ss.include_stop_string = true;
+    const Record kept = alone(ss);
+    EXPECT_EQ(kept.text, full.text.substr(0, full.text.find(ss.stop_strings[0]) + 2));
+    EXPECT_EQ(kept.tokens, s.tokens);
+  }
+}
+
+// vLLM's min_tokens: the stop ids are out of the draw for the first min_tokens tokens (the logits
+// row reported stays raw), and a stop string must end in a later token's text.
+TEST_F(EngineTest, MinTokensHoldsOffStopIdsAndStopStrings) {
+  Request base = request("Tell me something", 0, 2, 12);
+  const Record full = alone(base);
+  ASSERT_EQ(full.tokens.size(), 12u);
+  // The stop id: the answer's first token, so each of the first min_tokens draws is another.
+  const int32_t stop = full.tokens[0];
+  Request r = base;
+  r.stop_ids = {stop};
+  r.min_tokens = 3;
+  const Record held = alone(r);
+  ASSERT_GE(held.tokens.size(), 3u);
+  for (size_t t = 0; t < held.tokens.size(); ++t) {
+    EXPECT_NE(held.tokens[t], stop) << t;
+    if (t >= 3) continue;
+    // The draw at token t + 1 is the best of the row without the stop id.
+    std::vector<float> row = held.logits[t];
+    row.resize(size_t(model_->vocab_limit()));
+    row[size_t(stop)] = -INFINITY;
+    EXPECT_EQ(held.tokens[t], int32_t(std::max_element(row.begin(), row.end()) - row.begin())) << t;
+  }
+  EXPECT_EQ(held.logits[0], full.logits[0]);  // reported before the mask
+  EXPECT_EQ(held.reason == FinishReason::Stop, held.stop == StopReason(stop));
+  r.max_tokens = r.min_tokens - 1;
+  EXPECT_THROW(validate_request(*model_, r), Error);  // min_tokens past max_tokens
+  EXPECT_EQ(alone(r).reason, FinishReason::Error);
+  Request neg = base;
+  neg.min_tokens = -1;
+  EXPECT_THROW(validate_request(*model_, neg), Error);
+  neg.min_tokens = 0;
+  neg.stop_ids = {model_->vocab()};
+  EXPECT_THROW(validate_request(*model_, neg), Error);
+
+  // A stop string in the first token's text: with min_tokens 1 it is passed over.
+  Record first;
+  {
+    Request one = base;
+    one.max_tokens = 1;
+    first = alone(one);
+  }
+  if (!first.text.empty()) {
+    Request ss = base;
+    ss.stop_strings = {first.text.substr(0, 1)};
+    const Record at_once = alone(ss);
+    EXPECT_TRUE(at_once.text.empty());
+    EXPECT_EQ(at_once.tokens.size(), 1u);
+    ss.min_tokens = 1;
+    const Record later = alone(ss);
+    const size_t again = full.text.find(ss.stop_strings[0], first.text.size());
+    // The next occurrence that ends in a later token's text ends it.
+    EXPECT_EQ(later.text, again == std::string::npos ? full.text : full.text.substr(0, again));
   }
 }
 
@@ -493,7 +558,7 @@ TEST_F(EngineTest, ImageCacheReusesAnImageWithoutChangingABit) {
   aba.images = {a.images[0], b.images[0], a.images[0]};
   aba.prompt = model_->chat_prompt(std::vector<text::ChatMessage>{user_turn("Compare them.", 3)}, aba.images);
   aba.max_tokens = 8;
-  aba.stop_ids.emplace();
+  aba.ignore_eos = true;
   const Record solo_a = alone(a), solo_b = alone(b), solo_aba = alone(aba);
   ASSERT_NE(solo_a.logits, solo_b.logits);  // the images matter to the logits
 
@@ -715,7 +780,7 @@ TEST_F(EngineTest, PrefixCacheTakesAnImageWithAllItsCrops) {
     r.images = std::move(images);
     r.prompt = m.chat_prompt(std::vector<text::ChatMessage>{user_turn("Describe.", r.images.size())}, r.images);
     r.max_tokens = 4;
-    r.stop_ids.emplace();
+    r.ignore_eos = true;
     return r;
   };
   const vision::RgbImage wide_image = noise_image(900, 300, 71), other = noise_image(300, 900, 72);

@@ -279,5 +279,30 @@ TEST(StopStrings, HoldsBackPrefixesAndCutsAtTheMatch) {
   EXPECT_EQ(t.flush(), "ab");
 }
 
+TEST(StopStrings, KeepsTheMatchAndWaitsUntilArmed) {
+  StopStrings k({"END"}, true);
+  EXPECT_EQ(k.feed("one EN"), "one ");
+  EXPECT_EQ(k.feed("D two"), "END");
+  EXPECT_EQ(k.matched(), "END");
+  // Unarmed text cannot complete a match; a match may begin in it and end in armed text.
+  StopStrings u({"ab", "xyz"});
+  EXPECT_EQ(u.feed("ab x", false), "ab ");
+  EXPECT_FALSE(u.stopped());
+  EXPECT_EQ(u.feed("yz!"), "");
+  EXPECT_EQ(u.matched(), "xyz");
+  StopStrings v({"ab"});
+  EXPECT_EQ(v.feed("xa", false), "x");
+  EXPECT_EQ(v.feed("b ab"), "");  // "ab" ends in armed text: a match from the held "a"
+  EXPECT_EQ(v.matched(), "ab");
+  StopStrings w({"ab"});
+  EXPECT_EQ(w.feed("ab", false), "ab");
+  EXPECT_EQ(w.feed(" and ab."), " and ");
+  // Overlapping stops: "abcd" held back unarmed holds "ab", which must not match once armed.
+  StopStrings o({"ab", "abcd"});
+  EXPECT_EQ(o.feed("xabc", false), "x");
+  EXPECT_EQ(o.feed("q"), "abcq");
+  EXPECT_FALSE(o.stopped());
+}
+
 }  // namespace
 }  // namespace vlm
