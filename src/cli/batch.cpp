@@ -195,8 +195,11 @@ int cmd_batch(int argc, char** argv) {
                                   "fp_" + model->identity().hash_hex()};
         std::vector<server::ChoiceOut> choices;
         for (size_t c = 0; c < outs.size(); ++c) {
-          server::ChoiceOut ch{int(c), outs[c].text, {}, {}, {}, server::finish_text(*outs[c].finish),
-                               outs[c].stop_reason};
+          server::ChoiceOut ch;
+          ch.index = int(c);
+          ch.text = outs[c].text;
+          ch.finish = server::finish_text(*outs[c].finish);
+          ch.stop_reason = outs[c].stop_reason;
           if (it.token_ids) {
             ch.token_ids.emplace();
             for (const auto& t : outs[c].tokens) ch.token_ids->push_back(t.id);

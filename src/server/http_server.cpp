@@ -54,6 +54,7 @@ struct HttpServer::Stream {
     bool done = false;      // its finish is in `out`
     bool echoed = false;    // streamed: its prompt went out (echo)
     bool sent = false;      // streamed: its finish went out
+    ToolAnswerReader reader;  // with tools: the answer's JSON so far
   };
   JobGroup jobs;
   std::vector<Choice> choices;
@@ -62,12 +63,16 @@ struct HttpServer::Stream {
   ResponseMeta meta;
   Endpoint endpoint = Endpoint::Chat;
   bool stream = false, include_usage = false, logprobs = false, echo = false, token_ids = false;
-  bool tool_answer = false;  // the text is tools.h's JSON: sent whole, as calls or content, at the end
+  // The text is tools.h's JSON, read as calls or content: a chat stream sends them as they are
+  // written; the Responses and Messages streams whole at the end.
+  bool tool_answer = false;
   bool started = false;
   // POST /v1/responses: the request's settings the Response repeats, and its events so far.
   std::optional<Json> responses;
   int events = 0;
   std::string said;  // streamed (responses, messages): the text its deltas carried
+  bool message_open = false;  // streamed (responses, messages): the text's item or block went out
+  size_t calls_done = 0;      // streamed (responses, messages): the calls' items or blocks closed
   bool anthropic = false;  // POST /v1/messages
   int prompt_tokens = 0;   // messages, streamed: message_start's input_tokens
 
@@ -100,7 +105,10 @@ struct HttpServer::Stream {
   // Choice i's output so far as the client sees it (its text, tokens and ids are then cleared).
   ChoiceOut take_out(size_t i, std::string finish = {}) {
     JobOutput& o = choices[i].out;
-    ChoiceOut c{int(i), std::move(o.text), {}, {}, {}, std::move(finish), {}};
+    ChoiceOut c;
+    c.index = int(i);
+    c.text = std::move(o.text);
+    c.finish = std::move(finish);
     if (!c.finish.empty()) c.stop_reason = o.stop_reason;
     if (logprobs)
       for (auto& e : o.tokens) c.tokens.push_back(token_out(e, e.text));
@@ -112,10 +120,23 @@ struct HttpServer::Stream {
     o.tokens.clear();
     return c;
   }
+  // Streamed with tools: choice i's new text read as the answer's JSON (ToolAnswerReader), the
+  // response's text as content and pieces of the calls; nullopt while that adds nothing, unless
+  // `finished` (then with the finish: tool_calls once the calls are whole).
+  std::optional<ChoiceOut> tool_delta(size_t i, bool finished) {
+    Choice& c = choices[i];
+    ToolAnswerReader::Delta d = c.reader.feed(std::exchange(c.out.text, {}));
+    if (d.empty() && !finished) return std::nullopt;
+    ChoiceOut o = take_out(i, finished ? finish_text(*c.out.finish) : std::string());
+    o.text = std::move(d.content);
+    o.call_deltas = std::move(d.calls);
+    if (finished && c.reader.whole() && !c.reader.calls().empty()) o.finish = "tool_calls";
+    return o;
+  }
   // A finished choice's last output, read as tool calls or content where the request has tools.
   ChoiceOut finished_out(size_t i) {
     ChoiceOut o = take_out(i, finish_text(*choices[i].out.finish));
-    if (tool_answer) read_tool_answer(o);
+    if (tool_answer) choices[i].reader.read(o);
     return o;
   }
   // Not streamed: choice i whole, after its echoed prompt.
@@ -182,13 +203,15 @@ struct HttpServer::Stream {
             usage()};
   }
   // The Responses API's stream (responses.h): created and in_progress, the message's item and
-  // part (an answer with tools comes whole at the end), text deltas, then each item done and
-  // completed (or incomplete); false once the client is gone.
+  // part, text deltas, then each item done and completed (or incomplete); with tools, the answer's
+  // text or its calls (each call's item added, its arguments in pieces, done once the next call
+  // starts or the answer ends) as they are written. False once the client is gone.
   bool write_responses(httplib::DataSink& sink) {
     auto write = [&](const std::string& s) { return send(sink, s); };
     const std::string item = message_id(meta.id);
     const Json part{{"type", "output_text"}, {"text", ""}, {"annotations", Json::array()}, {"logprobs", Json::array()}};
     auto open_message = [&] {
+      message_open = true;
       std::string s = event({{"output_index", 0},
                              {"item", {{"type", "message"}, {"id", item}, {"status", "in_progress"},
                                        {"role", "assistant"}, {"content", Json::array()}}}},
@@ -196,10 +219,11 @@ struct HttpServer::Stream {
       return s + event({{"item_id", item}, {"output_index", 0}, {"content_index", 0}, {"part", part}},
                        "response.content_part.added", events);
     };
-    auto delta = [&](const std::string& text) {
-      return event({{"item_id", item}, {"output_index", 0}, {"content_index", 0}, {"delta", text},
-                    {"logprobs", Json::array()}},
-                   "response.output_text.delta", events);
+    auto call_done = [&](size_t k, const Json& it) {
+      calls_done = k + 1;
+      return event({{"item_id", it["id"]}, {"output_index", k}, {"name", it["name"]}, {"arguments", it["arguments"]}},
+                   "response.function_call_arguments.done", events) +
+             event({{"output_index", k}, {"item", it}}, "response.output_item.done", events);
     };
     if (!started) {
       started = true;
@@ -211,39 +235,50 @@ struct HttpServer::Stream {
     }
     bool done = false;
     if (auto end = poll_events(sink, done, [](const ApiError& e) { return sse(error_json(e)); })) return *end;
-    std::string out;
-    if (!tool_answer && !choices[0].out.text.empty()) {
-      const std::string text = take_out(0).text;
+    std::string out, text;
+    if (!tool_answer) {
+      text = take_out(0).text;
+    } else {
+      ToolAnswerReader& reader = choices[0].reader;
+      ToolAnswerReader::Delta d = reader.feed(std::exchange(choices[0].out.text, {}));
+      text = std::move(d.content);
+      for (const ToolCallDelta& p : d.calls) {
+        const std::string id = call_item_id(meta.id, p.index);
+        if (!p.id.empty()) {
+          if (p.index > 0) out += call_done(p.index - 1, function_call_item(meta.id, p.index - 1, reader.calls()[p.index - 1]));
+          Json added = function_call_item(meta.id, p.index, {p.id, p.name, ""});
+          added["status"] = "in_progress";
+          out += event({{"output_index", p.index}, {"item", added}}, "response.output_item.added", events);
+        }
+        if (!p.arguments.empty())
+          out += event({{"item_id", id}, {"output_index", p.index}, {"delta", p.arguments}},
+                       "response.function_call_arguments.delta", events);
+      }
+    }
+    if (!text.empty()) {
+      if (!message_open) out += open_message();
       said += text;
-      out += delta(text);
+      out += event({{"item_id", item}, {"output_index", 0}, {"content_index", 0}, {"delta", text},
+                    {"logprobs", Json::array()}},
+                   "response.output_text.delta", events);
     }
     if (done) {
       ResponseOut r = response_out();
-      if (!tool_answer) r.text = said;
+      r.text = said;
       const Json items = output_items(r);
-      if (tool_answer && r.calls.empty()) {
-        out += open_message();
-        if (!r.text.empty()) out += delta(r.text);
-      }
-      for (size_t k = 0; k < items.size(); ++k) {
+      if (r.calls.empty() && !message_open) out += open_message();
+      for (size_t k = calls_done; k < items.size(); ++k) {
         const Json& it = items[k];
         if (it["type"] == "function_call") {
-          Json added = it;
-          added["arguments"] = "";
-          added["status"] = "in_progress";
-          out += event({{"output_index", k}, {"item", added}}, "response.output_item.added", events);
-          out += event({{"item_id", it["id"]}, {"output_index", k}, {"delta", it["arguments"]}},
-                       "response.function_call_arguments.delta", events);
-          out += event({{"item_id", it["id"]}, {"output_index", k}, {"name", it["name"]}, {"arguments", it["arguments"]}},
-                       "response.function_call_arguments.done", events);
-        } else {
-          const Json& text_part = it["content"][0];
-          out += event({{"item_id", item}, {"output_index", k}, {"content_index", 0}, {"text", text_part["text"]},
-                        {"logprobs", Json::array()}},
-                       "response.output_text.done", events);
-          out += event({{"item_id", item}, {"output_index", k}, {"content_index", 0}, {"part", text_part}},
-                       "response.content_part.done", events);
+          out += call_done(k, it);
+          continue;
         }
+        const Json& text_part = it["content"][0];
+        out += event({{"item_id", item}, {"output_index", k}, {"content_index", 0}, {"text", text_part["text"]},
+                      {"logprobs", Json::array()}},
+                     "response.output_text.done", events);
+        out += event({{"item_id", item}, {"output_index", k}, {"content_index", 0}, {"part", text_part}},
+                     "response.content_part.done", events);
         out += event({{"output_index", k}, {"item", it}}, "response.output_item.done", events);
       }
       const std::string status = r.incomplete ? "incomplete" : "completed";
@@ -266,9 +301,11 @@ struct HttpServer::Stream {
     return {meta.id,   meta.model,        text ? *text : std::move(c.text), std::move(c.tool_calls), stop,
             sequence ? *sequence : "", u.prompt_tokens, u.completion_tokens, u.cached_tokens};
   }
-  // Anthropic's stream (messages.h): message_start, the text block (an answer with tools comes
-  // whole at the end), text deltas, each block's stop, message_delta with the stop reason and
-  // usage, message_stop; false once the client is gone.
+  // Anthropic's stream (messages.h): message_start, the text block, text deltas, each block's
+  // stop, message_delta with the stop reason and usage, message_stop; with tools, the answer's
+  // text or its tool_use blocks (each started with an empty input, its JSON in pieces, stopped
+  // once the next one starts or the answer ends) as they are written. False once the client is
+  // gone.
   bool write_anthropic(httplib::DataSink& sink) {
     auto write = [&](const std::string& s) { return send(sink, s); };
     auto ev = [](const char* type, Json e) {
@@ -276,44 +313,53 @@ struct HttpServer::Stream {
       for (auto& [key, value] : e.items()) out[key] = std::move(value);
       return fmt::format("event: {}\ndata: {}\n\n", type, dump(out));
     };
-    auto text_start = [&](int index) {
-      return ev("content_block_start", {{"index", index}, {"content_block", {{"type", "text"}, {"text", ""}}}});
+    auto text_start = [&] {
+      message_open = true;
+      return ev("content_block_start", {{"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}});
     };
-    auto text_delta = [&](int index, const std::string& t) {
-      return ev("content_block_delta", {{"index", index}, {"delta", {{"type", "text_delta"}, {"text", t}}}});
+    auto stop_block = [&](size_t k) {
+      calls_done = k + 1;
+      return ev("content_block_stop", {{"index", k}});
     };
     if (!started) {
       started = true;
       MessageOut m{meta.id, meta.model, {}, {}, {}, {}, prompt_tokens, 0, 0};
       std::string head = ev("message_start", {{"message", message_json(m, true)}});
-      if (!tool_answer) head += text_start(0);
+      if (!tool_answer) head += text_start();
       return write(head);
     }
     bool done = false;
     if (auto end = poll_events(sink, done, [&](const ApiError& e) { return ev("error", anthropic_error_json(e)); }))
       return *end;
-    std::string out;
-    if (!tool_answer && !choices[0].out.text.empty()) {
-      const std::string t = take_out(0).text;
-      said += t;
-      out += text_delta(0, t);
+    std::string out, text;
+    if (!tool_answer) {
+      text = take_out(0).text;
+    } else {
+      ToolAnswerReader::Delta d = choices[0].reader.feed(std::exchange(choices[0].out.text, {}));
+      text = std::move(d.content);
+      for (const ToolCallDelta& p : d.calls) {
+        if (!p.id.empty()) {
+          if (p.index > 0) out += stop_block(p.index - 1);
+          out += ev("content_block_start", {{"index", p.index},
+                                            {"content_block", {{"type", "tool_use"},
+                                                               {"id", tool_use_id({p.id, p.name, ""})},
+                                                               {"name", p.name},
+                                                               {"input", Json::object()}}}});
+        }
+        if (!p.arguments.empty())
+          out += ev("content_block_delta",
+                    {{"index", p.index}, {"delta", {{"type", "input_json_delta"}, {"partial_json", p.arguments}}}});
+      }
+    }
+    if (!text.empty()) {
+      if (!message_open) out += text_start();
+      said += text;
+      out += ev("content_block_delta", {{"index", 0}, {"delta", {{"type", "text_delta"}, {"text", text}}}});
     }
     if (done) {
-      const MessageOut m = message_out(tool_answer ? nullptr : &said);
-      const Json blocks = content_blocks(m);
-      for (size_t k = 0; k < blocks.size(); ++k) {
-        const Json& b = blocks[k];
-        if (b["type"] == "text") {
-          if (tool_answer) out += text_start(int(k)) + (m.text.empty() ? "" : text_delta(int(k), m.text));
-        } else {
-          Json start = b;
-          start["input"] = Json::object();
-          out += ev("content_block_start", {{"index", k}, {"content_block", start}});
-          out += ev("content_block_delta",
-                    {{"index", k}, {"delta", {{"type", "input_json_delta"}, {"partial_json", dump(b["input"])}}}});
-        }
-        out += ev("content_block_stop", {{"index", k}});
-      }
+      const MessageOut m = message_out(&said);
+      if (m.calls.empty() && !message_open) out += text_start();
+      for (size_t k = calls_done; k < std::max<size_t>(m.calls.size(), 1); ++k) out += stop_block(k);
       out += ev("message_delta", {{"delta", {{"stop_reason", m.stop_reason}, {"stop_sequence", stop_sequence_json(m)}}},
                                   {"usage", message_json(m)["usage"]}});
       out += ev("message_stop", Json::object());
@@ -690,21 +736,33 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
               c.echoed = true;
               events += sse(chunk(st->echo_out(i)));
             }
+            const bool finishing = c.done && !c.sent && !bad;
             // Tokens without text yet (a character or a possible stop string held back) ride on
             // the next chunk, or on the finish.
-            if (!st->tool_answer && (!c.out.text.empty() || (st->logprobs && !c.out.tokens.empty())))
+            if (st->tool_answer) {
+              if (std::optional<ChoiceOut> d = st->tool_delta(i, finishing)) {
+                if (finishing && (!d->text.empty() || !d->call_deltas.empty())) {  // what is new, then the finish
+                  ChoiceOut body = *d;
+                  body.finish.clear();
+                  events += sse(chunk(body));
+                  d->text.clear(), d->call_deltas.clear(), d->tokens.clear(), d->token_ids.reset();
+                }
+                events += sse(chunk(*d));
+              }
+            } else if (!c.out.text.empty() || (st->logprobs && !c.out.tokens.empty())) {
               events += sse(chunk(st->take_out(i)));
-            if (c.done && !c.sent && !bad) {
-              c.sent = true;
+            }
+            if (finishing && !st->tool_answer) {
               ChoiceOut fin = st->finished_out(i);
-              if (!fin.text.empty() || !fin.tool_calls.empty()) {  // a tool answer, whole
+              if (!fin.text.empty()) {  // what is left, then the finish
                 ChoiceOut body = fin;
                 body.finish.clear();
                 events += sse(chunk(body));
-                fin = ChoiceOut{fin.index, {}, {}, {}, {}, fin.finish, fin.stop_reason};
+                fin.text.clear(), fin.tokens.clear(), fin.token_ids.reset();
               }
               events += sse(chunk(fin));
             }
+            c.sent = c.sent || finishing;
           }
           if (bad) {
             // openai-node raises an APIError for an event with an "error" key.

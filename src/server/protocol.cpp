@@ -719,16 +719,23 @@ json completion_choice(const ChoiceOut& c, bool logprobs) {
                   c);
 }
 
-// message.tool_calls, or a stream delta's (with each call's index).
-json tool_calls_json(const std::vector<ToolCall>& calls, bool delta) {
+// message.tool_calls.
+json tool_calls_json(const std::vector<ToolCall>& calls) {
   json out = json::array();
-  for (size_t k = 0; k < calls.size(); ++k) {
-    json c = delta ? json{{"index", k}} : json::object();
-    c["id"] = calls[k].id;
-    c["type"] = "function";
-    c["function"] = {{"name", calls[k].name}, {"arguments", calls[k].arguments}};
-    out.push_back(std::move(c));
-  }
+  for (const ToolCall& c : calls)
+    out.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  return out;
+}
+
+// A stream delta's tool_calls: a call's first piece with its id, type and name, as OpenAI's.
+json tool_call_deltas_json(const std::vector<ToolCallDelta>& deltas) {
+  json out = json::array();
+  for (const ToolCallDelta& d : deltas)
+    out.push_back(d.id.empty() ? json{{"index", d.index}, {"function", {{"arguments", d.arguments}}}}
+                               : json{{"index", d.index},
+                                      {"id", d.id},
+                                      {"type", "function"},
+                                      {"function", {{"name", d.name}, {"arguments", d.arguments}}}});
   return out;
 }
 
@@ -746,7 +753,7 @@ json chat_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices,
   j["choices"] = json::array();
   for (const ChoiceOut& c : choices) {
     json msg{{"role", "assistant"}, {"content", c.tool_calls.empty() ? json(c.text) : json(nullptr)}, {"refusal", nullptr}};
-    if (!c.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.tool_calls, false);
+    if (!c.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.tool_calls);
     j["choices"].push_back(with_extras({{"index", c.index},
                                      {"message", std::move(msg)},
                                      {"logprobs", logprobs ? chat_logprobs(c.tokens) : json(nullptr)},
@@ -778,7 +785,7 @@ json chat_role_chunk(const ResponseMeta& m, int index, bool usage_null) {
 json chat_delta_chunk(const ResponseMeta& m, const ChoiceOut& c, bool logprobs, bool usage_null) {
   // A finish on its own has an empty delta, as OpenAI's last chunk of a choice.
   json delta = c.text.empty() && !c.finish.empty() ? json::object() : json{{"content", c.text}};
-  if (!c.tool_calls.empty()) delta = {{"content", nullptr}, {"tool_calls", tool_calls_json(c.tool_calls, true)}};
+  if (!c.call_deltas.empty()) delta = {{"tool_calls", tool_call_deltas_json(c.call_deltas)}};
   return chat_chunk(m,
                     with_extras({{"index", c.index},
                               {"delta", std::move(delta)},

@@ -165,6 +165,14 @@ struct ToolCall {
   std::string arguments;  // JSON text
 };
 
+// A piece of tool call `index` in a stream chunk (OpenAI's delta.tool_calls[i]): the call's id and
+// name with its first piece only, then more of its arguments' text.
+struct ToolCallDelta {
+  size_t index = 0;
+  std::string id, name;
+  std::string arguments;
+};
+
 // One choice of a response, or what a stream chunk carries of it. Choices are numbered prompt by
 // prompt, n each (OpenAI's and vLLM's order for a list of prompts).
 struct ChoiceOut {
@@ -173,6 +181,7 @@ struct ChoiceOut {
   std::vector<TokenOut> tokens;                  // with logprobs
   std::optional<std::vector<int32_t>> token_ids; // return_token_ids
   std::vector<ToolCall> tool_calls;              // chat: in place of the text
+  std::vector<ToolCallDelta> call_deltas;        // chat stream chunks: pieces of tool calls
   std::string finish;                            // empty: not finished (chunks)
   engine::StopReason stop_reason;  // with a finish: vLLM's stop_reason (a string, an id or null)
 };

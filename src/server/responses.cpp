@@ -218,15 +218,14 @@ std::string call_item_id(const std::string& response_id, size_t k) {
   return fmt::format("fc_{}_{}", response_id.substr(5), k);
 }
 
+Json function_call_item(const std::string& response_id, size_t k, const ToolCall& c) {
+  return {{"type", "function_call"}, {"id", call_item_id(response_id, k)}, {"call_id", c.id},
+          {"name", c.name},          {"arguments", c.arguments},            {"status", "completed"}};
+}
+
 Json output_items(const ResponseOut& r) {
   json items = json::array();
-  for (size_t k = 0; k < r.calls.size(); ++k)
-    items.push_back({{"type", "function_call"},
-                     {"id", call_item_id(r.id, k)},
-                     {"call_id", r.calls[k].id},
-                     {"name", r.calls[k].name},
-                     {"arguments", r.calls[k].arguments},
-                     {"status", "completed"}});
+  for (size_t k = 0; k < r.calls.size(); ++k) items.push_back(function_call_item(r.id, k, r.calls[k]));
   if (r.calls.empty())
     items.push_back({{"type", "message"},
                      {"id", message_id(r.id)},

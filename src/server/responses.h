@@ -40,6 +40,8 @@ struct ResponseOut {
 // Item ids of a response: its message and each call, derived from the response's id.
 std::string message_id(const std::string& response_id);
 std::string call_item_id(const std::string& response_id, size_t k);
+// Output item k of a response, a function call (status completed).
+Json function_call_item(const std::string& response_id, size_t k, const ToolCall& c);
 
 // The Response object: `status` "in_progress" (streaming's first events, no output yet),
 // "completed" or "incomplete".

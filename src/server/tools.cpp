@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <optional>
 #include <random>
+
+#include "text/tokenizer.h"
 
 namespace vlm::server {
 
@@ -77,23 +81,193 @@ ToolUse tool_use(const std::vector<Function>& functions, ToolChoice choice, cons
   return {grammar::Schema::compile(root), std::move(text)};
 }
 
-void read_tool_answer(ChoiceOut& c) {
-  const json j = json::parse(c.text, nullptr, false);
-  if (!j.is_object() || j.size() != 1) return;
-  if (const auto calls = j.find("tool_calls"); calls != j.end() && calls->is_array() && !calls->empty()) {
-    std::vector<ToolCall> out;
-    for (const json& call : *calls) {
-      if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || !call.contains("arguments"))
-        return;
-      out.push_back({call_id(), call["name"].get<std::string>(), dump(call["arguments"])});
+namespace {
+
+constexpr size_t npos = std::string_view::npos;
+
+bool is_space(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+size_t skip_spaces(std::string_view s, size_t p) {
+  while (p < s.size() && is_space(s[p])) ++p;
+  return p;
+}
+
+// Past the closing quote of the JSON string opening at s[p], or npos when the text ends first.
+size_t string_end(std::string_view s, size_t p) {
+  for (size_t q = p + 1; q < s.size(); ++q)
+    if (s[q] == '\\') ++q;
+    else if (s[q] == '"') return q + 1;
+  return npos;
+}
+
+// The code unit of the \u escape at s[q], if its four hex digits are there.
+std::optional<unsigned> escaped_unit(std::string_view s, size_t q) {
+  unsigned v = 0;
+  if (q + 6 > s.size() || s[q] != '\\' || s[q + 1] != 'u') return std::nullopt;
+  const auto [end, ec] = std::from_chars(s.data() + q + 2, s.data() + q + 6, v, 16);
+  if (ec != std::errc() || end != s.data() + q + 6) return std::nullopt;
+  return v;
+}
+
+// The JSON string opening at s[p], decoded (by nlohmann's parser) into `out` as far as it goes
+// by JSON's rules: whole UTF-8 characters and escapes (a high surrogate's with its low half),
+// up to the text's end or the first thing JSON does not allow there. Returns string_end, or npos
+// when it stops before its closing quote.
+size_t read_string(std::string_view s, size_t p, std::string& out) {
+  size_t q = p + 1;
+  while (q < s.size() && s[q] != '"') {
+    size_t len = 0;
+    if (s[q] == '\\' && q + 1 < s.size() && s[q + 1] == 'u') {
+      const std::optional<unsigned> u = escaped_unit(s, q);
+      if (u && *u >= 0xD800 && *u < 0xDC00) {
+        const std::optional<unsigned> low = escaped_unit(s, q + 6);
+        if (low && *low >= 0xDC00 && *low < 0xE000) len = 12;
+      } else if (u && (*u < 0xDC00 || *u >= 0xE000)) {
+        len = 6;
+      }
+    } else if (s[q] == '\\') {
+      if (q + 1 < s.size() && std::string_view("\"\\/bfnrt").find(s[q + 1]) != npos) len = 2;
+    } else if (static_cast<unsigned char>(s[q]) >= 0x20) {
+      len = text::utf8_sequence_length(s, q);
     }
-    c.tool_calls = std::move(out);
-    c.text.clear();
-    c.finish = "tool_calls";
-  } else if (const auto r = j.find("response"); r != j.end() && r->is_string()) {
-    c.text = r->get<std::string>();
+    if (len == 0) break;
+    q += len;
+  }
+  const json v = json::parse(std::string(s.substr(p, q - p)) + '"', nullptr, false);
+  if (v.is_string()) out = v.get<std::string>();
+  return q < s.size() && s[q] == '"' ? q + 1 : npos;
+}
+
+// The end of the JSON value at s[p], or npos when the text ends inside it (a number or literal is
+// whole once something follows it).
+size_t value_end(std::string_view s, size_t p) {
+  if (p >= s.size()) return npos;
+  if (s[p] == '"') return string_end(s, p);
+  if (s[p] == '{' || s[p] == '[') {
+    int depth = 0;
+    for (size_t q = p; q < s.size();) {
+      if (s[q] == '"') {
+        if ((q = string_end(s, q)) == npos) return npos;
+        continue;
+      }
+      if (s[q] == '{' || s[q] == '[') ++depth;
+      else if ((s[q] == '}' || s[q] == ']') && --depth == 0) return q + 1;
+      ++q;
+    }
+    return npos;
+  }
+  size_t q = p;
+  while (q < s.size() && !is_space(s[q]) && s[q] != ',' && s[q] != '}' && s[q] != ']') ++q;
+  return q < s.size() ? q : npos;
+}
+
+}  // namespace
+
+ToolAnswerReader::Delta ToolAnswerReader::feed(std::string_view text) {
+  text_ += text;
+  parse();
+  Delta d;
+  if (content_.size() > content_sent_) {
+    d.content = content_.substr(content_sent_);
+    content_sent_ = content_.size();
+  }
+  for (size_t k = 0; k < calls_.size(); ++k) {
+    const ToolCall& c = calls_[k];
+    if (k == arguments_sent_.size()) {
+      d.calls.push_back({k, c.id, c.name, c.arguments});
+      arguments_sent_.push_back(c.arguments.size());
+    } else if (c.arguments.size() > arguments_sent_[k]) {
+      d.calls.push_back({k, {}, {}, c.arguments.substr(arguments_sent_[k])});
+      arguments_sent_[k] = c.arguments.size();
+    }
+  }
+  return d;
+}
+
+// The answer is {"response": "..."} or {"tool_calls": [{"name": ..., "arguments": ...}, ...]}
+// with the spaces the grammar allows; parsing stops where the text ends (or where it is not that
+// form, which the grammar never writes).
+void ToolAnswerReader::parse() {
+  const std::string_view s = text_;
+  size_t p = skip_spaces(s, 0);
+  if (p >= s.size() || s[p] != '{') return;
+  p = skip_spaces(s, p + 1);
+  std::string key;
+  if (p >= s.size() || s[p] != '"' || (p = read_string(s, p, key)) == npos) return;
+  p = skip_spaces(s, p);
+  if (p >= s.size() || s[p] != ':') return;
+  p = skip_spaces(s, p + 1);
+  if (p >= s.size()) return;
+  if (key == "response" && s[p] == '"') {
+    response_ = true;
+    p = read_string(s, p, content_);
+  } else if (key == "tool_calls" && s[p] == '[') {
+    p = parse_calls(s, p + 1);
+  } else {
+    return;
+  }
+  if (p == npos) return;
+  p = skip_spaces(s, p);
+  // Whole once it closes, if it is JSON (the grammar's always is).
+  whole_ = p < s.size() && s[p] == '}' && json::accept(s.substr(0, p + 1));
+}
+
+size_t ToolAnswerReader::parse_calls(std::string_view s, size_t p) {
+  size_t listed = 0;  // calls with a name so far: the next one's index
+  for (size_t k = 0;; ++k) {
+    p = skip_spaces(s, p);
+    if (p < s.size() && s[p] == ']') return p + 1;
+    if (k > 0) {
+      if (p >= s.size() || s[p] != ',') return npos;
+      p = skip_spaces(s, p + 1);
+    }
+    if (p >= s.size() || s[p] != '{') return npos;
+    // Call k's members, in any order (a repeated one counts once); it is listed once its name is
+    // whole (one without a name never is: the grammar always writes one).
+    std::optional<std::string> name;
+    std::optional<std::string_view> arguments;
+    auto note = [&] {
+      if (!name) return;
+      if (calls_.size() == listed) calls_.push_back({call_id(), *name, {}});
+      calls_[listed++].arguments = std::string(arguments.value_or(""));
+    };
+    p = skip_spaces(s, p + 1);
+    for (size_t m = 0;; ++m) {
+      if (p < s.size() && s[p] == '}') break;
+      if (m > 0) {
+        if (p >= s.size() || s[p] != ',') return note(), npos;
+        p = skip_spaces(s, p + 1);
+      }
+      std::string member, value;
+      if (p >= s.size() || s[p] != '"' || (p = read_string(s, p, member)) == npos) return note(), npos;
+      p = skip_spaces(s, p);
+      if (p >= s.size() || s[p] != ':') return note(), npos;
+      p = skip_spaces(s, p + 1);
+      if (p >= s.size()) return note(), npos;
+      const size_t start = p;
+      if (member == "name" && s[p] == '"') {
+        if ((p = read_string(s, p, value)) == npos) return note(), npos;
+        if (!name) name = std::move(value);
+      } else {
+        p = value_end(s, p);
+        if (member == "arguments" && !arguments) arguments = s.substr(start, (p == npos ? s.size() : p) - start);
+        if (p == npos) return note(), npos;
+      }
+      p = skip_spaces(s, p);
+    }
+    note();
+    ++p;  // past the call's '}'
   }
 }
+
+void ToolAnswerReader::read(ChoiceOut& c) {
+  feed(c.text);
+  c.tool_calls = calls_;
+  c.text = content_;
+  if (whole_ && !calls_.empty()) c.finish = "tool_calls";
+}
+
+void read_tool_answer(ChoiceOut& c) { ToolAnswerReader().read(c); }
 
 std::string tool_calls_text(const std::vector<ToolCall>& calls) {
   json list = json::array();

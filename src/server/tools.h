@@ -32,9 +32,39 @@ struct ToolUse {
 // `named`: the function tool_choice names (ToolChoice::Named); `parallel`: more than one call.
 ToolUse tool_use(const std::vector<Function>& functions, ToolChoice choice, const std::string& named, bool parallel);
 
-// A finished choice whose text is the answer's JSON, read as OpenAI's: its calls (each with a
-// fresh id, arguments as JSON text; finish "tool_calls") or its response as the text. An answer
-// that is not such JSON (cut by max_tokens or a stop string) stays as it is.
+// Reads the answer's JSON as it is written: the response's text decoded as far as whole
+// characters and escapes go, each call once its name is whole (with a fresh id: "call_" and 24
+// letters or digits, as OpenAI's) and its arguments' JSON text as the model writes it. A stream
+// sends what is new at each step; read_tool_answer reads a whole answer the same way.
+class ToolAnswerReader {
+ public:
+  struct Delta {
+    std::string content;
+    std::vector<ToolCallDelta> calls;
+    bool empty() const { return content.empty() && calls.empty(); }
+  };
+  // Adds text of the answer; returns what it adds to the content and the calls.
+  Delta feed(std::string_view text);
+  // Feeds c's text, then gives c what the whole answer so far says: its calls (finish
+  // "tool_calls" once the JSON is whole; a cut call keeps the arguments written so far, as
+  // OpenAI's) or the response's text.
+  void read(ChoiceOut& c);
+  bool whole() const { return whole_; }  // the JSON object closed
+  bool response() const { return response_; }  // the answer is {"response": ...}
+  const std::string& content() const { return content_; }
+  const std::vector<ToolCall>& calls() const { return calls_; }
+
+ private:
+  void parse();  // content_, calls_ and whole_ from text_ (calls keep their ids)
+  size_t parse_calls(std::string_view s, size_t p);  // the list after its '[': past its ']', or npos
+  std::string text_, content_;
+  std::vector<ToolCall> calls_;
+  bool whole_ = false, response_ = false;
+  size_t content_sent_ = 0;
+  std::vector<size_t> arguments_sent_;  // per call; a call is announced once it has an entry
+};
+
+// A finished choice whose text is the whole answer's JSON, read as OpenAI's (ToolAnswerReader::read).
 void read_tool_answer(ChoiceOut& c);
 
 // The text of earlier turns as the model wrote and reads them: an assistant's calls

@@ -100,9 +100,15 @@ class TestMessages(SharedServer):
         self.assertRegex(uses[0]["id"], r"^toolu_[A-Za-z0-9]{24}$")
         self.assertEqual(uses[0]["name"], "get_weather")
         jsonschema.Draft202012Validator(WEATHER["input_schema"]).validate(uses[0]["input"])
-        # Streamed, the client assembles the same input from the input_json_delta.
+        # Streamed as it is written, the client assembles the same input from the input_json_delta
+        # pieces.
         res = self.one({"op": "stream", "params": dict(req, temperature=0)})
+        pieces = [e["delta"]["partial_json"] for e in res["events"]
+                  if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta"]
+        self.assertGreater(len(pieces), 1)
+        self.assertEqual([e["type"] for e in res["events"]][:2], ["message_start", "content_block_start"])
         final_uses = [b for b in res["final"]["content"] if b["type"] == "tool_use"]
+        self.assertEqual(json.loads("".join(pieces)), final_uses[0]["input"])
         whole = self.one({"op": "create", "params": dict(req, temperature=0)})["response"]
         self.assertEqual([(b["name"], b["input"]) for b in final_uses],
                          [(b["name"], b["input"]) for b in whole["content"] if b["type"] == "tool_use"])

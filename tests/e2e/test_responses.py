@@ -99,10 +99,14 @@ class TestResponses(SharedServer):
         self.assertEqual(call["name"], "get_weather")
         self.assertRegex(call["call_id"], r"^call_[A-Za-z0-9]{24}$")
         jsonschema.Draft202012Validator(WEATHER["parameters"]).validate(json.loads(call["arguments"]))
-        # Streamed: the call's item, its arguments, done.
+        # Streamed as it is written: the call's item, its arguments in pieces, done.
         res = self.one({"op": "response_stream", "params": req})
         types = [e["type"] for e in res["chunks"]]
-        self.assertIn("response.function_call_arguments.done", types)
+        pieces = [e["delta"] for e in res["chunks"] if e["type"] == "response.function_call_arguments.delta"]
+        self.assertGreater(len(pieces), 1)
+        self.assertEqual("".join(pieces), call["arguments"])
+        self.assertLess(types.index("response.output_item.added"), types.index("response.function_call_arguments.delta"))
+        self.assertLess(types.index("response.function_call_arguments.done"), types.index("response.output_item.done"))
         final_calls = [o for o in res["final"]["output"] if o["type"] == "function_call"]
         self.assertEqual([(c["name"], c["arguments"]) for c in final_calls], [(call["name"], call["arguments"])])
         # The next turn sends the call and its output back as items.

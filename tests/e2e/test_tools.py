@@ -61,17 +61,34 @@ class TestTools(SharedServer):
                 r = self.post(dict(req, seed=seed))
                 self.assertEqual(r["choices"][0]["finish_reason"], "tool_calls", r)
                 calls = self.check_calls(r["choices"][0]["message"])
-                # The same through the official client, streamed: one delta with the calls, then
-                # the finish; the ids are fresh, the calls the same.
+                # The same streamed as it is written: each call's first piece with its id and name,
+                # then pieces of its arguments; they add up to the whole answer's calls (fresh ids).
                 res = openai_client(self.srv, [{"op": "chat", "params": dict(req, seed=seed, stream=True)}])
                 self.assertNotIn("error", res[0], res)
                 deltas = [c["choices"][0] for c in res[0]["chunks"] if c["choices"]]
-                streamed = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
-                self.assertEqual([(t["index"], t["function"]) for t in streamed],
-                                 [(k, c["function"]) for k, c in enumerate(calls)])
+                pieces = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+                streamed = []
+                for t in pieces:
+                    if "id" in t:
+                        self.assertEqual(t["index"], len(streamed))
+                        self.assertEqual(t["type"], "function")
+                        streamed.append({"id": t["id"], "name": t["function"]["name"], "arguments": ""})
+                    else:
+                        self.assertEqual(set(t), {"index", "function"})
+                        self.assertEqual(set(t["function"]), {"arguments"})
+                    streamed[t["index"]]["arguments"] += t["function"]["arguments"]
+                self.assertEqual([{"name": s["name"], "arguments": s["arguments"]} for s in streamed],
+                                 [c["function"] for c in calls])
+                self.assertGreater(len(pieces), len(calls), "the arguments come in pieces")
                 self.assertEqual([d["finish_reason"] for d in deltas if d["finish_reason"]], ["tool_calls"])
                 self.assertEqual(r["choices"][0]["token_ids"],
                                  [t for d in deltas for t in d.get("token_ids") or []])
+                # The client's stream helper assembles the same message.
+                res = openai_client(self.srv, [{"op": "chat_stream", "params": dict(req, seed=seed)}])
+                self.assertNotIn("error", res[0], res)
+                final = res[0]["final"]["choices"][0]
+                self.assertEqual(final["finish_reason"], "tool_calls")
+                self.assertEqual([c["function"] for c in final["message"]["tool_calls"]], [c["function"] for c in calls])
 
     def test_auto_answers_with_calls_or_text(self):
         req = chat("Hello", max_tokens=200, temperature=1.0, tools=[WEATHER, CLOCK])
@@ -88,7 +105,54 @@ class TestTools(SharedServer):
                 if c["finish_reason"] == "stop":
                     self.assertFalse(c["message"]["content"].lstrip().startswith('{"response"'), c)
                 forms.add("text")
+            # Streamed, the client's helper assembles the same message from the deltas.
+            res = openai_client(self.srv, [{"op": "chat_stream", "params": dict(req, seed=seed)}])
+            self.assertNotIn("error", res[0], res)
+            final = res[0]["final"]["choices"][0]
+            self.assertEqual(final["finish_reason"], c["finish_reason"])
+            self.assertEqual(final["message"].get("content") or "", c["message"]["content"] or "")
+            self.assertEqual([t["function"] for t in final["message"].get("tool_calls") or []],
+                             [t["function"] for t in c["message"].get("tool_calls") or []])
         self.assertTrue(forms)
+
+    def test_a_cut_answer_reads_as_far_as_it_goes(self):
+        # max_tokens ends the JSON inside the call's arguments: the call so far, as OpenAI's, never
+        # the JSON as text; streamed, the same call.
+        req = chat("What is the weather in Paris?", max_tokens=200, temperature=1.0, seed=1, tools=[WEATHER],
+                   tool_choice="required", parallel_tool_calls=False)
+        ids = self.post(req)["choices"][0]["token_ids"]
+
+        def inside_arguments(n):  # the first n tokens end inside the call's arguments
+            code, _, r = self.srv.post("/detokenize", {"tokens": ids[:n]})
+            self.assertEqual(code, 200, r)
+            text = r["prompt"]
+            at = text.find('"arguments"')
+            start = text.find("{", at + 1)
+            if at < 0 or start < 0:
+                return False
+            try:
+                json.JSONDecoder().raw_decode(text[start:])
+                return False
+            except json.JSONDecodeError:
+                return True
+        n = next(n for n in range(len(ids) - 1, 0, -1) if inside_arguments(n))
+        req["max_tokens"] = n
+        c = self.post(req)["choices"][0]
+        self.assertEqual(c["finish_reason"], "length")
+        self.assertIsNone(c["message"]["content"])
+        calls = c["message"]["tool_calls"]
+        self.assertEqual([t["function"]["name"] for t in calls], ["get_weather"])
+        args = calls[0]["function"]["arguments"]
+        self.assertTrue(args.startswith("{"), args)
+        with self.assertRaises(json.JSONDecodeError):
+            json.loads(args)
+        res = openai_client(self.srv, [{"op": "chat", "params": dict(req, stream=True)}])
+        self.assertNotIn("error", res[0], res)
+        deltas = [ch["choices"][0] for ch in res[0]["chunks"] if ch["choices"]]
+        pieces = [t for d in deltas for t in d["delta"].get("tool_calls") or []]
+        self.assertEqual(pieces[0]["function"]["name"], "get_weather")
+        self.assertEqual("".join(t["function"]["arguments"] for t in pieces), args)
+        self.assertEqual([d["finish_reason"] for d in deltas if d["finish_reason"]], ["length"])
 
     def test_named_function_and_one_call(self):
         named = self.post(chat("Time?", max_tokens=200, temperature=1.0, seed=3, tools=[WEATHER, CLOCK],

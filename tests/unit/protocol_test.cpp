@@ -158,12 +158,107 @@ TEST(Tools, AnswersReadAsCallsOrContent) {
   EXPECT_TRUE(r.tool_calls.empty());
   EXPECT_EQ(r.finish, "stop");
 
-  ChoiceOut cut;  // max_tokens ended it mid-JSON: the text as it stands
-  cut.text = R"({"tool_calls":[{"name":"f","argu)";
+  // max_tokens ended it mid-JSON: what it says so far (as OpenAI's cut calls), never the JSON.
+  ChoiceOut cut;
+  cut.text = R"({"tool_calls":[{"name":"f","arguments":{"a":[1,)";
   cut.finish = "length";
   read_tool_answer(cut);
-  EXPECT_EQ(cut.text, R"({"tool_calls":[{"name":"f","argu)");
+  ASSERT_EQ(cut.tool_calls.size(), 1u);
+  EXPECT_EQ(cut.tool_calls[0].name, "f");
+  EXPECT_EQ(cut.tool_calls[0].arguments, R"({"a":[1,)");
+  EXPECT_EQ(cut.text, "");
   EXPECT_EQ(cut.finish, "length");
+  ChoiceOut unnamed;
+  unnamed.text = R"({"tool_calls":[{"name":"f)";
+  read_tool_answer(unnamed);
+  EXPECT_TRUE(unnamed.tool_calls.empty());
+  EXPECT_EQ(unnamed.text, "");
+  ChoiceOut said;
+  said.text = R"({"response":"Hel\u00)";
+  said.finish = "stop";
+  read_tool_answer(said);
+  EXPECT_EQ(said.text, "Hel");
+  EXPECT_EQ(said.finish, "stop");
+}
+
+// What a stream of the answer sends, fed in pieces of every size: the calls' first pieces carry
+// their ids and names, their arguments' pieces add up to the JSON text as written (spaces
+// included), the content is the decoded response and never half an escape; the result equals
+// read_tool_answer's reading of the whole.
+struct Streamed {
+  std::string content;
+  std::vector<ToolCall> calls;
+  std::vector<std::string> contents;  // the content after each feed
+  bool whole = false;
+};
+Streamed stream_in_pieces(const std::string& text, size_t piece) {
+  ToolAnswerReader r;
+  Streamed s;
+  for (size_t p = 0; p < text.size(); p += piece) {
+    const ToolAnswerReader::Delta d = r.feed(std::string_view(text).substr(p, piece));
+    s.content += d.content;
+    s.contents.push_back(s.content);
+    for (const ToolCallDelta& c : d.calls) {
+      if (!c.id.empty()) {
+        EXPECT_EQ(c.index, s.calls.size());
+        s.calls.push_back({c.id, c.name, {}});
+      } else {
+        EXPECT_LT(c.index, s.calls.size());
+        EXPECT_FALSE(c.arguments.empty());
+      }
+      if (c.index < s.calls.size()) s.calls[c.index].arguments += c.arguments;
+    }
+  }
+  s.whole = r.whole();
+  return s;
+}
+
+TEST(Tools, StreamedAnswersAddUpToTheWholeOne) {
+  const std::string calls_text =
+      "{ \"tool_calls\" : [ {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par\\\"is\", \"days\": [1, 2]}},\n"
+      "  {\"name\":\"now\",\"arguments\":{ }} ,{\"name\":\"n\",\"arguments\":12}] }";
+  ChoiceOut whole;
+  whole.text = calls_text;
+  read_tool_answer(whole);
+  ASSERT_EQ(whole.tool_calls.size(), 3u);
+  EXPECT_EQ(whole.tool_calls[0].arguments, "{\"city\": \"Par\\\"is\", \"days\": [1, 2]}");  // as written
+  EXPECT_EQ(whole.tool_calls[1].arguments, "{ }");
+  EXPECT_EQ(whole.tool_calls[2].arguments, "12");
+  for (size_t piece : {1, 2, 3, 7, 1000}) {
+    const Streamed s = stream_in_pieces(calls_text, piece);
+    EXPECT_TRUE(s.whole);
+    EXPECT_EQ(s.content, "");
+    ASSERT_EQ(s.calls.size(), 3u) << piece;
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(s.calls[k].name, whole.tool_calls[k].name);
+      EXPECT_EQ(s.calls[k].arguments, whole.tool_calls[k].arguments) << piece;
+      EXPECT_EQ(s.calls[k].id.rfind("call_", 0), 0u);
+    }
+  }
+  // Cut before the end: the calls so far, their arguments as far as written, not whole.
+  const Streamed cut = stream_in_pieces(calls_text.substr(0, calls_text.size() - 5), 1);
+  EXPECT_FALSE(cut.whole);
+  ASSERT_EQ(cut.calls.size(), 3u);
+  EXPECT_EQ(cut.calls[2].arguments, "1");
+
+  // fuzz_tool_answer: a call without a name (never written by the grammar) is not listed, and the
+  // next call is call 0 (it was written at index 1 of an empty list).
+  const Streamed unnamed = stream_in_pieces(R"({"tool_calls":[{"x":1,"arguments":{}},{"name":"now","arguments":{}}]})", 3);
+  ASSERT_EQ(unnamed.calls.size(), 1u);
+  EXPECT_EQ(unnamed.calls[0].name, "now");
+
+  const std::string response = R"({"response": "caf\u00e9 \"x\"\n\ud83d\ude00 \\ end"})";
+  ChoiceOut r;
+  r.text = response;
+  read_tool_answer(r);
+  EXPECT_EQ(r.text, "caf\xC3\xA9 \"x\"\n\xF0\x9F\x98\x80 \\ end");
+  for (size_t piece : {1, 2, 5}) {
+    const Streamed s = stream_in_pieces(response, piece);
+    EXPECT_TRUE(s.whole);
+    EXPECT_TRUE(s.calls.empty());
+    EXPECT_EQ(s.content, r.text);
+    for (const std::string& so_far : s.contents) EXPECT_EQ(r.text.rfind(so_far, 0), 0u) << so_far;
+  }
 }
 
 // Earlier calls and their results in a conversation read as the JSON the model writes: results in

@@ -1,7 +1,7 @@
 // Drives `vlm serve` with the official `openai` npm client, as a user's tool would.
 // Usage: node openai_client.mjs BASE_URL API_KEY < jobs.json > results.json
-// jobs.json: {"concurrent": bool, "jobs": [{"op": "chat" | "completion" | "response" | "response_stream" |
-//   "models" | "retrieve",
+// jobs.json: {"concurrent": bool, "jobs": [{"op": "chat" | "chat_stream" | "completion" | "response" |
+//   "response_stream" | "models" | "retrieve",
 //   "params": {...request...}, "id": "model id" (retrieve), "abort_after": N (streams: abort
 //   after N content chunks), "abort_after_ms": N (streams: abort N ms after the response
 //   headers), "delay_ms": N (start later)}]}
@@ -9,7 +9,9 @@
 // otherwise, or {"error": {"status", "name", "message", "code", "param"}}; "aborted": true when
 // the job aborted its own stream. "response" is client.responses.create (with its output_text);
 // "response_stream" is the client.responses.stream() helper, whose checks of the event sequence
-// apply: {"chunks": events, "final": finalResponse()}.
+// apply: {"chunks": events, "final": finalResponse()}. "chat_stream" is the
+// client.chat.completions.stream() helper, which assembles content and tool calls from the deltas:
+// {"chunks", "final": finalChatCompletion()}.
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -27,11 +29,12 @@ async function run(job) {
   try {
     if (job.op === "models") return { response: await client.models.list().then((p) => p.data) };
     if (job.op === "retrieve") return { response: await client.models.retrieve(job.id) };
-    if (job.op === "response_stream") {
-      const stream = client.responses.stream(job.params);
+    if (job.op === "response_stream" || job.op === "chat_stream") {
+      const stream = job.op === "chat_stream" ? client.chat.completions.stream(job.params)
+                                              : client.responses.stream(job.params);
       const chunks = [];
       for await (const event of stream) chunks.push(event);
-      const final = await stream.finalResponse();
+      const final = job.op === "chat_stream" ? await stream.finalChatCompletion() : await stream.finalResponse();
       return { chunks, final };
     }
     if (job.op === "response" && !job.params.stream) {
