@@ -55,7 +55,6 @@ class HttpServer {
   void shutdown();
 
  private:
-  struct Stream;
   void routes();
   // The wire a generation request comes in: OpenAI's chat or completions, OpenAI's Responses
   // API or Anthropic's Messages API (both served as the chat request they mean).
