@@ -84,7 +84,7 @@ int cmd_tokenize(int argc, char** argv) {
   Source src;
   src.add(app);
   std::string input;
-  bool parse_special = false, jsonl = false, chat = false, no_gen = false;
+  bool parse_special = false, jsonl = false, chat = false, no_gen = false, continue_final = false;
   int image_count = 0, crops = 0;
   std::string layout_name = "hf";
   auto* text_opt = app.add_option("text", input, "text to tokenize (with --chat: a JSON array of messages)");
@@ -95,7 +95,10 @@ int cmd_tokenize(int argc, char** argv) {
   app.add_flag("--chat", chat,
                "input is OpenAI-style messages: render the Gemma 3 chat template with the generation prompt "
                "and expand every image");
-  app.add_flag("--no-generation-prompt", no_gen, "with --chat: leave out the final <start_of_turn>model");
+  auto* ng = app.add_flag("--no-generation-prompt", no_gen, "with --chat: leave out the final <start_of_turn>model");
+  app.add_flag("--continue-final-message", continue_final,
+               "with --chat: end inside the final assistant message, after its text (HF's continue_final_message)")
+      ->excludes(ng);
   app.add_option("--image-tokens", image_count, "soft tokens per image (default: mm_tokens_per_image of --model)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--crops", crops, "Pan & Scan crops per image (0 = none)")->check(CLI::Range(0, 64));
@@ -116,7 +119,10 @@ int cmd_tokenize(int argc, char** argv) {
 
   auto run_chat = [&](const std::string& line, const std::string& where) {
     const auto messages = text::parse_messages(parse_json(line, where), where);
-    const auto segments = text::render_gemma3_chat(messages, tok, !no_gen);
+    const auto segments = text::render_gemma3_chat(messages, tok,
+                                                   continue_final ? text::ChatEnd::ContinueFinal
+                                                   : no_gen       ? text::ChatEnd::LastTurn
+                                                                  : text::ChatEnd::GenerationPrompt);
     size_t n_images = 0;  // images given; tokenize_prompt checks them against the slots
     for (const auto& m : messages)
       for (const auto& p : m.content) n_images += p.is_image;

@@ -78,10 +78,10 @@ std::vector<int32_t> Model::expand(std::span<const text::Segment> segments,
 }
 
 std::vector<int32_t> Model::chat_prompt(std::span<const text::ChatMessage> messages,
-                                        const std::vector<vision::RgbImage>& images) const {
+                                        const std::vector<vision::RgbImage>& images, text::ChatEnd end) const {
   if (!tok_) fail("{} has no tokenizer.json", dir().string());
   if (!has_chat_template()) fail("{}: the chat template is not the Gemma 3 one; use a raw prompt", dir().string());
-  return expand(text::render_gemma3_chat(messages, *tok_, true), images, false);
+  return expand(text::render_gemma3_chat(messages, *tok_, end), images, false);
 }
 
 std::vector<int32_t> Model::raw_prompt(std::string_view text, const std::vector<vision::RgbImage>& images) const {

@@ -86,10 +86,12 @@ class Model {
 
   // Pan & Scan crops each image will get (all 0 when off). Needs vision() for any image.
   std::vector<int> crops_of(const std::vector<vision::RgbImage>& images) const;
-  // Prompt ids from chat messages through the Gemma 3 template with the generation prompt; the
-  // messages' image parts take `images` in order. Needs the tokenizer and the Gemma 3 template.
+  // Prompt ids from chat messages through the Gemma 3 template, ending as `end` says (by default
+  // with the generation prompt); the messages' image parts take `images` in order. Needs the
+  // tokenizer and the Gemma 3 template.
   std::vector<int32_t> chat_prompt(std::span<const text::ChatMessage> messages,
-                                   const std::vector<vision::RgbImage>& images) const;
+                                   const std::vector<vision::RgbImage>& images,
+                                   text::ChatEnd end = text::ChatEnd::GenerationPrompt) const;
   // Raw text as HF's tokenizer(text) reads it: special tokens parsed, <bos> prepended unless the
   // text starts with it; with images, each "<start_of_image>" in it is an image slot.
   std::vector<int32_t> raw_prompt(std::string_view text, const std::vector<vision::RgbImage>& images) const;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
+
 #include "io/json.h"
 
 namespace vlm::server {
@@ -125,7 +127,25 @@ MessagesRequest parse_anthropic(const json& body, const ImagePolicy& images) {
     if (field(body, key)) refuse(400, fmt::format("'{}' is not supported", key), key);
   if (!field(body, "max_tokens")) refuse(400, "'max_tokens' is required", "max_tokens");
   ConvertedMessages msgs = chat_messages(body);
+  // A final assistant message is the start of the answer, which goes on from it (Anthropic's
+  // prefill); one without content is no prefill.
+  bool prefill = false;
+  if (const json& last = body["messages"].back(); last.value("role", "") == "assistant") {
+    const json& c = last["content"];
+    const std::string at = fmt::format("messages[{}].content", body["messages"].size() - 1);
+    std::string text = c.is_string() ? c.get<std::string>() : "";
+    if (c.is_array() && !c.empty() && c.back().value("type", "") == "text") text = c.back().value("text", "");
+    if (c.empty() || (c.is_string() && text.empty())) {
+      msgs.list.erase(msgs.list.size() - 1);
+      msgs.origin.pop_back();
+    } else if (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+      refuse(400, "final assistant content cannot end with trailing whitespace", at);
+    } else {
+      prefill = !text.empty();
+    }
+  }
   json chat{{"messages", msgs.list}};
+  if (prefill) chat["continue_final_message"] = true;
   for (const char* key : {"model", "stream", "temperature", "top_p", "top_k"})
     if (const json* v = field(body, key)) chat[key] = *v;
   chat["max_completion_tokens"] = body["max_tokens"];

@@ -60,7 +60,7 @@ std::vector<vision::RgbImage> request_images(const engine::Model& model, ApiRequ
 std::vector<int32_t> prompt_ids(const engine::Model& model, const ApiRequest& r, size_t i,
                                 const std::vector<vision::RgbImage>& images) {
   try {
-    if (r.endpoint == Endpoint::Chat) return model.chat_prompt(r.messages, images);
+    if (r.endpoint == Endpoint::Chat) return model.chat_prompt(r.messages, images, r.chat_end);
     const Prompt& p = r.prompts.at(i);
     return p.ids ? *p.ids : model.raw_prompt(p.text, images);
   } catch (const Error& e) {

@@ -414,9 +414,6 @@ TokenizeRequest parse_tokenize(const json& body, const ImagePolicy& images) {
   if (chat && t.add_special_tokens)
     refuse(400, "'add_special_tokens' must be false with 'messages': the chat template begins with <bos> itself",
            "add_special_tokens");
-  if (chat && !boolean(body, "add_generation_prompt").value_or(true))
-    refuse(400, "'add_generation_prompt' false is not supported: the prompt ends with the model's turn",
-           "add_generation_prompt");
   return t;
 }
 
@@ -627,6 +624,16 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
     if (top && !lp) refuse(400, "'top_logprobs' requires 'logprobs' to be true", "top_logprobs");
     if (lp) r.top_logprobs = int(top.value_or(0));
     r.messages = parse_messages(body, r.images, images);
+    // vLLM's: continue_final_message goes on from the final assistant message (a prefill), so it
+    // takes add_generation_prompt false, its default then.
+    const bool go_on = boolean(body, "continue_final_message").value_or(false);
+    const bool turn = boolean(body, "add_generation_prompt").value_or(!go_on);
+    if (go_on && turn)
+      refuse(400, "'continue_final_message' needs 'add_generation_prompt' false", "continue_final_message");
+    r.chat_end = go_on ? text::ChatEnd::ContinueFinal : turn ? text::ChatEnd::GenerationPrompt : text::ChatEnd::LastTurn;
+    if (go_on && tools)
+      refuse(400, "'continue_final_message' cannot be combined with 'tools' (the answer is then the tool-call JSON)",
+             "continue_final_message");
     if (tools) {  // the functions and the answer's form, at the end of the system turn
       if (r.messages.front().role != "system") r.messages.insert(r.messages.begin(), {"system", {}});
       append_text(r.messages.front(), tools->instructions);

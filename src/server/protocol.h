@@ -110,6 +110,8 @@ struct ApiRequest {
   // (null: text).
   std::shared_ptr<const grammar::Schema> response_schema;
   bool tool_answer = false;  // the answer is tools.h's JSON, read into tool calls or content
+  // chat: how the prompt ends (add_generation_prompt, continue_final_message: HF's and vLLM's).
+  text::ChatEnd chat_end = text::ChatEnd::GenerationPrompt;
 };
 
 // Throws ApiError (400) naming the field for every wrong type, range or unsupported option.
@@ -120,7 +122,8 @@ Json parse_body(std::string_view body);
 // POST /tokenize (vLLM's contract): "prompt" (text as /v1/completions reads it) or "messages"
 // (the chat template, images expanded into their soft tokens), "add_special_tokens" (prompt: the
 // leading <bos>, default true; messages: only false, the template has its own),
-// "add_generation_prompt" (messages: only true), "return_token_strs".
+// "add_generation_prompt" and "continue_final_message" (messages: as on the chat endpoint),
+// "return_token_strs".
 struct TokenizeRequest {
   ApiRequest request;  // Completion for a prompt, Chat for messages
   bool add_special_tokens = true;

@@ -138,7 +138,7 @@ std::vector<ChatMessage> parse_messages(const nlohmann::json& messages, const st
 bool is_gemma3_chat_template(std::string_view chat_template) { return chat_template == kGemma3Template; }
 
 std::vector<Segment> render_gemma3_chat(std::span<const ChatMessage> messages, const Tokenizer& tok,
-                                        bool add_generation_prompt) {
+                                        ChatEnd end) {
   const int32_t bos = required_id(tok, tok.bos_token().empty() ? "<bos>" : tok.bos_token());
   const int32_t sot = required_id(tok, "<start_of_turn>"), eot = required_id(tok, "<end_of_turn>");
   if (messages.empty()) fail("chat template: no messages");
@@ -166,10 +166,18 @@ std::vector<Segment> render_gemma3_chat(std::span<const ChatMessage> messages, c
         out.push_back(text_seg(std::string(python_strip(p.text))));
       }
     }
+    if (end == ChatEnd::ContinueFinal && i + 1 == messages.size()) {
+      // HF cuts the rendering right after the final message's last text, stripped.
+      if (m.role != "assistant" || m.content.empty() || m.content.back().is_image ||
+          python_strip(m.content.back().text).empty())
+        fail("chat template: continue_final_message needs a final assistant message ending in text");
+      return out;
+    }
     out.push_back(control(eot));
     out.push_back(text_seg("\n"));
   }
-  if (add_generation_prompt) {
+  if (end == ChatEnd::ContinueFinal) fail("chat template: continue_final_message needs a final assistant message");
+  if (end == ChatEnd::GenerationPrompt) {
     out.push_back(control(sot));
     out.push_back(text_seg("model\n"));
   }

@@ -54,13 +54,22 @@ struct Segment {
 // one in every Gemma 3 tokenizer_config.json).
 bool is_gemma3_chat_template(std::string_view chat_template);
 
+// How a rendered conversation ends: HF apply_chat_template's add_generation_prompt and
+// continue_final_message (docs/gemma3/prompt.md, "Chat template").
+enum class ChatEnd {
+  GenerationPrompt,  // "<start_of_turn>model\n": the model answers in a turn of its own
+  LastTurn,          // right after the last turn's "<end_of_turn>\n"
+  ContinueFinal,     // inside the final assistant turn, after its (trimmed) text: the model goes on
+};
+
 // Renders the Gemma 3 template: <bos>, system prompt folded into the first user
 // turn (not trimmed), roles alternating user/assistant (else the template's own
 // error), assistant shown as "model", string contents and text parts trimmed of
-// whitespace as Python's str.strip() does, images as Image segments, and
-// "<start_of_turn>model\n" when add_generation_prompt.
+// whitespace as Python's str.strip() does, images as Image segments, then the end
+// `end` asks for. ContinueFinal needs a final assistant message whose last part is
+// non-empty text.
 std::vector<Segment> render_gemma3_chat(std::span<const ChatMessage> messages, const Tokenizer& tok,
-                                        bool add_generation_prompt = true);
+                                        ChatEnd end = ChatEnd::GenerationPrompt);
 
 // The string HF's Jinja rendering gives (control tokens and images as their text).
 std::string segments_to_string(std::span<const Segment> segments, const Tokenizer& tok);

@@ -295,8 +295,8 @@ class TestServer(unittest.TestCase):
         self.assertEqual(self.srv.post("/detokenize", {"tokens": t1["tokens"]})[2], {"prompt": "<bos>" + text})
         for path, bad, param in [("/tokenize", {"prompt": "a", "messages": []}, "prompt"),
                                  ("/tokenize", {}, "prompt"),
-                                 ("/tokenize", {"messages": body["messages"], "add_generation_prompt": False},
-                                  "add_generation_prompt"),
+                                 ("/tokenize", {"messages": body["messages"], "add_generation_prompt": True,
+                                                "continue_final_message": True}, "continue_final_message"),
                                  ("/tokenize", {"messages": body["messages"], "add_special_tokens": True},
                                   "add_special_tokens"),
                                  ("/detokenize", {"tokens": [1, 10 ** 7]}, "tokens"),

@@ -244,12 +244,13 @@ class TokenizerVsJs(unittest.TestCase):
         for i in trips:
             self.assertEqual(ours[i], self.corpus[i])
 
-    def chat_case(self, convs, image_tokens, crops, layout, parse_special):
+    def chat_case(self, convs, image_tokens, crops, layout, parse_special, continue_final=False):
         args = ["tokenize", "--tokenizer", TOK, "--chat", "--jsonl", "--image-tokens", str(image_tokens),
-                "--crops", str(crops), "--layout", layout] + (["--parse-special"] if parse_special else [])
+                "--crops", str(crops), "--layout", layout] + (["--parse-special"] if parse_special else []) + \
+            (["--continue-final-message"] if continue_final else [])
         ours = [json.loads(l) for l in run(args, [c["messages"] for c in convs]).stdout.splitlines()]
         ref = node("chat", [{"messages": js_messages(c["messages"]), "image_tokens": image_tokens, "crops": crops,
-                             "layout": layout} for c in convs])
+                             "layout": layout, "continue_final_message": continue_final} for c in convs])
         for r in ref:
             self.assertNotIn("error", r)
         self.compare(ours, [r["ids"] for r in ref], [c["messages"] for c in convs],
@@ -277,6 +278,33 @@ class TokenizerVsJs(unittest.TestCase):
         self.chat_case(plain[:120], 16, 0, "google", False)
         self.chat_case(special, 16, 0, "hf", True)
         self.chat_case(plain[:120], 16, 1, "hf", True)
+
+    def test_continue_final_message_matches_js(self):
+        # Conversations that end with an assistant message to go on from (HF's
+        # continue_final_message, as vLLM's chat API and Anthropic's prefill use it), its text from
+        # the corpus: a string or a last text part after an image.
+        convs = make_conversations()
+        ext = []
+        for i, c in enumerate(convs):
+            text = self.corpus[(i * 7919) % len(self.corpus)]
+            if c["special"] or c["messages"][-1]["role"] != "user" or not text.strip() or \
+                    any(t in json.dumps(c["messages"], ensure_ascii=False) + text for t in SPECIAL_TEXT):
+                continue
+            final = text if i % 3 else [{"type": "image"}, {"type": "text", "text": text}]
+            ext.append({"messages": c["messages"] + [{"role": "assistant", "content": final}]})
+        self.assertGreater(len(ext), 150)
+        ref = self.chat_case(ext, 16, 0, "hf", False, continue_final=True)
+        for r in ref[:50]:
+            self.assertFalse(r["rendered"].endswith("<start_of_turn>model\n"))
+        # Nothing to continue: a final user message, or an assistant one of blanks or ending in an image.
+        for final in ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "  \n"},
+                      {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "image"}]}):
+            msgs = [{"role": "user", "content": "a"}] + ([{"role": "assistant", "content": "b"}] if final["role"] == "user"
+                                                         else []) + [final]
+            p = run(["tokenize", "--tokenizer", TOK, "--chat", "--image-tokens", "16", "--continue-final-message",
+                     json.dumps(msgs)], check=False)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("continue_final_message", p.stderr)
 
     def test_chat_errors(self):
         def err(messages, *extra):

@@ -253,11 +253,20 @@ TEST(Chat, TemplateSemantics) {
                                   {"role":"user","content":"  hi \n"},{"role":"assistant","content":"yo"},
                                   {"role":"user","content":[{"type":"text","text":" a "},{"type":"image_url","image_url":{"url":"x"}},
                                                             {"type":"audio"},{"type":"text","text":"b"}]}])"),
-                         gemma(), false),
+                         gemma(), ChatEnd::LastTurn),
       gemma());
   EXPECT_EQ(s,
             "<bos><start_of_turn>user\n sys \n\nhi<end_of_turn>\n<start_of_turn>model\nyo<end_of_turn>\n"
             "<start_of_turn>user\na<start_of_image>b<end_of_turn>\n");
+  // continue_final_message: the final assistant turn stays open after its trimmed text.
+  EXPECT_EQ(segments_to_string(render_gemma3_chat(msgs(R"([{"role":"user","content":"hi"},
+                                                           {"role":"assistant","content":" Sure, \n"}])"),
+                                                  gemma(), ChatEnd::ContinueFinal),
+                               gemma()),
+            "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\nSure,");
+  EXPECT_NE(error_of([] { render_gemma3_chat(msgs(R"([{"role":"user","content":"hi"}])"), gemma(), ChatEnd::ContinueFinal); })
+                .find("continue_final_message"),
+            std::string::npos);
 }
 
 TEST(Chat, TrimIsPythonStrip) {

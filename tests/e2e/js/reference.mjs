@@ -5,10 +5,11 @@
 //   encode-literal  same, with the special added tokens removed from the
 //               tokenizer first (HF's split_special_tokens=True: control-token
 //               text stays literal)
-//   chat        each line {"messages", "image_tokens", "crops", "layout"} ->
-//               {"ids", "rendered"} or {"error"}; images expanded the way HF's
-//               Gemma3Processor does (string replacement) or, with layout
-//               "google", by splicing ids like the Google reference
+//   chat        each line {"messages", "image_tokens", "crops", "layout",
+//               "continue_final_message"} -> {"ids", "rendered"} or {"error"}; images
+//               expanded the way HF's Gemma3Processor does (string replacement) or,
+//               with layout "google", by splicing ids like the Google reference;
+//               continue_final_message cut as HF's apply_chat_template cuts it
 //   bench       each line a JSON string; prints {"load_s", "load_cpu_s", "encode_mb_s", "bytes"}
 import fs from "node:fs";
 import path from "node:path";
@@ -45,10 +46,22 @@ if (mode === "encode" || mode === "encode-literal") {
   const template = new Template(tokConfig.chat_template);
   const boi = "<start_of_image>";
   for (const l of lines) {
-    const { messages, image_tokens, crops, layout } = JSON.parse(l);
+    const { messages, image_tokens, crops, layout, continue_final_message } = JSON.parse(l);
     let rendered;
     try {
-      rendered = template.render({ messages, bos_token: tokConfig.bos_token, add_generation_prompt: true });
+      rendered = template.render({ messages, bos_token: tokConfig.bos_token,
+                                   add_generation_prompt: !continue_final_message });
+      if (continue_final_message) {
+        // transformers' apply_chat_template: the final message's last text block, stripped, is
+        // found last in the rendering, which ends right after it (the template trims the text).
+        let final = messages[messages.length - 1].content;
+        if (Array.isArray(final)) final = [...final].reverse().find((b) => "text" in b).text;
+        const stripped = final.trim();
+        if (!rendered.includes(stripped)) throw new Error("the final message is not in the rendering");
+        const at = rendered.lastIndexOf(stripped);
+        const lstripped = final.trimStart();
+        rendered = rendered.slice(0, at + (rendered.slice(at, at + lstripped.length) === final ? lstripped : stripped).length);
+      }
     } catch (e) {
       out.push(JSON.stringify({ error: String(e.message || e) }));
       continue;
