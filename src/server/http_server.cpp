@@ -275,6 +275,26 @@ void HttpServer::routes() {
   svr.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
     generate(req.body, Endpoint::Chat, res, Api::Anthropic);
   });
+  // Anthropic's count of a Messages request's input tokens (llama.cpp's server answers it too):
+  // the prompt as the request would run, images' soft tokens and the tools' instructions included.
+  svr.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+    try {
+      auto m = model();
+      json body = parse_body(req.body);
+      if (body.is_object() && !body.contains("max_tokens")) body["max_tokens"] = 1;  // a count has no answer
+      MessagesRequest mr = parse_anthropic(body, opt_.images);
+      check_model(mr.chat.model);
+      try {
+        const std::vector<vision::RgbImage> images = request_images(*m, mr.chat, opt_.limits);
+        send_json(res, 200, {{"input_tokens", prompt_ids(*m, mr.chat, 0, images).size()}});
+      } catch (ApiError& e) {
+        name_for_anthropic(e, mr.origin);
+        throw;
+      }
+    } catch (const ApiError& e) {
+      send_error(res, e, true);
+    }
+  });
 }
 
 void HttpServer::check_model(const std::string& name) const {

@@ -89,6 +89,21 @@ class TestMessages(SharedServer):
         m = self.one({"op": "create", "params": dict(req, stop_sequences=["not in it"])})["response"]
         self.assertEqual((m["stop_reason"], m["stop_sequence"]), ("max_tokens", None))
 
+    def test_count_tokens_is_the_prompt_a_message_reads(self):
+        uri = data_uri(7)
+        media, data = uri[len("data:"):].split(";base64,")
+        req = {"model": "tiny-f32", "system": "Be brief.", "tools": [WEATHER],
+               "messages": [{"role": "user", "content": [
+                   {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}},
+                   {"type": "text", "text": "Weather here?"}]}]}
+        n = self.one({"op": "count", "params": req})["response"]
+        m = self.one({"op": "create", "params": dict(req, max_tokens=3)})["response"]
+        u = m["usage"]
+        self.assertEqual(n, {"input_tokens": u["input_tokens"] + u["cache_read_input_tokens"]})
+        self.assertGreater(n["input_tokens"], 16)  # the image's soft tokens and the tools' text count
+        err = anthropic(self.srv, [{"op": "count", "params": dict(req, messages=[{"role": "bot", "content": "x"}])}])[0]
+        self.assertEqual((err["error"]["status"], err["error"]["type"]), (400, "invalid_request_error"))
+
     def test_tools_and_a_tool_result_turn(self):
         req = {"model": "tiny-f32", "max_tokens": 200, "temperature": 1.0, "tools": [WEATHER],
                "tool_choice": {"type": "any", "disable_parallel_tool_use": True},

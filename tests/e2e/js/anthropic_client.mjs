@@ -1,7 +1,8 @@
 // Drives `vlm serve`'s /v1/messages with the official `@anthropic-ai/sdk` client.
 // Usage: node anthropic_client.mjs BASE_URL API_KEY < jobs.json > results.json
-// jobs.json: {"jobs": [{"op": "create" | "stream", "params": {...}, "abort_after": N}]}, run one
-// after the other. Results: {"response": Message} (create), {"events": [...], "final":
+// jobs.json: {"jobs": [{"op": "create" | "count" | "stream", "params": {...}, "abort_after": N}]}, run
+// one after the other. Results: {"response": Message} (create; count: messages.countTokens's
+// answer), {"events": [...], "final":
 // finalMessage()} (stream: the client.messages.stream() helper, which checks the event order),
 // {"events", "aborted": true} after N text deltas, or {"error": {"status", "name", "message",
 // "type"}}.
@@ -20,6 +21,7 @@ const client = new Anthropic({ baseURL, apiKey: apiKey || "none", maxRetries: 0,
 async function run(job) {
   try {
     if (job.op === "create") return { response: await client.messages.create(job.params) };
+    if (job.op === "count") return { response: await client.messages.countTokens(job.params) };
     const stream = client.messages.stream(job.params);
     const events = [];
     let deltas = 0;
