@@ -138,6 +138,7 @@ bool Engine::start(Sequence& s) {
       for (const vision::RgbImage& im : req.images) s.image_keys_.push_back(image_key(im));
     s.cache_.emplace(model_.decoder().new_cache(kv_positions(model_, req)));  // never more than its reservation
     if (!whole_prompt()) s.cache_->keep_overwritten(budget_.overwritten_rows());
+    if (restore_prompt(s)) return true;
     take_prefix(s);
     s.phase_.store(s.images_done_ == req.images.size() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
   } catch (const Error& e) {
@@ -151,8 +152,32 @@ bool Engine::whole_prompt() const {
   return model_.host_options().mask_mode == MaskMode::Mlx && model_.host_options().fault != Fault::CausalMask;
 }
 
+bool Engine::takes_prefixes(const Sequence& s) const {
+  return budget_.prefix_cache_bytes > 0 && !whole_prompt() && s.req_.prompt_logprobs < 0;
+}
+
+bool Engine::restore_prompt(Sequence& s) {
+  if (!takes_prefixes(s)) return false;
+  const PrefixCache::Prompt p = prefix_cache_.find_prompt(s.req_.prompt, block_keys(s.image_keys_, s.crops_));
+  if (!p.cache) return false;
+  s.cache_->copy_prefix(*p.cache, p.cache->length());
+  s.logits_ = *p.logits;
+  s.usage_.cached_tokens = s.usage_.prompt_tokens;
+  s.images_done_ = s.req_.images.size();
+  s.phase_.store(Phase::Decode, std::memory_order_release);
+  return true;
+}
+
+void Engine::keep_prompt(Sequence& s) {
+  if (!takes_prefixes(s)) return;
+  KvCache copy = model_.decoder().new_cache(s.cache_->length());
+  copy.copy_prefix(*s.cache_, s.cache_->length());
+  prefix_cache_.put(s.req_.prompt, block_keys(s.image_keys_, s.crops_), std::move(copy), s.logits_);
+  prefix_cache_bytes_.store(prefix_cache_.bytes());
+}
+
 void Engine::take_prefix(Sequence& s) {
-  if (budget_.prefix_cache_bytes == 0 || whole_prompt() || s.req_.prompt_logprobs >= 0) return;
+  if (!takes_prefixes(s)) return;
   const ModelConfig& mc = model_.config();
   const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
   const PrefixCache::Match m = prefix_cache_.find(s.req_.prompt, block_keys(s.image_keys_, s.crops_), image_id, *s.cache_);
@@ -177,7 +202,7 @@ void Engine::take_prefix(Sequence& s) {
 // than computing them twice. Its images were encoded before (from the image cache when the earlier
 // one encoded them), so its features cover every image and no image bookkeeping changes.
 bool Engine::share_prefix(Sequence& s) {
-  if (budget_.prefix_cache_bytes == 0 || whole_prompt() || s.req_.prompt_logprobs >= 0) return false;
+  if (!takes_prefixes(s)) return false;
   const ModelConfig& mc = model_.config();
   const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
   const std::vector<BlockKey> blocks = block_keys(s.image_keys_, s.crops_);
@@ -358,6 +383,7 @@ StepStats Engine::step() {
       if (s.phase() != Phase::Prefill || s.prefilled_rows_ < s.req_.prompt.size()) continue;
       s.features_ = {};
       s.phase_.store(Phase::Decode, std::memory_order_release);
+      keep_prompt(s);
       if (!s.req_.prompt_cache.empty()) {
         try {
           save_prompt_cache(s.req_.prompt_cache, model_.identity(), s.request_hash_, mc.text, *s.cache_, s.logits_);

@@ -93,6 +93,9 @@ class Engine {
   void admit(StepStats& st);
   bool start(Sequence& s);                  // admission work: validate, prompt cache, sampler
   void take_prefix(Sequence& s);            // rows from the prefix cache, and the images they hold
+  bool takes_prefixes(const Sequence& s) const;  // the prefix cache may give it rows, and keep its
+  bool restore_prompt(Sequence& s);         // the same prompt kept where its prefill ended: decode now
+  void keep_prompt(Sequence& s);            // its prefill ended: its cache and logits to the prefix cache
   bool share_prefix(Sequence& s);           // rows of running sequences; true: wait for an earlier one
   bool whole_prompt() const;                // the mask mode makes every prompt row see every other
   void encode_images(StepStats& st);

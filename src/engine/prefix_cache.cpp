@@ -56,13 +56,17 @@ size_t shared_prefix(std::span<const int32_t> held, std::span<const BlockKey> he
   return agreeing(held, held_blocks, ids, blocks, block_spans(ids, image_id));
 }
 
-void PrefixCache::put(std::vector<int32_t> ids, std::vector<BlockKey> blocks, KvCache cache) {
-  const size_t b = cache.bytes() + ids.size() * sizeof(int32_t) + blocks.size() * sizeof(BlockKey);
+void PrefixCache::put(std::vector<int32_t> ids, std::vector<BlockKey> blocks, KvCache cache,
+                      std::vector<float> logits) {
+  const size_t b = cache.bytes() + ids.size() * sizeof(int32_t) + blocks.size() * sizeof(BlockKey) +
+                   logits.size() * sizeof(float);
   if (b > max_bytes_ || ids.empty()) return;
-  // An entry this one continues (the previous turn of the same chat) holds nothing it lacks.
+  // An entry this one continues (the previous turn of the same chat) holds nothing it lacks; a
+  // prompt's end does (its logits, and rows the rings lose later), unless this is the same prompt.
   std::erase_if(entries_, [&](const Entry& e) {
     const bool older = e.ids.size() <= ids.size() && std::equal(e.ids.begin(), e.ids.end(), ids.begin()) &&
-                       e.blocks.size() <= blocks.size() && std::equal(e.blocks.begin(), e.blocks.end(), blocks.begin());
+                       e.blocks.size() <= blocks.size() && std::equal(e.blocks.begin(), e.blocks.end(), blocks.begin()) &&
+                       (e.logits.empty() || (!logits.empty() && e.ids.size() == ids.size()));
     if (older) bytes_ -= e.bytes;
     return older;
   });
@@ -70,7 +74,7 @@ void PrefixCache::put(std::vector<int32_t> ids, std::vector<BlockKey> blocks, Kv
     bytes_ -= entries_.back().bytes;
     entries_.pop_back();
   }
-  entries_.push_front(Entry{std::move(ids), std::move(blocks), std::move(cache), b});
+  entries_.push_front(Entry{std::move(ids), std::move(blocks), std::move(cache), std::move(logits), b});
   bytes_ += b;
 }
 
@@ -88,6 +92,15 @@ PrefixCache::Match PrefixCache::find(std::span<const int32_t> ids, std::span<con
   entries_.splice(entries_.begin(), entries_, best);
   const size_t taken = size_t(std::count_if(spans.begin(), spans.end(), [&](const Span& b) { return b.end <= best_n; }));
   return {&entries_.front().cache, int64_t(best_n), taken};
+}
+
+PrefixCache::Prompt PrefixCache::find_prompt(std::span<const int32_t> ids, std::span<const BlockKey> blocks) {
+  for (auto it = entries_.begin(); it != entries_.end(); ++it)
+    if (!it->logits.empty() && std::ranges::equal(it->ids, ids) && std::ranges::equal(it->blocks, blocks)) {
+      entries_.splice(entries_.begin(), entries_, it);
+      return {&entries_.front().cache, &entries_.front().logits};
+    }
+  return {};
 }
 
 }  // namespace vlm::engine

@@ -11,6 +11,13 @@
 // previous answer's rows came from decode steps): within 1e-5 of the largest logit
 // (tests/unit/engine_test.cpp). Not used under the mlx mask mode, where every prompt row sees
 // the whole prompt.
+//
+// A sliding layer's ring keeps only its last W positions, so a finished sequence cannot give back
+// a prefix that ends more than a little before its end once it passed W (a regenerated answer
+// repeats the prompt of one that ran long). So the cache also keeps prompts where their prefill
+// ended, each with the logits of its last row: the same prompt again (ids and images) starts
+// decoding from them with nothing computed (find_prompt), as llama.cpp's server keeps its SWA
+// layers' cells where a prompt ended.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -44,8 +51,9 @@ class PrefixCache {
  public:
   explicit PrefixCache(size_t max_bytes) : max_bytes_(max_bytes) {}
   // Keeps a finished sequence's cache: `ids` are the tokens at its positions, `blocks` the image
-  // blocks among them in order.
-  void put(std::vector<int32_t> ids, std::vector<BlockKey> blocks, KvCache cache);
+  // blocks among them in order. With `logits` (those of its last row), a prompt's cache where its
+  // prefill ended, for find_prompt.
+  void put(std::vector<int32_t> ids, std::vector<BlockKey> blocks, KvCache cache, std::vector<float> logits = {});
   struct Match {
     const KvCache* cache = nullptr;
     int64_t positions = 0;  // 0: nothing to take
@@ -55,6 +63,13 @@ class PrefixCache {
   // with image blocks `blocks` (runs of image_id), as the header says; that entry becomes the
   // most recently used.
   Match find(std::span<const int32_t> ids, std::span<const BlockKey> blocks, int32_t image_id, const KvCache& into);
+  // A prompt kept where its prefill ended, with exactly these ids and image blocks: its cache and
+  // the logits of its last row (it becomes the most recently used); nulls when there is none.
+  struct Prompt {
+    const KvCache* cache = nullptr;
+    const std::vector<float>* logits = nullptr;
+  };
+  Prompt find_prompt(std::span<const int32_t> ids, std::span<const BlockKey> blocks);
   size_t bytes() const { return bytes_; }
   size_t size() const { return entries_.size(); }
 
@@ -63,6 +78,7 @@ class PrefixCache {
     std::vector<int32_t> ids;
     std::vector<BlockKey> blocks;
     KvCache cache;
+    std::vector<float> logits;  // a prompt's end: its last row's logits
     size_t bytes;
   };
   size_t max_bytes_, bytes_ = 0;

@@ -75,10 +75,9 @@ class TestChoices(unittest.TestCase):
 
                 def grew(name):
                     return metric(m, name, 0) - metric(before, name, 0)
-                # Computed once: the three other choices took all but the last prompt row from the
-                # first (the prefix cache held the solo runs; it is no help here since each took
-                # them from a running choice or from the cache: either way none were computed).
-                self.assertEqual(grew("vlm:prompt_tokens_cached_total"), 4 * (prompt - 1))
+                # Nothing computed: the solo runs left this prompt in the prefix cache where their
+                # prefill ended, logits and all, and every choice starts from it.
+                self.assertEqual(grew("vlm:prompt_tokens_cached_total"), 4 * prompt)
                 self.assertEqual(grew("vlm:images_encoded_total"), 0)  # the solo runs encoded it
 
     def test_fresh_prompt_is_computed_once(self):
@@ -125,8 +124,9 @@ class TestChoices(unittest.TestCase):
         usage["prompt_tokens_details"] = dict(usage["prompt_tokens_details"], cached_tokens=0)
         self.assertEqual(usage["prompt_tokens_details"]["image_tokens"], 16)
         self.assertEqual(usage, dict(whole["usage"], prompt_tokens_details={"cached_tokens": 0, "image_tokens": 16}))
-        # The second time round the whole prompt but its last row came from the prefix cache.
-        self.assertEqual(chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"] - 1)
+        # The second time round the whole prompt came from the prefix cache (kept where its prefill
+        # ended).
+        self.assertEqual(chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"])
         # Completions: prompt i's choice j is index 2i + j, in the stream and in the whole response.
         streamed, plain = stream_choices(res[1]["chunks"]), res[2]["response"]["choices"]
         self.assertEqual([c["index"] for c in plain], [0, 1, 2, 3])

@@ -84,7 +84,10 @@ class TestResponses(SharedServer):
         self.assertEqual(final["output"][0]["content"][0]["text"], whole["output_text"])
         # The last event carries the whole Response (the helper keeps it only for response.completed).
         last = events[-1]["response"]
-        self.assertEqual((last["status"], last["usage"]), (whole["status"], whole["usage"]))
+        cached = last["usage"]["input_tokens_details"]["cached_tokens"]
+        self.assertEqual(cached, last["usage"]["input_tokens"])  # the same prompt again: all of it kept
+        self.assertEqual((last["status"], last["usage"]),
+                         (whole["status"], dict(whole["usage"], input_tokens_details={"cached_tokens": cached})))
         self.assertEqual([dict(o, id=None) for o in last["output"]], [dict(o, id=None) for o in whole["output"]])
         self.assertEqual(last["output"][0]["id"], "msg_" + last["id"][len("resp_"):])
 

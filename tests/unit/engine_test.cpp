@@ -698,10 +698,19 @@ TEST_F(EngineTest, PrefixCacheStartsTheNextTurnFromThePreviousOne) {
   EXPECT_EQ(r2.tokens, solo2.tokens);
   expect_logits_near(r2, solo2);
 
-  // t1 again: the ring no longer holds what a shorter prefix needs, so nothing is taken.
-  const Record again = run_in(eng, *model_, t1, {1, 0});
-  EXPECT_EQ(again.usage.cached_tokens, 0);
+  // t1 again: the finished sequences' rings no longer hold what its prompt needs, but the prompt
+  // kept where its prefill ended does, with its last row's logits: nothing is computed, and the
+  // answer is the first one to the bit.
+  const Record again = run_in(eng, *model_, t1, {0, 0});
+  EXPECT_EQ(again.usage.cached_tokens, int(t1.prompt.size()));
   expect_same_bits(again, r1);
+  // Without that entry (a cache of the finished sequences only), nothing would be taken: the
+  // engine below is given t1's whole sequence and t2's, not its prompt.
+  Engine fresh(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20});
+  Request longer = t1;
+  longer.prompt.push_back(r1.tokens[0]);  // another prompt: kept at its end, never t1's
+  run_in(fresh, *model_, longer, {1, 0});
+  EXPECT_EQ(run_in(fresh, *model_, t1, {1, 0}).usage.cached_tokens, 0);
 }
 
 // A next prompt that repeats the answer only in part (the template trims it; its text may
@@ -723,17 +732,18 @@ TEST_F(EngineTest, PrefixCacheTakesAPartOfTheAnswerFromTheOverwrittenRows) {
   for (const size_t answer : {size_t(20), size_t(70), size_t(5)}) {
     const Request t = turn(answer);
     const Record solo = alone(t);
-    const Record r = run_in(eng, *model_, t, {answer == 5 ? 1 : 0, 0});
-    // Positions [n - 8, n) are needed; the ring and the log hold 36 .. 107 of t1's sequence.
+    const Record r = run_in(eng, *model_, t, {0, 0});
+    // Positions [n - 8, n) are needed; the ring and the log hold 36 .. 107 of t1's sequence. Short
+    // of that, t1's prompt kept where its prefill ended gives its P positions (the image's included).
     const size_t n = P + answer;
-    EXPECT_EQ(r.usage.cached_tokens, n - 8 >= 36 ? int(n) : 0) << "answer tokens repeated: " << answer;
+    EXPECT_EQ(r.usage.cached_tokens, n - 8 >= 36 ? int(n) : int(P)) << "answer tokens repeated: " << answer;
     EXPECT_EQ(r.tokens, solo.tokens);
     expect_logits_near(r, solo);
   }
 }
 
 // With rings that hold the whole conversation (sliding window 64): the same request takes every
-// row but the last; another image at the same place stops the prefix before that image's block;
+// row (its prompt kept where its prefill ended); another image at the same place stops the prefix before that image's block;
 // a request that keeps the first image and adds a second takes the first's rows and encodes only
 // the second, whose rows then land in their own block.
 TEST_F(EngineTest, PrefixCacheTakesWholeImagesThatAgreeOnly) {
@@ -744,10 +754,10 @@ TEST_F(EngineTest, PrefixCacheTakesWholeImagesThatAgreeOnly) {
   const Record solo_a = alone(a, &m);
   expect_same_bits(run_in(eng, m, a, {1, 0}), solo_a);
 
+  // The same request: its prompt kept where its prefill ended, with its last row's logits.
   const Record again = run_in(eng, m, a, {0, 0});
-  EXPECT_EQ(again.usage.cached_tokens, int(a.prompt.size()) - 1);
-  EXPECT_EQ(again.tokens, solo_a.tokens);
-  expect_logits_near(again, solo_a);
+  EXPECT_EQ(again.usage.cached_tokens, int(a.prompt.size()));
+  expect_same_bits(again, solo_a);
 
   const Request b = request("What is in this picture?", 1, 62, 4);  // the same ids, another image
   ASSERT_EQ(b.prompt, a.prompt);
@@ -790,10 +800,10 @@ TEST_F(EngineTest, PrefixCacheTakesAnImageWithAllItsCrops) {
   const Record solo_a = alone(a, &m), solo_ab = alone(ab, &m);
   expect_same_bits(run_in(eng, m, a, {1, 0}), solo_a);
 
+  // The same request: its prompt kept where its prefill ended, with its last row's logits.
   const Record again = run_in(eng, m, a, {0, 0});
-  EXPECT_EQ(again.usage.cached_tokens, int(a.prompt.size()) - 1);
-  EXPECT_EQ(again.tokens, solo_a.tokens);
-  expect_logits_near(again, solo_a);
+  EXPECT_EQ(again.usage.cached_tokens, int(a.prompt.size()));
+  expect_same_bits(again, solo_a);
 
   const Record rab = run_in(eng, m, ab, {1, 0});
   size_t agree = 0;
