@@ -59,8 +59,9 @@ void EngineArgs::add(CLI::App& app) {
                  "chat about it) skips the vision tower; 0 for none")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
   app.add_option("--prefix-cache", prefix_cache_mib,
-                 "MiB of finished requests' KV caches kept, so a prompt that begins the same way (the next turn of "
-                 "a chat) starts from their rows; 0 for none")
+                 "MiB of finished requests' KV caches, and prompts' where their prefill ended, kept so that a "
+                 "prompt that begins the same way (the next turn of a chat) starts from their rows and the same "
+                 "prompt again (a regenerated answer) computes nothing; 0 for none")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
 }
 
