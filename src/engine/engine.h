@@ -93,7 +93,7 @@ class Engine {
   void admit(StepStats& st);
   bool start(Sequence& s);                  // admission work: validate, prompt cache, sampler
   void take_prefix(Sequence& s);            // rows from the prefix cache, and the images they hold
-  bool takes_prefixes(const Sequence& s) const;  // the prefix cache may give it rows, and keep its
+  bool takes_prefixes(const Sequence& s) const;  // the prefix cache may give it rows and keep its prompt
   bool restore_prompt(Sequence& s);         // the same prompt kept where its prefill ended: decode now
   void keep_prompt(Sequence& s);            // its prefill ended: its cache and logits to the prefix cache
   bool share_prefix(Sequence& s);           // rows of running sequences; true: wait for an earlier one

@@ -4,7 +4,7 @@
 
 namespace vlm {
 
-StopStrings::StopStrings(std::vector<std::string> stops, bool keep) : stops_(std::move(stops)), keep_(keep) {
+StopStrings::StopStrings(std::vector<std::string> stops, bool include) : stops_(std::move(stops)), include_(include) {
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
 
@@ -21,7 +21,7 @@ std::string StopStrings::feed(std::string_view piece, bool armed) {
   }
   if (hit) {
     matched_ = *hit;
-    std::string out = held_.substr(0, first + (keep_ ? hit->size() : 0));
+    std::string out = held_.substr(0, first + (include_ ? hit->size() : 0));
     held_.clear();
     return out;
   }

@@ -720,10 +720,10 @@ json with_extras(json c, const ChoiceOut& o) {
 
 json completion_choice(const ChoiceOut& c, bool logprobs) {
   return with_extras({{"index", c.index},
-                   {"text", c.text},
-                   {"logprobs", logprobs ? legacy_logprobs(c.tokens, 0) : json(nullptr)},
-                   {"finish_reason", or_null(c.finish)}},
-                  c);
+                      {"text", c.text},
+                      {"logprobs", logprobs ? legacy_logprobs(c.tokens, 0) : json(nullptr)},
+                      {"finish_reason", or_null(c.finish)}},
+                     c);
 }
 
 // message.tool_calls.
@@ -762,10 +762,10 @@ json chat_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices,
     json msg{{"role", "assistant"}, {"content", c.tool_calls.empty() ? json(c.text) : json(nullptr)}, {"refusal", nullptr}};
     if (!c.tool_calls.empty()) msg["tool_calls"] = tool_calls_json(c.tool_calls);
     j["choices"].push_back(with_extras({{"index", c.index},
-                                     {"message", std::move(msg)},
-                                     {"logprobs", logprobs ? chat_logprobs(c.tokens) : json(nullptr)},
-                                     {"finish_reason", c.finish}},
-                                    c));
+                                        {"message", std::move(msg)},
+                                        {"logprobs", logprobs ? chat_logprobs(c.tokens) : json(nullptr)},
+                                        {"finish_reason", c.finish}},
+                                       c));
   }
   j["usage"] = usage_json(u);
   return j;
@@ -795,10 +795,10 @@ json chat_delta_chunk(const ResponseMeta& m, const ChoiceOut& c, bool logprobs, 
   if (!c.call_deltas.empty()) delta = {{"tool_calls", tool_call_deltas_json(c.call_deltas)}};
   return chat_chunk(m,
                     with_extras({{"index", c.index},
-                              {"delta", std::move(delta)},
-                              {"logprobs", logprobs && !c.tokens.empty() ? chat_logprobs(c.tokens) : json(nullptr)},
-                              {"finish_reason", or_null(c.finish)}},
-                             c),
+                                 {"delta", std::move(delta)},
+                                 {"logprobs", logprobs && !c.tokens.empty() ? chat_logprobs(c.tokens) : json(nullptr)},
+                                 {"finish_reason", or_null(c.finish)}},
+                                c),
                     usage_null);
 }
 
