@@ -29,6 +29,17 @@ bool ResponseWriter::write_chat(httplib::DataSink& sink) {
     return chat ? chat_delta_chunk(meta, c, logprobs, include_usage)
                 : completion_chunk(meta, c, logprobs, include_usage);
   };
+  // A finished choice's last chunks: what it still carries, then the finish on its own.
+  auto last_chunks = [&](ChoiceOut fin) {
+    std::string out;
+    if (!fin.text.empty() || !fin.call_deltas.empty()) {
+      ChoiceOut body = fin;
+      body.finish.clear();
+      out = sse(chunk(body));
+      fin.text.clear(), fin.call_deltas.clear(), fin.tokens.clear(), fin.token_ids.reset();
+    }
+    return out + sse(chunk(fin));
+  };
   if (!started_ && chat) {
     started_ = true;
     std::string head;
@@ -54,28 +65,11 @@ bool ResponseWriter::write_chat(httplib::DataSink& sink) {
     // Tokens without text yet (a character or a possible stop string held back) ride on
     // the next chunk, or on the finish.
     if (tool_answer) {
-      if (std::optional<ChoiceOut> d = tool_delta(i, finishing)) {
-        if (finishing && (!d->text.empty() || !d->call_deltas.empty())) {  // what is new, then the finish
-          ChoiceOut body = *d;
-          body.finish.clear();
-          events += sse(chunk(body));
-          d->text.clear(), d->call_deltas.clear(), d->tokens.clear(), d->token_ids.reset();
-        }
-        events += sse(chunk(*d));
-      }
+      if (std::optional<ChoiceOut> d = tool_delta(i, finishing)) events += finishing ? last_chunks(*d) : sse(chunk(*d));
     } else if (!c.out.text.empty() || (logprobs && !c.out.tokens.empty())) {
       events += sse(chunk(take_out(i)));
     }
-    if (finishing && !tool_answer) {
-      ChoiceOut fin = finished_out(i);
-      if (!fin.text.empty()) {  // what is left, then the finish
-        ChoiceOut body = fin;
-        body.finish.clear();
-        events += sse(chunk(body));
-        fin.text.clear(), fin.tokens.clear(), fin.token_ids.reset();
-      }
-      events += sse(chunk(fin));
-    }
+    if (finishing && !tool_answer) events += last_chunks(finished_out(i));
     c.sent = c.sent || finishing;
   }
   if (bad) {
