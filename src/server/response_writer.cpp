@@ -171,7 +171,7 @@ std::optional<ChoiceOut> ResponseWriter::tool_delta(size_t i, bool finished) {
   ChoiceOut o = take_out(i, finished ? finish_text(*c.out.finish) : std::string());
   o.text = std::move(d.content);
   o.call_deltas = std::move(d.calls);
-  if (finished && c.reader.whole() && !c.reader.calls().empty()) o.finish = "tool_calls";
+  if (finished && c.reader.called()) o.finish = "tool_calls";
   return o;
 }
 
@@ -273,26 +273,21 @@ bool ResponseWriter::write_responses(httplib::DataSink& sink) {
   }
   bool done = false;
   if (auto end = poll_events(sink, done, [](const ApiError& e) { return sse(error_json(e)); })) return *end;
-  std::string out, text;
-  if (!tool_answer) {
-    text = take_out(0).text;
-  } else {
-    ToolAnswerReader& reader = choices[0].reader;
-    ToolAnswerReader::Delta d = reader.feed(std::exchange(choices[0].out.text, {}));
-    text = std::move(d.content);
-    for (const ToolCallDelta& p : d.calls) {
-      const std::string id = call_item_id(meta.id, p.index);
-      if (!p.id.empty()) {
-        if (p.index > 0) out += call_done(p.index - 1, function_call_item(meta.id, p.index - 1, reader.calls()[p.index - 1]));
-        Json added = function_call_item(meta.id, p.index, {p.id, p.name, ""});
-        added["status"] = "in_progress";
-        out += event({{"output_index", p.index}, {"item", added}}, "response.output_item.added", events_);
-      }
-      if (!p.arguments.empty())
-        out += event({{"item_id", id}, {"output_index", p.index}, {"delta", p.arguments}},
-                     "response.function_call_arguments.delta", events_);
+  std::string out;
+  ChoiceOut d = tool_answer ? tool_delta(0, false).value_or(ChoiceOut{}) : take_out(0);
+  const std::vector<ToolCall>& calls = choices[0].reader.calls();
+  for (const ToolCallDelta& p : d.call_deltas) {
+    if (!p.id.empty()) {
+      if (p.index > 0) out += call_done(p.index - 1, function_call_item(meta.id, p.index - 1, calls[p.index - 1]));
+      Json added = function_call_item(meta.id, p.index, {p.id, p.name, ""});
+      added["status"] = "in_progress";
+      out += event({{"output_index", p.index}, {"item", added}}, "response.output_item.added", events_);
     }
+    if (!p.arguments.empty())
+      out += event({{"item_id", call_item_id(meta.id, p.index)}, {"output_index", p.index}, {"delta", p.arguments}},
+                   "response.function_call_arguments.delta", events_);
   }
+  const std::string& text = d.text;
   if (!text.empty()) {
     if (!message_open_) out += open_message();
     said_ += text;
@@ -365,26 +360,22 @@ bool ResponseWriter::write_anthropic(httplib::DataSink& sink) {
   bool done = false;
   if (auto end = poll_events(sink, done, [&](const ApiError& e) { return ev("error", anthropic_error_json(e)); }))
     return *end;
-  std::string out, text;
-  if (!tool_answer) {
-    text = take_out(0).text;
-  } else {
-    ToolAnswerReader::Delta d = choices[0].reader.feed(std::exchange(choices[0].out.text, {}));
-    text = std::move(d.content);
-    for (const ToolCallDelta& p : d.calls) {
-      if (!p.id.empty()) {
-        if (p.index > 0) out += stop_block(p.index - 1);
-        out += ev("content_block_start", {{"index", p.index},
-                                          {"content_block", {{"type", "tool_use"},
-                                                             {"id", tool_use_id({p.id, p.name, ""})},
-                                                             {"name", p.name},
-                                                             {"input", Json::object()}}}});
-      }
-      if (!p.arguments.empty())
-        out += ev("content_block_delta",
-                  {{"index", p.index}, {"delta", {{"type", "input_json_delta"}, {"partial_json", p.arguments}}}});
+  std::string out;
+  ChoiceOut d = tool_answer ? tool_delta(0, false).value_or(ChoiceOut{}) : take_out(0);
+  for (const ToolCallDelta& p : d.call_deltas) {
+    if (!p.id.empty()) {
+      if (p.index > 0) out += stop_block(p.index - 1);
+      out += ev("content_block_start", {{"index", p.index},
+                                        {"content_block", {{"type", "tool_use"},
+                                                           {"id", tool_use_id({p.id, p.name, ""})},
+                                                           {"name", p.name},
+                                                           {"input", Json::object()}}}});
     }
+    if (!p.arguments.empty())
+      out += ev("content_block_delta",
+                {{"index", p.index}, {"delta", {{"type", "input_json_delta"}, {"partial_json", p.arguments}}}});
   }
+  const std::string& text = d.text;
   if (!text.empty()) {
     if (!message_open_) out += text_start();
     said_ += text;

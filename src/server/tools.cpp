@@ -264,7 +264,7 @@ void ToolAnswerReader::read(ChoiceOut& c) {
   feed(c.text);
   c.tool_calls = calls_;
   c.text = content_;
-  if (whole_ && !calls_.empty()) c.finish = "tool_calls";
+  if (called()) c.finish = "tool_calls";
 }
 
 void read_tool_answer(ChoiceOut& c) { ToolAnswerReader().read(c); }

@@ -51,6 +51,7 @@ class ToolAnswerReader {
   void read(ChoiceOut& c);
   bool whole() const { return whole_; }  // the JSON object closed
   bool response() const { return response_; }  // the answer is {"response": ...}
+  bool called() const { return whole_ && !calls_.empty(); }  // whole, with calls: finish "tool_calls"
   const std::string& content() const { return content_; }
   const std::vector<ToolCall>& calls() const { return calls_; }
 
