@@ -137,7 +137,7 @@ bool Engine::start(Sequence& s) {
     if (budget_.image_cache_bytes > 0 || budget_.prefix_cache_bytes > 0)
       for (const vision::RgbImage& im : req.images) s.image_keys_.push_back(image_key(im));
     s.cache_.emplace(model_.decoder().new_cache(kv_positions(model_, req)));  // never more than its reservation
-    if (!whole_prompt()) s.cache_->keep_overwritten(budget_.overwritten_rows());
+    if (!whole_prompt()) s.cache_->keep_overwritten(logged_rows(req, budget_.overwritten_rows()));
     if (restore_prompt(s)) return true;
     take_prefix(s);
     s.phase_.store(s.images_done_ == req.images.size() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
@@ -171,6 +171,7 @@ bool Engine::restore_prompt(Sequence& s) {
 void Engine::keep_prompt(Sequence& s) {
   if (!takes_prefixes(s)) return;
   KvCache copy = model_.decoder().new_cache(s.cache_->length());
+  copy.keep_overwritten(s.cache_->logged());  // so that it gives back shorter prompts too
   copy.copy_prefix(*s.cache_, s.cache_->length());
   prefix_cache_.put(s.req_.prompt, block_keys(s.image_keys_, s.crops_), std::move(copy), s.logits_);
   prefix_cache_bytes_.store(prefix_cache_.bytes());

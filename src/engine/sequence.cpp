@@ -49,8 +49,15 @@ int64_t kv_positions(const Model& model, const Request& req) {
   return std::min<int64_t>(model.context(), int64_t(req.prompt.size()) + std::max(req.max_tokens, 1));
 }
 
+int64_t logged_rows(const Request& req, int64_t overwritten_rows) {
+  const int64_t edited = int64_t(req.prompt.size()) - req.edit_from;
+  if (overwritten_rows == 0 || req.edit_from < 0 || edited > kMaxEditRows) return overwritten_rows;
+  return std::max(overwritten_rows, edited);
+}
+
 size_t kv_reservation(const Model& model, const Request& req, int64_t overwritten_rows) {
-  return KvCache::bytes_for(model.config().text, kv_positions(model, req), model.decoder().kv_dtype(), overwritten_rows);
+  return KvCache::bytes_for(model.config().text, kv_positions(model, req), model.decoder().kv_dtype(),
+                            logged_rows(req, overwritten_rows));
 }
 
 std::string kv_budget_error(const Model& model, const Request& req, size_t budget, int64_t overwritten_rows) {

@@ -67,6 +67,11 @@ struct Request {
   // file made under another identity fails the request, naming the differing fields.
   std::filesystem::path prompt_cache;
   std::shared_ptr<Prefilled> prefilled;  // skip encoding and prefill (consumed on admission)
+  // Where a later prompt is likely to part from this one (a chat's last user turn: the same
+  // conversation with that message edited or asked again); -1: near its end. With a prefix cache,
+  // the prompt kept where its prefill ended then gives back every prefix from there
+  // (logged_rows; at most kMaxEditRows before the prompt's end).
+  int64_t edit_from = -1;
 };
 
 // What ended an answer that finished with Stop, when the request named it (vLLM's stop_reason):
@@ -178,9 +183,13 @@ constexpr size_t kPromptLogprobRows = 64;
 // ids, best first (ties: the lower id), into ev.top.
 void logprobs_of(std::span<const float> logits, int32_t id, int k, TokenEvent& ev);
 
+// The positions that leave the sliding layers' rings which a request's cache keeps beside them
+// (KvCache::keep_overwritten): `overwritten_rows` (StepBudget::overwritten_rows; 0: none), or
+// from Request::edit_from to the prompt's end where that is more and at most kMaxEditRows.
+inline constexpr int64_t kMaxEditRows = 1024;
+int64_t logged_rows(const Request& req, int64_t overwritten_rows);
 // The positions a request may ever hold (its prompt plus max_tokens, within the model's context)
-// and the KV memory that takes, with `overwritten_rows` of each sliding layer kept beside its ring
-// (StepBudget::overwritten_rows): what the engine reserves before admitting it.
+// and the KV memory that takes with its logged_rows: what the engine reserves before admitting it.
 int64_t kv_positions(const Model& model, const Request& req);
 size_t kv_reservation(const Model& model, const Request& req, int64_t overwritten_rows);
 // The one-line refusal of a request whose reservation exceeds a whole budget of `budget` bytes.

@@ -41,31 +41,54 @@ void KvCache::reserve(int64_t n) {
     L.v.resize(grow * row);
   }
   if (keep_ == 0) return;
-  if (n != 1) {  // a prefill chunk: the positions its rows displace were not all in the ring
-    log_lo_ = log_hi_ = 0;
-    return;
-  }
-  // The position whose slot this step takes in every sliding layer (they share one ring size).
-  const auto ring = std::find_if(layers_.begin(), layers_.end(), [](const Layer& L) { return L.sliding; });
-  const int64_t victim = ring == layers_.end() ? -1 : length_ - int64_t(ring->cap);
-  if (victim < 0) return;
+  // Positions [length − W, length + n − W) leave the rings with these n rows. Those the rings hold
+  // are logged now, before anything overwrites them; the later ones (a chunk longer than the
+  // window) never enter the rings, and the decoder writes them to the log (logged_key_slot).
+  const int64_t W = ring_size();
+  const int64_t lo = std::max<int64_t>(0, length_ - W), hi = length_ + n - W;
+  if (W == 0 || hi <= lo) return;
+  if (log_hi_ != lo) log_lo_ = lo;  // not contiguous with what the log holds
+  log_hi_ = hi;
+  log_lo_ = std::max(log_lo_, log_hi_ - keep_);
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& L = layers_[l];
     if (!L.sliding) continue;
     if (L.old_k.empty()) L.old_k.resize(size_t(keep_) * row), L.old_v.resize(size_t(keep_) * row);
-    const size_t at = size_t(victim % keep_) * row;
-    std::copy_n(key_slot(int(l), victim), row, L.old_k.data() + at);
-    std::copy_n(value_slot(int(l), victim), row, L.old_v.data() + at);
+    for (int64_t p = std::max(lo, log_lo_); p < std::min(length_, hi); ++p) {
+      std::copy_n(key_slot(int(l), p), row, L.old_k.data() + size_t(p % keep_) * row);
+      std::copy_n(value_slot(int(l), p), row, L.old_v.data() + size_t(p % keep_) * row);
+    }
   }
-  if (log_hi_ != victim) log_lo_ = victim;  // not contiguous with what the log holds
-  log_hi_ = victim + 1;
-  log_lo_ = std::max(log_lo_, log_hi_ - keep_);
 }
 
 void KvCache::keep_overwritten(int64_t rows) {
   if (rows < 0 || length_ != 0) fail("KV cache: keep_overwritten({}) on a cache of {} positions", rows, length_);
   keep_ = rows;
 }
+
+int KvCache::sliding_layer() const {
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (layers_[l].sliding) return int(l);
+  return -1;
+}
+
+int64_t KvCache::ring_size() const {
+  const int l = sliding_layer();  // every sliding layer has the same ring
+  return l < 0 ? 0 : int64_t(layers_[size_t(l)].cap);
+}
+
+int64_t KvCache::logged() const {
+  const int64_t ring = length_ - std::min(ring_size(), length_);
+  return log_hi_ == ring && log_lo_ < log_hi_ ? log_hi_ - log_lo_ : 0;
+}
+
+std::byte* KvCache::logged_slot(std::vector<std::byte> Layer::*log, int layer, int64_t pos) {
+  Layer& L = layers_[size_t(layer)];
+  if (!L.sliding || pos < log_lo_ || pos >= log_hi_ || (L.*log).empty()) return nullptr;
+  return (L.*log).data() + size_t(pos % keep_) * row_bytes();
+}
+std::byte* KvCache::logged_key_slot(int layer, int64_t pos) { return logged_slot(&Layer::old_k, layer, pos); }
+std::byte* KvCache::logged_value_slot(int layer, int64_t pos) { return logged_slot(&Layer::old_v, layer, pos); }
 
 size_t KvCache::slot(int layer, int64_t pos) const {
   const Layer& L = layers_[size_t(layer)];
@@ -117,16 +140,30 @@ bool KvCache::can_copy_prefix(const KvCache& from, int64_t n) const {
 void KvCache::copy_prefix(const KvCache& from, int64_t n) {
   if (!can_copy_prefix(from, n)) fail("KV cache: cannot take {} positions from a cache of {}", n, from.length_);
   length_ = 0;  // every row it needs is copied, over what it held
-  reserve(n);
-  const size_t row = row_bytes();
-  for (size_t l = 0; l < layers_.size(); ++l)
-    for (int64_t p = n - int64_t(visible(int(l), n)); p < n; ++p) {  // slot by slot: the rings' sizes may differ
-      const Layer& F = from.layers_[l];
-      std::copy_n(from.held_row(F.k, F.old_k, int(l), p), row, key_slot(int(l), p));
-      std::copy_n(from.held_row(F.v, F.old_v, int(l), p), row, value_slot(int(l), p));
-    }
-  length_ = n;
   log_lo_ = log_hi_ = 0;
+  reserve(n);
+  // With a log, the rows before the rings come too, as far as it keeps them and `from` holds them.
+  const int64_t W = ring_size(), ring = n - std::min(W, n);
+  log_lo_ = log_hi_ = 0;
+  if (keep_ > 0 && W > 0 && ring > 0) {
+    log_hi_ = ring;
+    log_lo_ = std::max({int64_t(0), ring - keep_, from.first_held(sliding_layer())});
+  }
+  const size_t row = row_bytes();
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& F = from.layers_[l];
+    Layer& L = layers_[l];
+    const int64_t first = n - int64_t(visible(int(l), n));
+    const bool log = L.sliding && log_lo_ < log_hi_;
+    if (log && L.old_k.empty()) L.old_k.resize(size_t(keep_) * row), L.old_v.resize(size_t(keep_) * row);
+    for (int64_t p = log ? log_lo_ : first; p < n; ++p) {  // slot by slot: the rings' sizes may differ
+      std::byte* k = p < first ? logged_key_slot(int(l), p) : key_slot(int(l), p);
+      std::byte* v = p < first ? logged_value_slot(int(l), p) : value_slot(int(l), p);
+      std::copy_n(from.held_row(F.k, F.old_k, int(l), p), row, k);
+      std::copy_n(from.held_row(F.v, F.old_v, int(l), p), row, v);
+    }
+  }
+  length_ = n;
 }
 
 size_t KvCache::bytes() const {

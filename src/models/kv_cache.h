@@ -51,19 +51,28 @@ class KvCache {
   // for sliding ones. Those slots are 0 .. visible − 1.
   size_t visible(int layer, int64_t positions) const;
 
-  // Keeps the last `rows` positions that decode steps overwrite in the sliding layers' rings (the
-  // rows they held, copied just before), so that a prefix a little shorter than this cache can
-  // still be copied from it: a chat's next prompt repeats the answer as text, and the template
-  // trims it. A prefill chunk starts the log afresh (its rows past the window never enter the
-  // ring). Call before the first reserve(); bytes() counts the log.
+  // Keeps the last `rows` positions that leave the sliding layers' rings (the rows they held,
+  // copied just before a step or prefill chunk overwrites them, and a long chunk's rows that pass
+  // the rings without entering them), so that a prefix a little shorter than this cache can still
+  // be copied from it: a chat's next prompt repeats the answer as text, and the template trims it;
+  // an edited last message repeats the prompt up to that message. Call before the first reserve();
+  // bytes() counts the log.
   void keep_overwritten(int64_t rows);
+  // The positions before the rings that the log holds now (0 without one).
+  int64_t logged() const;
+  // Where a sliding layer's row at `pos` goes that passes its ring without entering it (the first
+  // rows of a prefill chunk longer than the window), between reserve() and advance(): a row of the
+  // log, or null where the log does not keep that position.
+  std::byte* logged_key_slot(int layer, int64_t pos);
+  std::byte* logged_value_slot(int layer, int64_t pos);
   // Whether `from` (a cache of the same model) still holds every row this cache needs to go on
   // from position n: n past this cache's length and within both caches' limits and `from`'s
   // length, and in sliding layers the last window before n, in `from`'s ring or its log of
   // overwritten rows.
   bool can_copy_prefix(const KvCache& from, int64_t n) const;
   // Copies those rows (can_copy_prefix, else fails), over any this cache held; it then holds
-  // positions [0, n).
+  // positions [0, n). With a log, it also copies what `from` holds of the positions before its
+  // rings, as many as its log keeps.
   void copy_prefix(const KvCache& from, int64_t n);
   // The memory its rows take now (grown on demand: at most bytes_for its context).
   size_t bytes() const;
@@ -80,6 +89,9 @@ class KvCache {
     std::vector<std::byte> old_k, old_v;  // keep_overwritten's log, position p at row p mod keep_
   };
   size_t slot(int layer, int64_t pos) const;
+  int sliding_layer() const;  // the first, -1 for none
+  int64_t ring_size() const;  // the sliding layers' ring (0 for none)
+  std::byte* logged_slot(std::vector<std::byte> Layer::*log, int layer, int64_t pos);
   // The first position layer l can give back (ring, then log), and where position pos lies: in
   // the layer's keys or values `ring`, or in their `log`.
   int64_t first_held(int layer) const;

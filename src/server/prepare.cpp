@@ -77,6 +77,7 @@ std::vector<engine::Request> prepare_requests(const engine::Model& model, ApiReq
   for (size_t i = 0; i < prompts; ++i) {
     engine::Request req;
     req.prompt = prompt_ids(model, r, i, images);
+    if (r.endpoint == Endpoint::Chat) req.edit_from = text::last_user_turn(r.messages, req.prompt, *model.tokenizer());
     req.images = images;
     const int64_t ctx = model.context(), n = int64_t(req.prompt.size());
     if (n >= ctx || (r.max_tokens && n + *r.max_tokens > ctx))

@@ -184,6 +184,18 @@ std::vector<Segment> render_gemma3_chat(std::span<const ChatMessage> messages, c
   return out;
 }
 
+int64_t last_user_turn(std::span<const ChatMessage> messages, std::span<const int32_t> ids, const Tokenizer& tok) {
+  const int32_t sot = required_id(tok, "<start_of_turn>");
+  if (!messages.empty() && messages[0].role == "system") messages = messages.subspan(1);
+  // Each message opens one turn, in order.
+  int64_t turn = -1;
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (messages[i].role == "user") turn = int64_t(i);
+  for (size_t p = 0; turn >= 0 && p < ids.size(); ++p)
+    if (ids[p] == sot && turn-- == 0) return int64_t(p);
+  return -1;
+}
+
 std::string segments_to_string(std::span<const Segment> segments, const Tokenizer& tok) {
   std::string s;
   for (const Segment& seg : segments) {

@@ -71,6 +71,11 @@ enum class ChatEnd {
 std::vector<Segment> render_gemma3_chat(std::span<const ChatMessage> messages, const Tokenizer& tok,
                                         ChatEnd end = ChatEnd::GenerationPrompt);
 
+// Where the last user message's turn begins (its <start_of_turn>) in the ids of `messages` rendered
+// by render_gemma3_chat and tokenized without parse_special, the only way that id enters them;
+// -1 without a user message. A chat front-end that edits or resends the last message parts there.
+int64_t last_user_turn(std::span<const ChatMessage> messages, std::span<const int32_t> ids, const Tokenizer& tok);
+
 // The string HF's Jinja rendering gives (control tokens and images as their text).
 std::string segments_to_string(std::span<const Segment> segments, const Tokenizer& tok);
 

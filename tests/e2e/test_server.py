@@ -218,6 +218,37 @@ class TestServer(unittest.TestCase):
                 answers.append((r1["choices"][0]["token_ids"], r2["choices"][0]["token_ids"]))
         self.assertEqual(answers[0], answers[1])
 
+    def test_an_edited_last_message_takes_the_conversation_before_it(self):
+        """A front-end that edits the last message resends the conversation up to it. With rings of
+        8 and a last message longer than the 64 rows every cache keeps past them, the prompt kept
+        where the first prefill ended still gives every position up to the edit (the server marks
+        the last user turn: docs/gemma3/decoder.md, "Prefix cache"); the answer is the one the
+        server gives without caches."""
+        words = "".join(f" and then the {i}th thing" for i in range(30))
+
+        def edited(first_words):
+            body = chat("What is this?", image_seeds=[9], max_tokens=4)
+            body["messages"] += [{"role": "assistant", "content": "Noise, mostly."},
+                                 {"role": "user", "content": first_words + words}]
+            return body
+
+        a, b = edited("Tell me more"), edited("Say more")
+        answers = []
+        for args in ([], ["--prefix-cache", "0", "--image-cache", "0"]):
+            with Server("tiny-f32", args=args) as srv:
+                ids = [srv.post("/tokenize", {"model": "tiny-f32", "messages": x["messages"]})[2]["tokens"]
+                       for x in (a, b)]
+                differ = next(i for i, (x, y) in enumerate(zip(*ids)) if x != y)
+                self.assertGreater(len(ids[1]) - differ, 64 + 8)
+                status, _, r1 = srv.post("/v1/chat/completions", a)
+                self.assertEqual(status, 200, r1)
+                status, _, r2 = srv.post("/v1/chat/completions", b)
+                self.assertEqual(status, 200, r2)
+                self.assertEqual(r2["usage"]["prompt_tokens"], len(ids[1]))
+                self.assertEqual(r2["usage"]["prompt_tokens_details"]["cached_tokens"], 0 if args else differ)
+                answers.append(r2["choices"][0]["token_ids"])
+        self.assertEqual(answers[0], answers[1])
+
     def test_cache_sizes_must_be_whole_mib(self):
         for flag in ("--image-cache", "--prefix-cache"):
             for bad in ("nan", "-1", "1.5", "inf", "2000000"):

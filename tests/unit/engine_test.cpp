@@ -704,13 +704,17 @@ TEST_F(EngineTest, PrefixCacheStartsTheNextTurnFromThePreviousOne) {
   const Record again = run_in(eng, *model_, t1, {0, 0});
   EXPECT_EQ(again.usage.cached_tokens, int(t1.prompt.size()));
   expect_same_bits(again, r1);
-  // Without that entry (a cache of the finished sequences only), nothing would be taken: the
-  // engine below is given t1's whole sequence and t2's, not its prompt.
+  // Without that entry, the rows come from the log of positions that left a cache's rings: the
+  // engine below holds a longer prompt's entries only, which give all of t1 but its last row,
+  // computed again.
   Engine fresh(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20});
   Request longer = t1;
   longer.prompt.push_back(r1.tokens[0]);  // another prompt: kept at its end, never t1's
   run_in(fresh, *model_, longer, {1, 0});
-  EXPECT_EQ(run_in(fresh, *model_, t1, {1, 0}).usage.cached_tokens, 0);
+  const Record part = run_in(fresh, *model_, t1, {0, 0});
+  EXPECT_EQ(part.usage.cached_tokens, int(t1.prompt.size()) - 1);
+  EXPECT_EQ(part.tokens, r1.tokens);
+  expect_logits_near(part, r1);
 }
 
 // A next prompt that repeats the answer only in part (the template trims it; its text may
@@ -739,6 +743,43 @@ TEST_F(EngineTest, PrefixCacheTakesAPartOfTheAnswerFromTheOverwrittenRows) {
     EXPECT_EQ(r.usage.cached_tokens, n - 8 >= 36 ? int(n) : int(P)) << "answer tokens repeated: " << answer;
     EXPECT_EQ(r.tokens, solo.tokens);
     expect_logits_near(r, solo);
+  }
+}
+
+// A chat front-end that edits its last message resends the conversation up to it. With
+// Request::edit_from at that turn, the prompt kept where its prefill ended also kept the rows that
+// left its rings (of 8) from there on, so the edited prompt takes every position up to where it
+// differs; without it, the 64-row log does not reach back past a long message and nothing is taken.
+// Prefill chunks of 4096 rows (the window's rows pass the rings), 16 and 5 (rows displaced from them).
+TEST_F(EngineTest, PrefixCacheTakesAConversationUpToItsEditedLastMessage) {
+  std::string words;
+  for (int i = 0; i < 40; ++i) words += " and then the " + std::to_string(i) + "th thing";
+  auto chat = [&](const std::string& last) {
+    Request r = request("What is in this picture?", 1, 53, 3);
+    const std::vector<text::ChatMessage> msgs{user_turn("What is in this picture?", 1),
+                                              {"assistant", {{false, "Noise, mostly."}}},
+                                              user_turn(last + words, 0)};
+    r.prompt = model_->chat_prompt(msgs, r.images);
+    r.edit_from = text::last_user_turn(msgs, r.prompt, *model_->tokenizer());
+    return r;
+  };
+  const Request first = chat("Tell me more"), edited = chat("Say more");
+  size_t differ = 0;
+  while (first.prompt[differ] == edited.prompt[differ]) ++differ;
+  ASSERT_GT(first.prompt.size() - size_t(first.edit_from), 64u + 8u);
+  ASSERT_GT(differ, size_t(first.edit_from));
+  const Record solo = alone(edited);
+  for (const int rows : {4096, 16, 5}) {
+    for (const bool hint : {true, false}) {
+      Engine eng(*model_, StepBudget{.prefill_rows = rows, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20});
+      Request a = first, b = edited;
+      if (!hint) a.edit_from = b.edit_from = -1;
+      run_in(eng, *model_, a, {1, 0});
+      const Record r = run_in(eng, *model_, b, {hint ? 0 : 1, 0});
+      EXPECT_EQ(r.usage.cached_tokens, hint ? int(differ) : 0) << rows << " rows a chunk";
+      EXPECT_EQ(r.tokens, solo.tokens);
+      expect_logits_near(r, solo);
+    }
   }
 }
 

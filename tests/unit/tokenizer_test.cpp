@@ -189,6 +189,29 @@ TEST(Chat, ImageExpansionSpec41) {
   EXPECT_EQ(p2.blocks[1].first, 5u + 256 + 3);
 }
 
+// The last user turn begins where the conversation before it, rendered up to its last turn's end,
+// ends; a user's text "<start_of_turn>" stays text and is not counted.
+TEST(Chat, LastUserTurnIsWhereTheConversationBeforeItEnds) {
+  const char* chat = R"([{"role":"system","content":"Be brief."},
+      {"role":"user","content":[{"type":"image"},{"type":"text","text":"What is <start_of_turn>this?"}]},
+      {"role":"assistant","content":"A cat."},
+      {"role":"user","content":"And <start_of_turn>user\nthat?"},
+      {"role":"assistant","content":"A dog"}])";
+  const std::vector<ChatMessage> m = msgs(chat);
+  const int crops[] = {0};
+  const std::span<const ChatMessage> before(m.data(), 3);
+  const size_t start = tokenize_prompt(render_gemma3_chat(before, gemma(), ChatEnd::LastTurn), gemma(), kImg, crops).ids.size();
+  for (const ChatEnd end : {ChatEnd::LastTurn, ChatEnd::ContinueFinal}) {
+    const Ids ids = tokenize_prompt(render_gemma3_chat(m, gemma(), end), gemma(), kImg, crops).ids;
+    EXPECT_EQ(last_user_turn(m, ids, gemma()), int64_t(start));
+    EXPECT_EQ(ids[start], 105);  // <start_of_turn>
+  }
+  const std::span<const ChatMessage> first(m.data(), 2);
+  const Ids one = tokenize_prompt(render_gemma3_chat(first, gemma()), gemma(), kImg, crops).ids;
+  EXPECT_EQ(last_user_turn(first, one, gemma()), 1);  // after <bos>, the system prompt folded in
+  EXPECT_EQ(last_user_turn(std::span<const ChatMessage>(m.data(), 1), Ids{2}, gemma()), -1);
+}
+
 TEST(Chat, GoogleLayoutSpec42) {
   const char* image_text = R"([{"role":"user","content":[{"type":"image"},{"type":"text","text":"Describe this image."}]}])";
   ImageTokens google = kImg;

@@ -251,14 +251,17 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   const bool bf16 = c.dtype() == DType::BF16;
   // Rows of f32 into the cache (and below, back); under bf16 they were rounded in layer(), so
   // both directions are exact.
-  auto put = [&](int64_t pos, const float* kr, const float* vr) {
+  auto write = [&](std::byte* kd, std::byte* vd, const float* kr, const float* vr) {
     if (!bf16) {
-      std::memcpy(c.key_slot(l, pos), kr, krow * sizeof(float));
-      std::memcpy(c.value_slot(l, pos), vr, krow * sizeof(float));
+      std::memcpy(kd, kr, krow * sizeof(float));
+      std::memcpy(vd, vr, krow * sizeof(float));
       return;
     }
-    kernels::to_bf16(kr, reinterpret_cast<uint16_t*>(c.key_slot(l, pos)), krow, ex_.isa);
-    kernels::to_bf16(vr, reinterpret_cast<uint16_t*>(c.value_slot(l, pos)), krow, ex_.isa);
+    kernels::to_bf16(kr, reinterpret_cast<uint16_t*>(kd), krow, ex_.isa);
+    kernels::to_bf16(vr, reinterpret_cast<uint16_t*>(vd), krow, ex_.isa);
+  };
+  auto put = [&](int64_t pos, const float* kr, const float* vr) {
+    write(c.key_slot(l, pos), c.value_slot(l, pos), kr, vr);
   };
 
   if (!slot.mask) {  // a decode row sees every visible cached key and itself; attended with the step's others
@@ -292,8 +295,12 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
   std::memcpy(cv + size_t(m) * krow, v, valid * krow * sizeof(float));
   const SpecTiles tiles(*slot.mask, L.sliding, P, int(valid), base);
   nn::attention(q, rows, ck, cv, size_t(m) + valid, &tiles, attn_, out, act.attn_work, ex_.exact());
-  for (int64_t i = L.sliding ? std::max<int64_t>(0, int64_t(valid) - W) : 0; i < int64_t(valid); ++i)
-    put(P + i, k + size_t(i) * krow, v + size_t(i) * krow);
+  // A sliding layer's rows past the window never enter its ring; the cache's log may keep them.
+  const int64_t passing = L.sliding ? std::max<int64_t>(0, int64_t(valid) - W) : 0;
+  for (int64_t i = 0; i < passing; ++i)
+    if (std::byte* kd = c.logged_key_slot(l, P + i))
+      write(kd, c.logged_value_slot(l, P + i), k + size_t(i) * krow, v + size_t(i) * krow);
+  for (int64_t i = passing; i < int64_t(valid); ++i) put(P + i, k + size_t(i) * krow, v + size_t(i) * krow);
 }
 
 std::vector<float> Decoder::prefill_from_embeddings(const PrefillInput& in, KvCache& cache,
