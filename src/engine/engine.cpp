@@ -568,6 +568,7 @@ void logprobs_of(std::span<const float> logits, int32_t id, int k, TokenEvent& e
   for (float x : logits) sum += std::exp(double(x) - double(mx));
   const double lse = double(mx) + std::log(sum);
   ev.logprob = float(double(logits[size_t(id)]) - lse);
+  ev.rank = 1 + int(std::count_if(logits.begin(), logits.end(), [&](float x) { return x > logits[size_t(id)]; }));
   std::vector<int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
   const size_t n = std::min(idx.size(), size_t(k));

@@ -90,6 +90,7 @@ struct TokenEvent {
   int32_t id = -1;
   std::string text;   // this token's own text (streaming detokenizer; empty without a tokenizer)
   float logprob = 0;  // log-softmax of the raw logits (Request::top_logprobs >= 0)
+  int rank = 0;       // 1 + the ids whose raw logit is larger (vLLM's rank)
   std::vector<std::pair<int32_t, float>> top;  // the top_logprobs most likely ids, best first
 };
 
@@ -179,8 +180,8 @@ void validate_request(const Model& model, const Request& req);
 // (67 MB for Gemma 3's vocabulary) instead of one.
 constexpr size_t kPromptLogprobRows = 64;
 
-// The log-softmax of `logits` (raw, in double) at `id` into ev.logprob, and the `k` most likely
-// ids, best first (ties: the lower id), into ev.top.
+// The log-softmax of `logits` (raw, in double) at `id` into ev.logprob, its rank into ev.rank,
+// and the `k` most likely ids, best first (ties: the lower id), into ev.top.
 void logprobs_of(std::span<const float> logits, int32_t id, int k, TokenEvent& ev);
 
 // The positions that leave the sliding layers' rings which a request's cache keeps beside them

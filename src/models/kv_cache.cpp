@@ -140,7 +140,6 @@ bool KvCache::can_copy_prefix(const KvCache& from, int64_t n) const {
 void KvCache::copy_prefix(const KvCache& from, int64_t n) {
   if (!can_copy_prefix(from, n)) fail("KV cache: cannot take {} positions from a cache of {}", n, from.length_);
   length_ = 0;  // every row it needs is copied, over what it held
-  log_lo_ = log_hi_ = 0;
   reserve(n);
   // With a log, the rows before the rings come too, as far as it keeps them and `from` holds them.
   const int64_t W = ring_size(), ring = n - std::min(W, n);

@@ -335,6 +335,8 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     st->stream = ar.stream;
     st->include_usage = ar.include_usage;
     st->logprobs = ar.top_logprobs >= 0;
+    st->top_logprobs = ar.top_logprobs;
+    st->prompt_logprobs = ar.prompt_logprobs;
     st->echo = ar.echo;
     st->token_ids = ar.return_token_ids;
     st->tool_answer = ar.tool_answer;

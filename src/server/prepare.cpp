@@ -110,8 +110,9 @@ std::vector<engine::Request> prepare_requests(const engine::Model& model, ApiReq
     req.min_tokens = r.min_tokens;
     req.include_stop_string = r.include_stop_str_in_output;
     req.top_logprobs = r.top_logprobs;
-    // Completions with echo and logprobs score the prompt too (OpenAI's legacy API).
-    if (r.endpoint == Endpoint::Completion && r.echo) req.prompt_logprobs = r.top_logprobs;
+    // Completions with echo and logprobs score the prompt too (OpenAI's legacy API), as does vLLM's
+    // prompt_logprobs; the engine gives the larger number of alternatives asked.
+    req.prompt_logprobs = std::max(r.endpoint == Endpoint::Completion && r.echo ? r.top_logprobs : -1, r.prompt_logprobs);
     try {
       engine::validate_request(model, req);
     } catch (const Error& e) {

@@ -617,6 +617,11 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
     refuse(400, fmt::format("'min_tokens' ({}) must not exceed '{}' ({})", r.min_tokens, max_key, *r.max_tokens),
            "min_tokens");
   r.include_stop_str_in_output = boolean(body, "include_stop_str_in_output").value_or(false);
+  if (auto k = integer(body, "prompt_logprobs", 0, 20)) {
+    // vLLM: a stream has no place for them (0 asks for none there).
+    if (r.stream && *k > 0) refuse(400, "'prompt_logprobs' are not available when 'stream' is true", "prompt_logprobs");
+    if (!r.stream) r.prompt_logprobs = int(*k);
+  }
 
   if (endpoint == Endpoint::Chat) {
     const bool lp = boolean(body, "logprobs").value_or(false);

@@ -99,6 +99,9 @@ struct ApiRequest {
   std::vector<std::string> stop;
   int top_logprobs = -1;                        // -1 = no logprobs; chat: top_logprobs, completions: logprobs
   bool echo = false;                            // completions: prompt text before the answer
+  // vLLM's prompt_logprobs: each prompt token's logprob and rank with this many alternatives, in a
+  // whole (not streamed) response; -1: none.
+  int prompt_logprobs = -1;
   bool return_token_ids = false;                // vLLM's extension: each choice's token_ids
   bool ignore_eos = false;                      // vLLM's extension: only max_tokens and stop strings end it
   // vLLM's extensions: ids that end the answer besides eos, no stop before min_tokens tokens, the

@@ -109,9 +109,16 @@ bool ResponseWriter::write_body(httplib::DataSink& sink) {
     body = response_json(r, *responses, r.incomplete ? "incomplete" : "completed");
   } else {
     std::vector<ChoiceOut> whole;
-    for (size_t i = 0; i < choices.size(); ++i) whole.push_back(whole_out(i));
-    body = endpoint == Endpoint::Chat ? chat_response(meta, whole, logprobs, usage())
-                                      : completion_response(meta, whole, logprobs, usage());
+    std::vector<Json> prompt;  // read before whole_out, whose echo takes the prompt's tokens
+    for (size_t i = 0; i < choices.size(); ++i) {
+      if (prompt_logprobs >= 0) prompt.push_back(prompt_logprobs_out(i));
+      whole.push_back(whole_out(i));
+    }
+    const bool chat = endpoint == Endpoint::Chat;
+    body = chat ? chat_response(meta, whole, logprobs, usage()) : completion_response(meta, whole, logprobs, usage());
+    // vLLM's places: a chat's once (its choices share the prompt), each completion choice's own.
+    if (!prompt.empty() && chat) body["prompt_logprobs"] = prompt.front();
+    for (size_t i = 0; i < prompt.size() && !chat; ++i) body["choices"][i]["prompt_logprobs"] = prompt[i];
   }
   if (!send(sink, dump(body))) return false;
   sink.done();
@@ -129,6 +136,20 @@ TokenOut ResponseWriter::token_out(const engine::TokenEvent& e, std::string text
   return t;
 }
 
+Json ResponseWriter::prompt_logprobs_out(size_t i) const {
+  auto entry = [&](int32_t id, float logprob, int rank) {
+    return json{{"logprob", logprob}, {"rank", rank}, {"decoded_token", piece(id)}};
+  };
+  json out = json::array({nullptr});
+  for (const engine::TokenEvent& e : choices[i].out.prompt_tokens) {
+    json at = {{std::to_string(e.id), entry(e.id, e.logprob, e.rank)}};  // the prompt's token first
+    for (size_t r = 0; r < std::min(e.top.size(), size_t(prompt_logprobs)); ++r)
+      if (e.top[r].first != e.id) at[std::to_string(e.top[r].first)] = entry(e.top[r].first, e.top[r].second, int(r) + 1);
+    out.push_back(std::move(at));
+  }
+  return out;
+}
+
 ChoiceOut ResponseWriter::echo_out(size_t i) {
   Choice& c = choices[i];
   ChoiceOut o;
@@ -140,7 +161,11 @@ ChoiceOut ResponseWriter::echo_out(size_t i) {
     TokenOut first{c.first_id, c.prompt.rfind(p, 0) == 0 ? p : "", p, 0.f, {}};
     first.unscored = true;
     o.tokens.push_back(std::move(first));
-    for (const auto& e : c.out.prompt_tokens) o.tokens.push_back(token_out(e, piece(e.id)));
+    for (const auto& e : c.out.prompt_tokens) {
+      TokenOut t = token_out(e, piece(e.id));
+      t.top.resize(std::min(t.top.size(), size_t(std::max(top_logprobs, 0))));  // prompt_logprobs may ask more
+      o.tokens.push_back(std::move(t));
+    }
   }
   c.out.prompt_tokens.clear();
   return o;

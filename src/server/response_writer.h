@@ -43,6 +43,8 @@ class ResponseWriter {
   ResponseMeta meta;
   Endpoint endpoint = Endpoint::Chat;
   bool stream = false, include_usage = false, logprobs = false, echo = false, token_ids = false;
+  int top_logprobs = -1;     // alternatives a token's logprobs carry (-1: no logprobs)
+  int prompt_logprobs = -1;  // vLLM's prompt_logprobs: alternatives a prompt token's carry (-1: none)
   bool tool_answer = false;  // the text is tools.h's JSON, read as calls or content as it is written
   std::optional<Json> responses;  // POST /v1/responses: the request's settings the Response repeats
   bool anthropic = false;         // POST /v1/messages
@@ -67,6 +69,9 @@ class ResponseWriter {
   TokenOut token_out(const engine::TokenEvent& e, std::string text) const;
   // Choice i's prompt as echoed: its text and, with logprobs, its tokens (the first unscored).
   ChoiceOut echo_out(size_t i);
+  // vLLM's prompt_logprobs of choice i: null for the first token, then each token's
+  // {id: {logprob, rank, decoded_token}} with the prompt_logprobs most likely after it.
+  Json prompt_logprobs_out(size_t i) const;
   // Choice i's output so far as the client sees it (its text, tokens and ids are then cleared).
   ChoiceOut take_out(size_t i, std::string finish = {});
   // Streamed with tools: choice i's new text read as the answer's JSON (ToolAnswerReader), the

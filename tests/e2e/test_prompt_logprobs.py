@@ -22,7 +22,7 @@ class TestPromptLogprobs(SharedServer):
     def forced(self, ids, p, k):
         """The logprob and top-k of ids[p] when generated after ids[:p]."""
         r = self.post("/v1/completions", {"prompt": ids[:p], "max_tokens": 1, "logprobs": k, "temperature": 0,
-                                          "logit_bias": {str(ids[p]): 100}, "return_token_ids": True})
+                                          "logit_bias": {str(ids[p]): 100}, "return_token_ids": True, "ignore_eos": True})
         c = r["choices"][0]
         self.assertEqual(c["token_ids"], [ids[p]])
         return c["logprobs"]["token_logprobs"][0], c["logprobs"]["top_logprobs"][0]
@@ -89,6 +89,69 @@ class TestPromptLogprobs(SharedServer):
         self.assertIn("262150", r["error"]["message"])
         code, _, r = self.srv.post("/v1/completions", {"prompt": [2, 262150], "max_tokens": 1})
         self.assertEqual(code, 200, r)  # without echo nothing asks for its logprob
+
+    def check_prompt_logprobs(self, ids, got, k, positions):
+        """vLLM's prompt_logprobs against each token forced after the tokens before it: the prompt's
+        token first with its logprob, then the k most likely with ranks 1..k (skipped where it is one
+        of them), and its rank over k where it is not."""
+        self.assertEqual(len(got), len(ids))
+        self.assertIsNone(got[0])
+        for p in positions:
+            want_lp, want_top = self.forced(ids, p, k)
+            entries = list(got[p].items())
+            self.assertEqual(entries[0][0], str(ids[p]))
+            mine = entries[0][1]
+            self.assertAlmostEqual(mine["logprob"], want_lp, delta=TOL, msg=f"position {p}")
+            ranked = sorted(got[p].values(), key=lambda e: e["rank"])[:k]
+            self.assertEqual([e["rank"] for e in ranked], list(range(1, k + 1)), f"position {p}")
+            self.assertEqual([e["decoded_token"] for e in ranked], list(want_top), f"position {p}")
+            for e, lp in zip(ranked, want_top.values()):
+                self.assertAlmostEqual(e["logprob"], lp, delta=TOL)
+            self.assertEqual(len(got[p]), k + (mine["rank"] > k), f"position {p}")
+            if mine["rank"] > k:
+                self.assertLess(mine["logprob"], ranked[-1]["logprob"] + TOL)
+
+    def test_vllm_prompt_logprobs(self):
+        """vLLM's `prompt_logprobs`: on completions each choice's, on chat the response's (its
+        choices share the prompt); each answer token fed back as prompt is its row's best (rank 1)."""
+        text = "The quick brown fox jumps over the lazy dog"
+        ids = self.post("/tokenize", {"prompt": text})["tokens"]
+        answer = self.post("/v1/completions", {"prompt": ids, "max_tokens": 3, "temperature": 0,
+                                               "return_token_ids": True})["choices"][0]["token_ids"]
+        ids += answer
+        r = self.post("/v1/completions", {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 3, "temperature": 0})
+        got = r["choices"][0]["prompt_logprobs"]
+        self.check_prompt_logprobs(ids, got, 3, range(1, len(ids)))
+        self.assertEqual([got[p][str(ids[p])]["rank"] for p in range(len(ids) - 3, len(ids))], [1, 1, 1])
+        self.assertIsNone(r["choices"][0]["logprobs"])
+
+        # Chat: the rendered conversation's tokens, once for two choices.
+        messages = [{"role": "user", "content": "Name a colour."}]
+        chat_ids = self.post("/tokenize", {"messages": messages})["tokens"]
+        c = self.post("/v1/chat/completions", {"messages": messages, "max_tokens": 2, "n": 2, "prompt_logprobs": 2})
+        self.assertEqual(len(c["choices"]), 2)
+        self.assertNotIn("prompt_logprobs", c["choices"][0])
+        self.check_prompt_logprobs(chat_ids, c["prompt_logprobs"], 2, range(1, len(chat_ids)))
+
+        # With echo and logprobs 1: the echoed tokens keep one alternative, prompt_logprobs its 4.
+        e = self.post("/v1/completions", {"prompt": text, "echo": True, "logprobs": 1, "prompt_logprobs": 4,
+                                          "max_tokens": 1, "temperature": 0})["choices"][0]
+        self.assertEqual({len(t) for t in e["logprobs"]["top_logprobs"][1:]}, {1})
+        self.check_prompt_logprobs(ids[:len(ids) - 3], e["prompt_logprobs"], 4, [1, 5])
+
+    def test_vllm_prompt_logprobs_refused(self):
+        for body, why in [({"prompt_logprobs": 1, "stream": True}, "stream"), ({"prompt_logprobs": 21}, "20"),
+                          ({"prompt_logprobs": -1}, "0"), ({"prompt_logprobs": "2"}, "integer")]:
+            for path, base in [("/v1/completions", {"prompt": "Hi"}),
+                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})]:
+                code, _, r = self.srv.post(path, dict(base, max_tokens=1, **body))
+                self.assertEqual(code, 400, (path, body, r))
+                self.assertEqual(r["error"]["param"], "prompt_logprobs")
+                self.assertIn(why, r["error"]["message"])
+        # vLLM takes 0 with a stream (nothing to send).
+        status, events = self.srv.events("/v1/completions", {"prompt": "Hi", "max_tokens": 1, "stream": True,
+                                                             "prompt_logprobs": 0})
+        self.assertEqual(status, 200)
 
     def test_lm_eval_loglikelihood_requests(self):
         """lm-eval's local-completions: token-id prompts in a batch, echo, logprobs 1, max_tokens 1;

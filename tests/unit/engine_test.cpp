@@ -432,6 +432,15 @@ TEST_F(EngineTest, LogprobsAreLogSoftmaxOfTheRawRow) {
     EXPECT_EQ(events[t].top[0].first, events[t].id);  // greedy picks the most likely
     EXPECT_GE(events[t].top[0].second, events[t].top[1].second);
     EXPECT_GE(events[t].top[1].second, events[t].top[2].second);
+    EXPECT_EQ(events[t].rank, 1);
+  }
+  // A rank is one more than the ids with a larger logit (ties share it).
+  const std::vector<float> row = {1.f, 3.f, 3.f, 0.f, 2.f};
+  const int want[] = {4, 1, 1, 5, 3};
+  for (int32_t id = 0; id < 5; ++id) {
+    TokenEvent e;
+    logprobs_of(row, id, 2, e);
+    EXPECT_EQ(e.rank, want[id]) << "id " << id;
   }
 }
 
