@@ -679,16 +679,8 @@ json bytes_of(const std::string& s) {
   return b;
 }
 
-// chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}], "refusal": null}
-json chat_logprobs(const std::vector<TokenOut>& tokens) {
-  json content = json::array();
-  for (const TokenOut& t : tokens) {
-    json top = json::array();
-    for (const auto& [piece, lp] : t.top) top.push_back({{"token", piece}, {"logprob", lp}, {"bytes", bytes_of(piece)}});
-    content.push_back({{"token", t.piece}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}, {"top_logprobs", top}});
-  }
-  return {{"content", content}, {"refusal", nullptr}};
-}
+// chat: {"content": [...], "refusal": null}
+json chat_logprobs(const std::vector<TokenOut>& tokens) { return {{"content", logprob_list(tokens)}, {"refusal", nullptr}}; }
 
 // completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{piece: lp}], "text_offset"}
 json legacy_logprobs(const std::vector<TokenOut>& tokens, size_t offset) {
@@ -706,6 +698,16 @@ json legacy_logprobs(const std::vector<TokenOut>& tokens, size_t offset) {
 }
 
 }  // namespace
+
+Json logprob_list(const std::vector<TokenOut>& tokens) {
+  json out = json::array();
+  for (const TokenOut& t : tokens) {
+    json top = json::array();
+    for (const auto& [piece, lp] : t.top) top.push_back({{"token", piece}, {"logprob", lp}, {"bytes", bytes_of(piece)}});
+    out.push_back({{"token", t.piece}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}, {"top_logprobs", top}});
+  }
+  return out;
+}
 
 namespace {
 

@@ -193,6 +193,9 @@ struct ChoiceOut {
 };
 
 Json usage_json(const UsageOut& u);
+// OpenAI's token logprobs, [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]: a
+// chat choice's logprobs.content, a Responses output_text's logprobs.
+Json logprob_list(const std::vector<TokenOut>& tokens);
 // Non-streamed bodies: every choice whole, with its tokens (logprobs) and finish reason.
 Json chat_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, bool logprobs, const UsageOut& u);
 Json completion_response(const ResponseMeta& m, const std::vector<ChoiceOut>& choices, bool logprobs,

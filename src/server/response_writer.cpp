@@ -265,8 +265,8 @@ std::optional<bool> ResponseWriter::poll_events(httplib::DataSink& sink, bool& d
 
 ResponseOut ResponseWriter::response_out() {
   ChoiceOut c = finished_out(0);
-  return {meta.id, meta.created, meta.model, std::move(c.text), std::move(c.tool_calls), c.finish == "length",
-          usage()};
+  return {meta.id,           meta.created,           meta.model,          std::move(c.text),
+          std::move(c.tokens), std::move(c.tool_calls), c.finish == "length", usage()};
 }
 
 bool ResponseWriter::write_responses(httplib::DataSink& sink) {
@@ -290,7 +290,7 @@ bool ResponseWriter::write_responses(httplib::DataSink& sink) {
   };
   if (!started_) {
     started_ = true;
-    ResponseOut r{meta.id, meta.created, meta.model, {}, {}, false, {}};
+    ResponseOut r{meta.id, meta.created, meta.model, {}, {}, {}, false, {}};
     std::string head = event({{"response", response_json(r, *responses, "in_progress")}}, "response.created", events_);
     head += event({{"response", response_json(r, *responses, "in_progress")}}, "response.in_progress", events_);
     if (!tool_answer) head += open_message();
@@ -313,16 +313,22 @@ bool ResponseWriter::write_responses(httplib::DataSink& sink) {
                    "response.function_call_arguments.delta", events_);
   }
   const std::string& text = d.text;
+  // Tokens whose text is still held back (part of a character) go with the next delta.
+  held_.insert(held_.end(), std::make_move_iterator(d.tokens.begin()), std::make_move_iterator(d.tokens.end()));
   if (!text.empty()) {
     if (!message_open_) out += open_message();
     said_ += text;
     out += event({{"item_id", item}, {"output_index", 0}, {"content_index", 0}, {"delta", text},
-                  {"logprobs", Json::array()}},
+                  {"logprobs", logprob_list(held_)}},
                  "response.output_text.delta", events_);
+    said_tokens_.insert(said_tokens_.end(), std::make_move_iterator(held_.begin()), std::make_move_iterator(held_.end()));
+    held_.clear();
   }
   if (done) {
     ResponseOut r = response_out();
     r.text = said_;
+    r.tokens = std::move(said_tokens_);
+    r.tokens.insert(r.tokens.end(), held_.begin(), held_.end());
     const Json items = output_items(r);
     if (r.calls.empty() && !message_open_) out += open_message();
     for (size_t k = calls_done_; k < items.size(); ++k) {
@@ -333,7 +339,7 @@ bool ResponseWriter::write_responses(httplib::DataSink& sink) {
       }
       const Json& text_part = it["content"][0];
       out += event({{"item_id", item}, {"output_index", k}, {"content_index", 0}, {"text", text_part["text"]},
-                    {"logprobs", Json::array()}},
+                    {"logprobs", text_part["logprobs"]}},
                    "response.output_text.done", events_);
       out += event({{"item_id", item}, {"output_index", k}, {"content_index", 0}, {"part", text_part}},
                    "response.content_part.done", events_);

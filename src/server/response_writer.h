@@ -60,6 +60,7 @@ class ResponseWriter {
   bool started_ = false;
   int events_ = 0;  // the Responses stream's events so far
   std::string said_;  // streamed (responses, messages): the text its deltas carried
+  std::vector<TokenOut> said_tokens_, held_;  // streamed responses, logprobs: the tokens of that text, and those after
   bool message_open_ = false;  // streamed (responses, messages): the text's item or block went out
   size_t calls_done_ = 0;      // streamed (responses, messages): the calls' items or blocks closed
 

@@ -8,6 +8,8 @@ namespace vlm::server {
 
 namespace {
 
+constexpr const char* kLogprobsOutput = "message.output_text.logprobs";  // include: the text's logprobs
+
 using json = Json;
 
 // A content list of an input message as chat parts: input_text and output_text as text,
@@ -124,10 +126,15 @@ void refuse_unsupported(const json& body) {
            "previous_response_id");
   if (const json* b = field(body, "background"); b && *b != false)
     refuse(400, "'background' responses are not supported", "background");
-  for (const char* key : {"conversation", "prompt", "max_tool_calls", "top_logprobs"})
+  for (const char* key : {"conversation", "prompt", "max_tool_calls"})
     if (field(body, key)) refuse(400, fmt::format("'{}' is not supported", key), key);
-  if (const json* inc = field(body, "include"); inc && !(inc->is_array() && inc->empty()))
-    refuse(400, "'include' is not supported (no reasoning, search or file outputs here)", "include");
+  if (const json* inc = field(body, "include"); inc && !inc->is_null()) {
+    if (!inc->is_array()) wrong_type("include", "an array", *inc);
+    for (size_t i = 0; i < inc->size(); ++i)
+      if ((*inc)[i] != kLogprobsOutput)
+        refuse(400, fmt::format("'include' may name only \"{}\" (no reasoning, search or file outputs here)", kLogprobsOutput),
+               fmt::format("include[{}]", i));
+  }
   if (const json* r = field(body, "reasoning"); r && r->is_object())
     for (const auto& [key, value] : r->items())
       if (!value.is_null()) refuse(400, "'reasoning' is not supported: this model does not reason", "reasoning");
@@ -148,6 +155,13 @@ ResponsesRequest parse_responses(const json& body, const ImagePolicy& images) {
                           "parallel_tool_calls"})
     if (const json* v = field(body, key)) chat[key] = *v;
   if (const json* v = field(body, "max_output_tokens")) chat["max_completion_tokens"] = *v;
+  // The message's logprobs: asked for by include, or by top_logprobs alone.
+  const json* inc = field(body, "include");
+  const json* top = field(body, "top_logprobs");
+  if ((inc && inc->is_array() && !inc->empty()) || (top && !top->is_null())) {
+    chat["logprobs"] = true;
+    if (top) chat["top_logprobs"] = *top;
+  }
   if (const json* tools = field(body, "tools"))
     chat["tools"] = chat_tools(*tools, "function", false, [](const json& t) {
       json fn = t;
@@ -203,6 +217,7 @@ ResponsesRequest parse_responses(const json& body, const ImagePolicy& images) {
             {"text", {{"format", format}}},
             {"tool_choice", field(body, "tool_choice") ? *field(body, "tool_choice") : json("auto")},
             {"tools", field(body, "tools") ? *field(body, "tools") : json::array()},
+            {"top_logprobs", or_null("top_logprobs")},
             {"top_p", or_null("top_p")},
             {"truncation", "disabled"},
             {"user", or_null("user")}};
@@ -232,7 +247,7 @@ Json output_items(const ResponseOut& r) {
                      {"status", r.incomplete ? "incomplete" : "completed"},
                      {"role", "assistant"},
                      {"content", json::array({{{"type", "output_text"}, {"text", r.text}, {"annotations", json::array()},
-                                               {"logprobs", json::array()}}})}});
+                                               {"logprobs", logprob_list(r.tokens)}}})}});
   return items;
 }
 

@@ -32,6 +32,7 @@ struct ResponseOut {
   int64_t created = 0;
   std::string model;
   std::string text;            // the message's text, when there are no calls
+  std::vector<TokenOut> tokens;  // with logprobs: the message's tokens
   std::vector<ToolCall> calls;
   bool incomplete = false;     // max_output_tokens ended it
   UsageOut usage;

@@ -91,6 +91,41 @@ class TestResponses(SharedServer):
         self.assertEqual([dict(o, id=None) for o in last["output"]], [dict(o, id=None) for o in whole["output"]])
         self.assertEqual(last["output"][0]["id"], "msg_" + last["id"][len("resp_"):])
 
+    def test_logprobs_are_the_chat_answers(self):
+        """`include: ["message.output_text.logprobs"]` with `top_logprobs`: the output_text's logprobs
+        are the chat completion's logprobs.content for the same request; streamed, the deltas' logprobs
+        add up to them, and output_text.done and the last event's Response carry them whole."""
+        req = {"model": "tiny-f32", "input": "Tell me about lakes", "max_output_tokens": 8, "temperature": 0,
+               "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+        want = self.chat({"model": "tiny-f32", "max_tokens": 8, "temperature": 0, "logprobs": True, "top_logprobs": 2,
+                          "messages": [{"role": "user", "content": "Tell me about lakes"}]})
+        want_lp = want["choices"][0]["logprobs"]["content"]
+        self.assertEqual(len(want_lp), 8)
+
+        def same(got):
+            self.assertEqual([t["token"] for t in got], [t["token"] for t in want_lp])
+            for g, w in zip(got, want_lp):
+                self.assertEqual(g["bytes"], w["bytes"])
+                self.assertAlmostEqual(g["logprob"], w["logprob"], delta=1e-6)
+                self.assertEqual([t["token"] for t in g["top_logprobs"]], [t["token"] for t in w["top_logprobs"]])
+
+        r = self.one({"op": "response", "params": req})["response"]
+        self.assertEqual(r["top_logprobs"], 2)
+        same(r["output"][0]["content"][0]["logprobs"])
+        res = self.one({"op": "response_stream", "params": req})
+        deltas = [e for e in res["chunks"] if e["type"] == "response.output_text.delta"]
+        same([t for e in deltas for t in e["logprobs"]])
+        done = next(e for e in res["chunks"] if e["type"] == "response.output_text.done")
+        same(done["logprobs"])
+        same(res["chunks"][-1]["response"]["output"][0]["content"][0]["logprobs"])  # the helper's final keeps none
+        # top_logprobs alone asks for them too; neither: none.
+        alone = self.one({"op": "response", "params": dict(req, include=[], top_logprobs=0)})["response"]
+        self.assertEqual([t["token"] for t in alone["output"][0]["content"][0]["logprobs"]], [t["token"] for t in want_lp])
+        self.assertEqual({len(t["top_logprobs"]) for t in alone["output"][0]["content"][0]["logprobs"]}, {0})
+        plain = dict(req)
+        del plain["include"], plain["top_logprobs"]
+        self.assertEqual(self.one({"op": "response", "params": plain})["response"]["output"][0]["content"][0]["logprobs"], [])
+
     def test_function_tools_and_a_second_turn(self):
         req = {"model": "tiny-f32", "input": "Weather in Rome?", "tools": [WEATHER], "tool_choice": "required",
                "parallel_tool_calls": False, "max_output_tokens": 200, "temperature": 1.0, "seed": 2}
@@ -142,7 +177,9 @@ class TestResponses(SharedServer):
         cases = [
             ("stored responses", dict(base, previous_response_id="resp_1"), "previous_response_id"),
             ("background", dict(base, background=True), "background"),
-            ("include", dict(base, include=["reasoning.encrypted_content"]), "include"),
+            ("include", dict(base, include=["message.output_text.logprobs", "reasoning.encrypted_content"]),
+             "include[1]"),
+            ("top_logprobs", dict(base, top_logprobs=21), "top_logprobs"),
             ("reasoning", dict(base, reasoning={"effort": "high"}), "reasoning"),
             ("truncation auto", dict(base, truncation="auto"), "truncation"),
             ("no input", {"model": "tiny-f32"}, "input"),
