@@ -88,8 +88,11 @@ int cmd_run(int argc, char** argv) {
   if (u.cached_tokens > 0) std::fprintf(stderr, "[prompt cache: reusing %s]\n", cache_file.c_str());
   std::printf("\n");
   std::fflush(stdout);
+  std::string finish(finish_name(seq->finish_reason()));
+  if (const auto* s = std::get_if<std::string>(&seq->stop_reason()))  // which --stop ended it
+    finish += " at " + nlohmann::json(*s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::fprintf(stderr, "[%d prompt tokens, %d generated, finish: %s]\n", u.prompt_tokens, u.completion_tokens,
-               std::string(finish_name(seq->finish_reason())).c_str());
+               finish.c_str());
   return seq->finish_reason() == engine::FinishReason::Cancelled ? 130 : 0;
 }
 

@@ -47,6 +47,19 @@ class TestRun(unittest.TestCase):
             self.skipTest(f"vlm detokenize unavailable: {want.stderr.strip()}")
         self.assertEqual(text.rstrip("\n"), want.stdout.rstrip("\n"))
 
+    def test_the_stop_string_that_ended_it_is_named(self):
+        m = self.model("tiny-text-f32")
+        run = [BIN, "run", "--model", m, "--prompt", "Hi", "--max-tokens", "12", "--temperature", "0"]
+        full = subprocess.run(run, check=True, capture_output=True, text=True, timeout=300)
+        self.assertIn("finish: length]", full.stderr)
+        text = full.stdout.rstrip("\n")
+        stop = text[3:5]
+        self.assertEqual(len(stop), 2, text)
+        cut = subprocess.run(run + ["--stop", "never seen", "--stop", stop], check=True, capture_output=True,
+                             text=True, timeout=300)
+        self.assertEqual(cut.stdout.rstrip("\n"), text[:text.find(stop)])
+        self.assertIn(f"finish: stop at {json.dumps(stop, ensure_ascii=False)}]", cut.stderr)
+
     def test_ctrl_c_stops_cleanly(self):
         p = subprocess.Popen([BIN, "run", "--model", self.model("tiny-text-f32"), "--prompt", "Hi",
                               "--max-tokens", "1000", "--ids", "--threads", "1"],
