@@ -1,7 +1,8 @@
 """The chat page (GET /) in a real browser: headless Chromium (Debian's `chromium`, driven by npm
 `puppeteer-core`) loads it from `vlm serve`, asks a text question and an image question (file
-picker), stops a third answer mid-stream (the server counts it cancelled), and writes a screenshot
-(build/chat_page.png, or $VLM_SCREENSHOT)."""
+picker), regenerates the image answer and edits the image question (the server takes the
+conversation before each from its caches), stops a third answer mid-stream (the server counts it
+cancelled), and writes a screenshot (build/chat_page.png, or $VLM_SCREENSHOT)."""
 import json
 import os
 import shutil
@@ -36,6 +37,21 @@ class TestChatPage(unittest.TestCase):
             self.assertEqual([a["state"] for a in r["answers"]], ["done", "done", "stopped"])
             self.assertTrue(r["answers"][0]["text"] and r["answers"][1]["text"])
             self.assertEqual(r["user_images"], 1)
+            # Regenerate: the same conversation again, every prompt token from the prompt kept
+            # where its prefill ended; the answer replaces the last one.
+            self.assertEqual(r["regenerate"]["messages"], [2, 2])
+            tokens = r["regenerate"]["tokens"]
+            self.assertGreater(tokens["prompt"], 0)
+            self.assertEqual(tokens["cached"], tokens["prompt"])
+            # Edit: the question (text and image) back in the composer, its answer gone; sent again
+            # changed, the conversation before the changed text is taken, the image included.
+            self.assertEqual(r["edit"]["input"], "What is in this picture?")
+            self.assertEqual((r["edit"]["thumbs"], r["edit"]["messages"]), (1, [1, 1]))
+            self.assertEqual((r["edit"]["after"], r["edit"]["user_images"]), ([2, 2], 1))
+            tokens = r["edit"]["tokens"]
+            self.assertGreater(tokens["cached"], 16)  # past the image's 16 soft tokens
+            self.assertLess(tokens["cached"], tokens["prompt"])
+            self.assertEqual(r["edited"]["state"], "done")
             self.assertRegex(r["stats"], r"^\d+ tokens · [\d.]+ tokens/s$")  # from the usage chunk
             self.assertIn("tokens/s", r["stats_stopped"])
             m = srv.metrics()

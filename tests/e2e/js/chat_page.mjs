@@ -1,6 +1,7 @@
 // Drives the chat page (GET /) of a running `vlm serve` in headless Chromium (Debian's
 // `chromium`, through npm `puppeteer-core`): a text question, an image question (file picker),
-// and a third answer stopped mid-stream; writes a screenshot.
+// the image answer regenerated, the image question edited, and a third answer stopped
+// mid-stream; writes a screenshot.
 // Usage: node chat_page.mjs BASE_URL IMAGE_PNG SCREENSHOT_PNG > result.json
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -50,6 +51,30 @@ try {
   result.answers.push(await answer(2, "done"));
   result.user_images = await page.$$eval(".msg.user img", (imgs) => imgs.length);
   result.stats = await page.$eval("#stats", (e) => e.textContent);
+
+  // Regenerate the image answer, then edit the image question: the server's counters of prompt
+  // tokens and of those taken from its caches, around each.
+  const counters = async () => {
+    const text = await (await fetch(base + "/metrics")).text();
+    const value = (name) => Number(text.match(new RegExp("^" + name + "(?:\\{[^}]*\\})? (\\S+)$", "m"))[1]);
+    return { prompt: value("vlm:prompt_tokens_total"), cached: value("vlm:prompt_tokens_cached_total") };
+  };
+  const delta = (a, b) => ({ prompt: b.prompt - a.prompt, cached: b.cached - a.cached });
+  const count = () => page.evaluate(() => [".msg.user", ".msg.assistant"].map((s) => document.querySelectorAll(s).length));
+  let before = await counters();
+  await page.click("#regen");
+  result.regenerated = await answer(2, "done");
+  result.regenerate = { tokens: delta(before, await counters()), messages: await count() };
+  before = await counters();
+  await page.click("#edit");
+  result.edit = { input: await page.$eval("#input", (e) => e.value), thumbs: await page.$$eval("#thumbs img", (i) => i.length),
+                  messages: await count() };
+  await page.$eval("#input", (e) => (e.value = ""));
+  await page.type("#input", "What colour is this picture?");
+  await page.click("#send");
+  result.edited = await answer(2, "done");
+  Object.assign(result.edit, { tokens: delta(before, await counters()), after: await count(),
+                               user_images: await page.$$eval(".msg.user img", (imgs) => imgs.length) });
 
   await page.$eval("#max-tokens", (e) => (e.value = ""));  // until the model stops: long enough to stop it
   await page.type("#input", "Tell me a very long story.");
