@@ -128,7 +128,7 @@ void refuse_unsupported(const json& body) {
     refuse(400, "'background' responses are not supported", "background");
   for (const char* key : {"conversation", "prompt", "max_tool_calls"})
     if (field(body, key)) refuse(400, fmt::format("'{}' is not supported", key), key);
-  if (const json* inc = field(body, "include"); inc && !inc->is_null()) {
+  if (const json* inc = field(body, "include")) {
     if (!inc->is_array()) wrong_type("include", "an array", *inc);
     for (size_t i = 0; i < inc->size(); ++i)
       if ((*inc)[i] != kLogprobsOutput)
@@ -158,7 +158,7 @@ ResponsesRequest parse_responses(const json& body, const ImagePolicy& images) {
   // The message's logprobs: asked for by include, or by top_logprobs alone.
   const json* inc = field(body, "include");
   const json* top = field(body, "top_logprobs");
-  if ((inc && inc->is_array() && !inc->empty()) || (top && !top->is_null())) {
+  if ((inc && !inc->empty()) || top) {  // include was checked above
     chat["logprobs"] = true;
     if (top) chat["top_logprobs"] = *top;
   }
