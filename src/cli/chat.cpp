@@ -1,8 +1,8 @@
 // `vlm chat`: a conversation on the terminal, as llama.cpp's llama-cli and llama-mtmd-cli
 // interactive modes. Each input line is a user turn (a line ending in '\' goes on to the next);
-// "/image FILE" attaches an image to the next turn, "/clear" starts over, "/exit" or the end of
-// input quits. The answer streams to stdout, one line after it; Ctrl-C stops an answer (what was
-// said stays in the conversation). Each turn is the whole conversation through the chat template,
+// "/image FILE" attaches an image to the next turn, "/regen" answers the last message again (with
+// the next seed), "/clear" starts over, "/exit" or the end of input quits. The answer streams to
+// stdout, one line after it; Ctrl-C stops an answer (what was said stays in the conversation). Each turn is the whole conversation through the chat template,
 // as `vlm run --messages` would take it, run by one engine whose prefix and image caches hold the
 // turns before: only what is new is prefilled, no image is encoded twice
 // (docs/gemma3/decoder.md, "Prefix cache").
@@ -26,7 +26,8 @@ namespace vlm::cli {
 namespace {
 
 constexpr const char* kHelp =
-    "commands: /image FILE (attach an image to your next message), /clear (start over), /exit\n";
+    "commands: /image FILE (attach an image to your next message), /regen (answer the last message again),\n"
+    "          /clear (start over), /exit\n";
 
 // One line of input, or several joined where a line ends in '\'; false at the end of input.
 bool read_message(std::string& out, bool tty) {
@@ -85,6 +86,46 @@ int cmd_chat(int argc, char** argv) {
     if (!system.empty()) messages.push_back({"system", {{false, system}}});
   };
   clear();
+  // Answers the conversation so far (its last message a user's) with `seed_offset` added to the
+  // seed; false, with a message, when it cannot be answered (nothing changed then).
+  int regenerations = 0;  // of the last message: /regen's seeds
+  auto answer = [&](int seed_offset) {
+    engine::Request req;
+    try {
+      req.prompt = model->chat_prompt(messages, images);
+      const int64_t room = model->context() - int64_t(req.prompt.size());
+      if (room <= 0) fail("the conversation ({} tokens) fills the context of {}; /clear starts over", req.prompt.size(),
+                          model->context());
+      req.max_tokens = int(max_tokens > 0 ? std::min<int64_t>(max_tokens, room) : room);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return false;
+    }
+    req.images = images;
+    req.sampling = sp;  // each turn as `vlm run --messages` with the same flags would answer it
+    req.sampling.seed += uint64_t(seed_offset);
+
+    std::string text;
+    engine::Callbacks cb;
+    cb.on_text = [&text](std::string_view t) {
+      text += t;
+      std::fwrite(t.data(), 1, t.size(), stdout);
+      std::fflush(stdout);
+    };
+    auto seq = std::make_shared<engine::Sequence>(*model, std::move(req), std::move(cb));
+    const auto t0 = std::chrono::steady_clock::now();
+    run_to_end(eng, seq);
+    std::printf("\n");
+    std::fflush(stdout);
+    if (seq->finish_reason() == engine::FinishReason::Error) fail("{}", seq->error());
+    messages.push_back({"assistant", {{false, text}}});
+    const engine::Usage& u = seq->usage();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "[%d prompt tokens, %d of them reused, %d generated in %.2f s, finish: %s]\n",
+                 u.prompt_tokens, u.cached_tokens, u.completion_tokens, s,
+                 std::string(finish_name(seq->finish_reason())).c_str());
+    return true;
+  };
   const bool tty = isatty(0);
   if (tty) std::fprintf(stderr, "%s", kHelp);
   std::string line;
@@ -108,6 +149,16 @@ int cmd_chat(int argc, char** argv) {
       }
       continue;
     }
+    if (line == "/regen") {
+      if (messages.empty() || messages.back().role != "assistant") {
+        std::fprintf(stderr, "[no answer to regenerate]\n");
+        continue;
+      }
+      const text::ChatMessage last = messages.back();
+      messages.pop_back();
+      if (!answer(++regenerations)) messages.push_back(last);
+      continue;
+    }
     if (line[0] == '/') {
       std::fprintf(stderr, "unknown command '%s'; %s", line.c_str(), kHelp);
       continue;
@@ -118,42 +169,13 @@ int cmd_chat(int argc, char** argv) {
     user.content.push_back({false, line});
     messages.push_back(std::move(user));
     images.insert(images.end(), pending.begin(), pending.end());
-    engine::Request req;
-    try {
-      req.prompt = model->chat_prompt(messages, images);
-      const int64_t room = model->context() - int64_t(req.prompt.size());
-      if (room <= 0) fail("the conversation ({} tokens) fills the context of {}; /clear starts over", req.prompt.size(),
-                          model->context());
-      req.max_tokens = int(max_tokens > 0 ? std::min<int64_t>(max_tokens, room) : room);
-    } catch (const Error& e) {
-      std::fprintf(stderr, "error: %s\n", e.what());
+    regenerations = 0;
+    if (!answer(0)) {
       images.resize(images.size() - pending.size());
       messages.pop_back();
       continue;
     }
     pending.clear();
-    req.images = images;
-    req.sampling = sp;  // each turn as `vlm run --messages` with the same flags would answer it
-
-    std::string answer;
-    engine::Callbacks cb;
-    cb.on_text = [&answer](std::string_view t) {
-      answer += t;
-      std::fwrite(t.data(), 1, t.size(), stdout);
-      std::fflush(stdout);
-    };
-    auto seq = std::make_shared<engine::Sequence>(*model, std::move(req), std::move(cb));
-    const auto t0 = std::chrono::steady_clock::now();
-    run_to_end(eng, seq);
-    std::printf("\n");
-    std::fflush(stdout);
-    if (seq->finish_reason() == engine::FinishReason::Error) fail("{}", seq->error());
-    messages.push_back({"assistant", {{false, answer}}});
-    const engine::Usage& u = seq->usage();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "[%d prompt tokens, %d of them reused, %d generated in %.2f s, finish: %s]\n",
-                 u.prompt_tokens, u.cached_tokens, u.completion_tokens, s,
-                 std::string(finish_name(seq->finish_reason())).c_str());
   }
   return 0;
 }

@@ -71,6 +71,27 @@ class TestChat(unittest.TestCase):
             self.assertGreaterEqual(stats[2][1], stats[1][0])
             self.assertIn("[image 1: 40x30, with your next message]", p.stderr)
 
+    def test_regen_answers_the_last_message_again_with_the_next_seed(self):
+        """/regen: the last answer replaced by the answer of the same conversation with the next seed,
+        every prompt token from the prompt kept where its prefill ended; a new message's seed is
+        the given one again."""
+        flags = ["--max-tokens", "6", "--temperature", "1", "--seed", "11"]
+        p = chat("tiny-f32", "/regen\nHello\n/regen\n/regen\nNext?\n", *flags)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("[no answer to regenerate]", p.stderr)
+        stats = [tuple(map(int, m)) for m in STATS.findall(p.stderr)]
+        self.assertEqual(len(stats), 4, p.stderr)
+        self.assertEqual([s[1] for s in stats[1:3]], [stats[0][0]] * 2)  # the whole prompt reused
+        answers = p.stdout.split("\n")[:4]
+        self.assertNotEqual(answers[0], answers[1])
+        with tempfile.TemporaryDirectory() as d:
+            hello = [{"role": "user", "content": "Hello"}]
+            for k, seed in enumerate(["11", "12", "13"]):
+                want = run("tiny-f32", hello, [], *flags[:-1], seed, cwd=d)
+                self.assertEqual(answers[k], want[:-1], f"answer {k}")
+            nxt = hello + [{"role": "assistant", "content": answers[2]}, {"role": "user", "content": "Next?"}]
+            self.assertEqual(answers[3], run("tiny-f32", nxt, [], *flags, cwd=d)[:-1])
+
     def test_commands_and_mistakes_leave_the_conversation_going(self):
         script = "/image /no/such.png\n/bogus\nHello\n/clear\nHi \\\nthere\n/exit\nnot read\n"
         p = chat("tiny-f32", script, "--max-tokens", "3")
