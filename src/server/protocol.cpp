@@ -555,6 +555,18 @@ ApiRequest parse_request(const json& body, Endpoint endpoint, const ImagePolicy&
   if (auto b = integer(body, "best_of", 1, 128); b && *b != 1)
     refuse(400, "'best_of' other than 1 is not supported", "best_of");
   if (field(body, "functions")) refuse(400, "'functions' is not supported (send 'tools')", "functions");
+  // Outputs this model cannot give, refused rather than ignored (a prediction only speeds up an
+  // answer, so it is taken and changes nothing).
+  if (const json* m = field(body, "modalities")) {
+    if (!m->is_array()) wrong_type("modalities", "an array", *m);
+    for (const json& x : *m)
+      if (x != "text") refuse(400, "'modalities' may name only \"text\": this model answers in text", "modalities");
+  }
+  if (field(body, "audio")) refuse(400, "'audio' output is not supported: this model answers in text", "audio");
+  if (field(body, "web_search_options"))
+    refuse(400, "'web_search_options' is not supported: this server does not search the web", "web_search_options");
+  if (const json* e = field(body, "reasoning_effort"); e && *e != "none")
+    refuse(400, "'reasoning_effort' other than \"none\" is not supported: this model does not reason", "reasoning_effort");
   if (const json* rf = field(body, "response_format")) r.response_schema = response_format(*rf);
   std::optional<ToolUse> tools = parse_tools(body, endpoint);
   if (tools && r.response_schema)

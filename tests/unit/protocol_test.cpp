@@ -78,6 +78,27 @@ TEST(Protocol, PromptsAreStringsTokenIdsOrListsOfEither) {
   EXPECT_EQ(refusal(R"({"messages":[{"role":"user","content":"a"}],"n":200})", Endpoint::Chat).param, "n");
 }
 
+// Outputs the model cannot give are refused naming the field; their text-only settings and a
+// prediction (only a speed-up) are taken.
+TEST(Protocol, OutputsThisModelCannotGiveAreRefused) {
+  const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+  const std::pair<std::string, const char*> refused[] = {
+      {R"({"modalities":["text","audio"],)" + msgs + "}", "modalities"},
+      {R"({"modalities":"text",)" + msgs + "}", "modalities"},
+      {R"({"audio":{"voice":"alloy","format":"wav"},)" + msgs + "}", "audio"},
+      {R"({"web_search_options":{},)" + msgs + "}", "web_search_options"},
+      {R"({"reasoning_effort":"low",)" + msgs + "}", "reasoning_effort"},
+  };
+  for (const auto& [body, param] : refused) {
+    const ApiError e = refusal(body, Endpoint::Chat);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param, param) << body << "\n" << e.message;
+  }
+  for (const std::string extra : {R"("modalities":["text"])", R"("reasoning_effort":"none")", R"("audio":null)",
+                                  R"("prediction":{"type":"content","content":"hi there"})"})
+    EXPECT_NO_THROW(parse_request(parse_body("{" + extra + "," + msgs + "}"), Endpoint::Chat, {})) << extra;
+}
+
 TEST(Protocol, TokenizeTakesOneTextPrompt) {
   for (const char* body : {R"({"prompt":["a","b"]})", R"({"prompt":[2,3]})"}) {
     try {
