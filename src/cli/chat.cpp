@@ -2,10 +2,10 @@
 // interactive modes. Each input line is a user turn (a line ending in '\' goes on to the next);
 // "/image FILE" attaches an image to the next turn, "/regen" answers the last message again (with
 // the next seed), "/clear" starts over, "/exit" or the end of input quits. The answer streams to
-// stdout, one line after it; Ctrl-C stops an answer (what was said stays in the conversation). Each turn is the whole conversation through the chat template,
-// as `vlm run --messages` would take it, run by one engine whose prefix and image caches hold the
-// turns before: only what is new is prefilled, no image is encoded twice
-// (docs/gemma3/decoder.md, "Prefix cache").
+// stdout, one line after it; Ctrl-C stops an answer (what was said stays in the conversation).
+// Each turn is the whole conversation through the chat template, as `vlm run --messages` would
+// take it, run by one engine whose prefix and image caches hold the turns before: only what is
+// new is prefilled, no image is encoded twice (docs/gemma3/decoder.md, "Prefix cache").
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 

@@ -563,12 +563,16 @@ class SchemaFilter final : public TokenFilter {
 }  // namespace
 
 void logprobs_of(std::span<const float> logits, int32_t id, int k, TokenEvent& ev) {
-  const float mx = logits[size_t(argmax(logits))];
+  const float mx = logits[size_t(argmax(logits))], mine = logits[size_t(id)];
   double sum = 0;
-  for (float x : logits) sum += std::exp(double(x) - double(mx));
+  int above = 0;  // ids with a larger logit, counted in the same pass
+  for (float x : logits) {
+    sum += std::exp(double(x) - double(mx));
+    above += x > mine;
+  }
   const double lse = double(mx) + std::log(sum);
-  ev.logprob = float(double(logits[size_t(id)]) - lse);
-  ev.rank = 1 + int(std::count_if(logits.begin(), logits.end(), [&](float x) { return x > logits[size_t(id)]; }));
+  ev.logprob = float(double(mine) - lse);
+  ev.rank = 1 + above;
   std::vector<int32_t> idx(logits.size());
   std::iota(idx.begin(), idx.end(), 0);
   const size_t n = std::min(idx.size(), size_t(k));

@@ -151,10 +151,8 @@ void KvCache::copy_prefix(const KvCache& from, int64_t n) {
   const size_t row = row_bytes();
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& F = from.layers_[l];
-    Layer& L = layers_[l];
     const int64_t first = n - int64_t(visible(int(l), n));
-    const bool log = L.sliding && log_lo_ < log_hi_;
-    if (log && L.old_k.empty()) L.old_k.resize(size_t(keep_) * row), L.old_v.resize(size_t(keep_) * row);
+    const bool log = layers_[l].sliding && log_lo_ < log_hi_;  // its rows were allocated by reserve(n)
     for (int64_t p = log ? log_lo_ : first; p < n; ++p) {  // slot by slot: the rings' sizes may differ
       std::byte* k = p < first ? logged_key_slot(int(l), p) : key_slot(int(l), p);
       std::byte* v = p < first ? logged_value_slot(int(l), p) : value_slot(int(l), p);

@@ -334,7 +334,6 @@ void HttpServer::generate(const std::string& body, Endpoint ep, httplib::Respons
     st->n = ar.n;
     st->stream = ar.stream;
     st->include_usage = ar.include_usage;
-    st->logprobs = ar.top_logprobs >= 0;
     st->top_logprobs = ar.top_logprobs;
     st->prompt_logprobs = ar.prompt_logprobs;
     st->echo = ar.echo;

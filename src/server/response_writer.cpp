@@ -26,8 +26,8 @@ bool ResponseWriter::write_chat(httplib::DataSink& sink) {
   const bool chat = endpoint == Endpoint::Chat;
   auto write = [&](const std::string& s) { return send(sink, s); };
   auto chunk = [&](const ChoiceOut& c) {
-    return chat ? chat_delta_chunk(meta, c, logprobs, include_usage)
-                : completion_chunk(meta, c, logprobs, include_usage);
+    return chat ? chat_delta_chunk(meta, c, logprobs(), include_usage)
+                : completion_chunk(meta, c, logprobs(), include_usage);
   };
   // A finished choice's last chunks: what it still carries, then the finish on its own.
   auto last_chunks = [&](ChoiceOut fin) {
@@ -66,7 +66,7 @@ bool ResponseWriter::write_chat(httplib::DataSink& sink) {
     // the next chunk, or on the finish.
     if (tool_answer) {
       if (std::optional<ChoiceOut> d = tool_delta(i, finishing)) events += finishing ? last_chunks(*d) : sse(chunk(*d));
-    } else if (!c.out.text.empty() || (logprobs && !c.out.tokens.empty())) {
+    } else if (!c.out.text.empty() || (logprobs() && !c.out.tokens.empty())) {
       events += sse(chunk(take_out(i)));
     }
     if (finishing && !tool_answer) events += last_chunks(finished_out(i));
@@ -115,7 +115,7 @@ bool ResponseWriter::write_body(httplib::DataSink& sink) {
       whole.push_back(whole_out(i));
     }
     const bool chat = endpoint == Endpoint::Chat;
-    body = chat ? chat_response(meta, whole, logprobs, usage()) : completion_response(meta, whole, logprobs, usage());
+    body = chat ? chat_response(meta, whole, logprobs(), usage()) : completion_response(meta, whole, logprobs(), usage());
     // vLLM's places: a chat's once (its choices share the prompt), each completion choice's own.
     if (!prompt.empty() && chat) body["prompt_logprobs"] = prompt.front();
     for (size_t i = 0; i < prompt.size() && !chat; ++i) body["choices"][i]["prompt_logprobs"] = prompt[i];
@@ -178,7 +178,7 @@ ChoiceOut ResponseWriter::take_out(size_t i, std::string finish) {
   c.text = std::move(o.text);
   c.finish = std::move(finish);
   if (!c.finish.empty()) c.stop_reason = o.stop_reason;
-  if (logprobs)
+  if (logprobs())
     for (auto& e : o.tokens) c.tokens.push_back(token_out(e, e.text));
   if (token_ids && (!stream || !o.tokens.empty())) {  // vLLM's return_token_ids: the ids next to the text
     c.token_ids.emplace();

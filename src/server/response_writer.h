@@ -42,7 +42,7 @@ class ResponseWriter {
   std::shared_ptr<const engine::Model> model;  // keeps the tokenizer alive
   ResponseMeta meta;
   Endpoint endpoint = Endpoint::Chat;
-  bool stream = false, include_usage = false, logprobs = false, echo = false, token_ids = false;
+  bool stream = false, include_usage = false, echo = false, token_ids = false;
   int top_logprobs = -1;     // alternatives a token's logprobs carry (-1: no logprobs)
   int prompt_logprobs = -1;  // vLLM's prompt_logprobs: alternatives a prompt token's carry (-1: none)
   bool tool_answer = false;  // the text is tools.h's JSON, read as calls or content as it is written
@@ -60,10 +60,12 @@ class ResponseWriter {
   bool started_ = false;
   int events_ = 0;  // the Responses stream's events so far
   std::string said_;  // streamed (responses, messages): the text its deltas carried
-  std::vector<TokenOut> said_tokens_, held_;  // streamed responses, logprobs: the tokens of that text, and those after
+  // Streamed responses with logprobs: the tokens of said_, and those whose text is still held back.
+  std::vector<TokenOut> said_tokens_, held_;
   bool message_open_ = false;  // streamed (responses, messages): the text's item or block went out
   size_t calls_done_ = 0;      // streamed (responses, messages): the calls' items or blocks closed
 
+  bool logprobs() const { return top_logprobs >= 0; }
   bool write_chat(httplib::DataSink& sink);  // chat or completions chunks
   bool write_body(httplib::DataSink& sink);  // not streamed: once every choice finished
   std::string piece(int32_t id) const;

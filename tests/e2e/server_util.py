@@ -155,6 +155,12 @@ class SharedServer(unittest.TestCase):
     def tearDownClass(cls):
         cls.srv.stop()
 
+    def post_ok(self, path, body):
+        """The JSON answer of a POST, which must be a 200."""
+        code, _, r = self.srv.post(path, body)
+        self.assertEqual(code, 200, r)
+        return r
+
 
 def self_check_sse(headers, raw):
     assert headers.get("content-type") == "text/event-stream", headers

@@ -16,26 +16,21 @@ WRITTEN = f"<bos><start_of_turn>user\n{USER}<end_of_turn>\n<start_of_turn>model\
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
 class TestPrefill(SharedServer):
-    def post(self, path, body):
-        code, _, r = self.srv.post(path, body)
-        self.assertEqual(code, 200, r)
-        return r
-
     def messages(self, final=START):
         return [{"role": "user", "content": USER}, {"role": "assistant", "content": final}]
 
     def tokens(self, body):
-        return self.post("/tokenize", dict(body, model="tiny-f32", add_special_tokens=False))["tokens"]
+        return self.post_ok("/tokenize", dict(body, model="tiny-f32", add_special_tokens=False))["tokens"]
 
     def test_the_chat_answer_goes_on_from_the_final_message(self):
-        want = self.post("/v1/completions", {"model": "tiny-f32", "prompt": WRITTEN, "max_tokens": 10,
+        want = self.post_ok("/v1/completions", {"model": "tiny-f32", "prompt": WRITTEN, "max_tokens": 10,
                                              "temperature": 0, "ignore_eos": True, "return_token_ids": True})
-        written = self.post("/tokenize", {"model": "tiny-f32", "prompt": WRITTEN})["tokens"]
+        written = self.post_ok("/tokenize", {"model": "tiny-f32", "prompt": WRITTEN})["tokens"]
         body = {"model": "tiny-f32", "messages": self.messages(), "continue_final_message": True,
                 "add_generation_prompt": False, "max_tokens": 10, "temperature": 0, "ignore_eos": True,
                 "return_token_ids": True}
         self.assertEqual(self.tokens(body), written)
-        got = self.post("/v1/chat/completions", body)
+        got = self.post_ok("/v1/chat/completions", body)
         self.assertEqual(got["choices"][0]["message"]["content"], want["choices"][0]["text"])
         self.assertEqual(got["choices"][0]["token_ids"], want["choices"][0]["token_ids"])
         self.assertEqual(got["usage"]["prompt_tokens"], len(written))
@@ -52,7 +47,7 @@ class TestPrefill(SharedServer):
     def test_how_else_a_prompt_may_end(self):
         msgs = self.messages()
         closed = self.tokens({"messages": msgs})  # a final assistant turn closed, then the model's
-        end = self.post("/tokenize", {"prompt": "<end_of_turn>\n<start_of_turn>model\n",
+        end = self.post_ok("/tokenize", {"prompt": "<end_of_turn>\n<start_of_turn>model\n",
                                       "add_special_tokens": False})["tokens"]
         self.assertEqual(closed[-len(end):], end)
         last = self.tokens({"messages": msgs, "add_generation_prompt": False})
@@ -73,14 +68,14 @@ class TestPrefill(SharedServer):
                 self.assertEqual(r["error"]["param"], param, r)
 
     def test_anthropic_prefill(self):
-        want = self.post("/v1/completions", {"model": "tiny-f32", "prompt": WRITTEN, "max_tokens": 10,
+        want = self.post_ok("/v1/completions", {"model": "tiny-f32", "prompt": WRITTEN, "max_tokens": 10,
                                              "temperature": 0})["choices"][0]["text"]
         base = {"model": "tiny-f32", "max_tokens": 10, "temperature": 0}
-        m = self.post("/v1/messages", dict(base, messages=self.messages()))
+        m = self.post_ok("/v1/messages", dict(base, messages=self.messages()))
         self.assertEqual(m["content"], [{"type": "text", "text": want}])
         # An empty final assistant message is no prefill.
-        plain = self.post("/v1/messages", dict(base, messages=[{"role": "user", "content": USER}]))
-        self.assertEqual(self.post("/v1/messages", dict(base, messages=self.messages("")))["content"], plain["content"])
+        plain = self.post_ok("/v1/messages", dict(base, messages=[{"role": "user", "content": USER}]))
+        self.assertEqual(self.post_ok("/v1/messages", dict(base, messages=self.messages("")))["content"], plain["content"])
         code, _, r = self.srv.post("/v1/messages", dict(base, messages=self.messages(START + " ")))
         self.assertEqual(code, 400, r)
         self.assertEqual(r["error"]["type"], "invalid_request_error")

@@ -14,14 +14,9 @@ TOL = 2e-5  # a row computed in a 64-row chunk against the same row last in its 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
 class TestPromptLogprobs(SharedServer):
 
-    def post(self, path, body):
-        code, _, r = self.srv.post(path, body)
-        self.assertEqual(code, 200, r)
-        return r
-
     def forced(self, ids, p, k):
         """The logprob and top-k of ids[p] when generated after ids[:p]."""
-        r = self.post("/v1/completions", {"prompt": ids[:p], "max_tokens": 1, "logprobs": k, "temperature": 0,
+        r = self.post_ok("/v1/completions", {"prompt": ids[:p], "max_tokens": 1, "logprobs": k, "temperature": 0,
                                           "logit_bias": {str(ids[p]): 100}, "return_token_ids": True, "ignore_eos": True})
         c = r["choices"][0]
         self.assertEqual(c["token_ids"], [ids[p]])
@@ -38,8 +33,8 @@ class TestPromptLogprobs(SharedServer):
 
     def test_each_prompt_token_scores_as_if_generated(self):
         text = "The quick brown fox jumps over the lazy dog near the river bank"
-        ids = self.post("/tokenize", {"prompt": text})["tokens"]
-        r = self.post("/v1/completions", {"prompt": text, "echo": True, "logprobs": 3, "max_tokens": 2,
+        ids = self.post_ok("/tokenize", {"prompt": text})["tokens"]
+        r = self.post_ok("/v1/completions", {"prompt": text, "echo": True, "logprobs": 3, "max_tokens": 2,
                                           "temperature": 0})
         c = r["choices"][0]
         lp = c["logprobs"]
@@ -55,7 +50,7 @@ class TestPromptLogprobs(SharedServer):
         self.assertEqual(r["usage"]["completion_tokens"], 2)
 
         # Again: nothing is taken from the prefix cache (every row's logits are needed), same numbers.
-        again = self.post("/v1/completions", {"prompt": text, "echo": True, "logprobs": 3, "max_tokens": 2,
+        again = self.post_ok("/v1/completions", {"prompt": text, "echo": True, "logprobs": 3, "max_tokens": 2,
                                               "temperature": 0})
         self.assertEqual(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
         self.assertEqual(again["choices"][0]["logprobs"], lp)
@@ -73,9 +68,9 @@ class TestPromptLogprobs(SharedServer):
         self.assertEqual("".join(ch["text"] for ch in chunks), c["text"])
 
     def test_long_prompts_score_across_chunks(self):
-        ids = self.post("/tokenize", {"prompt": " ".join(f"word{i}" for i in range(60))})["tokens"]
+        ids = self.post_ok("/tokenize", {"prompt": " ".join(f"word{i}" for i in range(60))})["tokens"]
         self.assertGreater(len(ids), 150)
-        r = self.post("/v1/completions", {"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 0})
+        r = self.post_ok("/v1/completions", {"prompt": ids, "echo": True, "logprobs": 2, "max_tokens": 0})
         lp = r["choices"][0]["logprobs"]
         self.assertEqual(len(lp["token_logprobs"]), len(ids))
         self.assertEqual(r["usage"]["completion_tokens"], 0)
@@ -115,11 +110,11 @@ class TestPromptLogprobs(SharedServer):
         """vLLM's `prompt_logprobs`: on completions each choice's, on chat the response's (its
         choices share the prompt); each answer token fed back as prompt is its row's best (rank 1)."""
         text = "The quick brown fox jumps over the lazy dog"
-        ids = self.post("/tokenize", {"prompt": text})["tokens"]
-        answer = self.post("/v1/completions", {"prompt": ids, "max_tokens": 3, "temperature": 0,
+        ids = self.post_ok("/tokenize", {"prompt": text})["tokens"]
+        answer = self.post_ok("/v1/completions", {"prompt": ids, "max_tokens": 3, "temperature": 0,
                                                "return_token_ids": True})["choices"][0]["token_ids"]
         ids += answer
-        r = self.post("/v1/completions", {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 3, "temperature": 0})
+        r = self.post_ok("/v1/completions", {"prompt": ids, "max_tokens": 1, "prompt_logprobs": 3, "temperature": 0})
         got = r["choices"][0]["prompt_logprobs"]
         self.check_prompt_logprobs(ids, got, 3, range(1, len(ids)))
         self.assertEqual([got[p][str(ids[p])]["rank"] for p in range(len(ids) - 3, len(ids))], [1, 1, 1])
@@ -127,14 +122,14 @@ class TestPromptLogprobs(SharedServer):
 
         # Chat: the rendered conversation's tokens, once for two choices.
         messages = [{"role": "user", "content": "Name a colour."}]
-        chat_ids = self.post("/tokenize", {"messages": messages})["tokens"]
-        c = self.post("/v1/chat/completions", {"messages": messages, "max_tokens": 2, "n": 2, "prompt_logprobs": 2})
+        chat_ids = self.post_ok("/tokenize", {"messages": messages})["tokens"]
+        c = self.post_ok("/v1/chat/completions", {"messages": messages, "max_tokens": 2, "n": 2, "prompt_logprobs": 2})
         self.assertEqual(len(c["choices"]), 2)
         self.assertNotIn("prompt_logprobs", c["choices"][0])
         self.check_prompt_logprobs(chat_ids, c["prompt_logprobs"], 2, range(1, len(chat_ids)))
 
         # With echo and logprobs 1: the echoed tokens keep one alternative, prompt_logprobs its 4.
-        e = self.post("/v1/completions", {"prompt": text, "echo": True, "logprobs": 1, "prompt_logprobs": 4,
+        e = self.post_ok("/v1/completions", {"prompt": text, "echo": True, "logprobs": 1, "prompt_logprobs": 4,
                                           "max_tokens": 1, "temperature": 0})["choices"][0]
         self.assertEqual({len(t) for t in e["logprobs"]["top_logprobs"][1:]}, {1})
         self.check_prompt_logprobs(ids[:len(ids) - 3], e["prompt_logprobs"], 4, [1, 5])
@@ -156,11 +151,11 @@ class TestPromptLogprobs(SharedServer):
     def test_lm_eval_loglikelihood_requests(self):
         """lm-eval's local-completions: token-id prompts in a batch, echo, logprobs 1, max_tokens 1;
         it sums token_logprobs[ctxlen:-1] and compares each with its top_logprobs' best."""
-        context = self.post("/tokenize", {"prompt": "Question: what colour is the sky? Answer:"})["tokens"]
-        conts = [self.post("/tokenize", {"prompt": c, "add_special_tokens": False})["tokens"]
+        context = self.post_ok("/tokenize", {"prompt": "Question: what colour is the sky? Answer:"})["tokens"]
+        conts = [self.post_ok("/tokenize", {"prompt": c, "add_special_tokens": False})["tokens"]
                  for c in [" blue", " green", " the colour of the sea"]]
         prompts = [context + c for c in conts]
-        r = self.post("/v1/completions", {"prompt": prompts, "temperature": 0, "max_tokens": 1, "logprobs": 1,
+        r = self.post_ok("/v1/completions", {"prompt": prompts, "temperature": 0, "max_tokens": 1, "logprobs": 1,
                                           "seed": 1234, "echo": True})
         self.assertEqual([c["index"] for c in r["choices"]], [0, 1, 2])
         for choice, cont, ids in zip(r["choices"], conts, prompts):

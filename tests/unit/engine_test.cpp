@@ -793,9 +793,9 @@ TEST_F(EngineTest, PrefixCacheTakesAConversationUpToItsEditedLastMessage) {
 }
 
 // With rings that hold the whole conversation (sliding window 64): the same request takes every
-// row (its prompt kept where its prefill ended); another image at the same place stops the prefix before that image's block;
-// a request that keeps the first image and adds a second takes the first's rows and encodes only
-// the second, whose rows then land in their own block.
+// row (its prompt kept where its prefill ended); another image at the same place stops the prefix
+// before that image's block; a request that keeps the first image and adds a second takes the
+// first's rows and encodes only the second, whose rows then land in their own block.
 TEST_F(EngineTest, PrefixCacheTakesWholeImagesThatAgreeOnly) {
   const Model& m = *wide_;
   const int32_t image_id = m.config().image_token_id;
