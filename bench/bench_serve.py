@@ -9,11 +9,10 @@ unit of work between decode steps).
 import argparse
 import http.client
 import json
-import signal
 import threading
 import time
 
-from serve_util import png_data_uri, start
+from serve_util import png_data_uri, serving
 
 
 def stream(port, body, out):
@@ -44,9 +43,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=16)
     a = ap.parse_args()
-    p, port = start([a.bin, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
-                     "--max-seqs", "16"])
-    try:
+    with serving([a.bin, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
+                  "--max-seqs", "16"]) as port:
         text = {"messages": [{"role": "user", "content": "Write a story about a lighthouse."}],
                 "max_tokens": a.tokens, "temperature": 0, "ignore_eos": True}
         for n in (1, 4, 16):
@@ -81,9 +79,6 @@ def main():
         ti.join()
         print(f"text request sent while an image is encoded: time to first token {txt_out[0]['ttft']:.2f} s "
               f"(the image request's own first token: {img_out[0]['ttft']:.2f} s)")
-    finally:
-        p.send_signal(signal.SIGTERM)
-        p.wait(120)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import http.client
 import json
 import time
 
-from serve_util import png_data_uri, start
+from serve_util import png_data_uri, serving
 
 
 def model_id(port):
@@ -71,21 +71,13 @@ def main():
     runs = {}
     vlm = [a.vlm, "serve", "--model", a.model, "--mmproj", a.mmproj, "--threads", str(a.threads), "--port", "0"]
     for name, extra in [("vlm", []), ("vlm, no caches", ["--image-cache", "0", "--prefix-cache", "0"])]:
-        p, port = start(vlm + extra)
-        try:
+        with serving(vlm + extra) as port:
             runs[name] = chat(port, a.tokens)
-        finally:
-            p.terminate()
-            p.wait()
     if a.llama_server:
         cmd = [a.llama_server, "-m", a.model, "--mmproj", a.mmproj, "-t", str(a.threads), "-c", "4096",
                "--parallel", "1", "-fa", "off", "--port", str(a.port), "--host", "127.0.0.1"]
-        p, port = start(cmd)
-        try:
+        with serving(cmd) as port:
             runs["llama-server"] = chat(port, a.tokens)
-        finally:
-            p.terminate()
-            p.wait()
     print("time to first token, s:   turn 1   turn 2   turn 3")
     for name, t in runs.items():
         print(f"  {name:22s} " + "  ".join(f"{x:7.2f}" for x in t))

@@ -14,7 +14,7 @@ import argparse
 import json
 
 from chat_turns import turn
-from serve_util import start
+from serve_util import serving
 
 
 def words(n, seed):
@@ -35,14 +35,10 @@ def conversation(history, last, edit):
 
 
 def run(cmd, a):
-    p, port = start(cmd)
-    try:
+    with serving(cmd) as port:
         first, _ = turn(port, conversation(a.history, a.last, False), 2)
         edited, _ = turn(port, conversation(a.history, a.last, True), 2)
         return first, edited
-    finally:
-        p.terminate()
-        p.wait()
 
 
 def main():

@@ -1,6 +1,7 @@
 """What the server benchmarks share: starting a server and waiting until it serves, and a test
 image as a data URI."""
 import base64
+import contextlib
 import http.client
 import io
 import re
@@ -11,9 +12,11 @@ import time
 VLM_READY = r"listening on http://[\d.]+:(\d+)"
 
 
-def start(cmd, ready=VLM_READY):
-    """Starts a server (`vlm serve` or llama-server) whose stderr names its port in `ready`'s group;
-    returns (process, port) once GET /health answers 200 (both do once the model is loaded)."""
+@contextlib.contextmanager
+def serving(cmd, ready=VLM_READY):
+    """Runs a server (`vlm serve` or llama-server) whose stderr names its port in `ready`'s group;
+    gives its port once GET /health answers 200 (both do once the model is loaded), and stops it
+    (SIGTERM) at the end of the block."""
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     port = None
     for line in p.stderr:
@@ -24,15 +27,20 @@ def start(cmd, ready=VLM_READY):
     if port is None:
         raise SystemExit(f"{cmd[0]} did not start")
     threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()  # a full pipe would stall it
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return p, port
-        except OSError:
-            pass
-        time.sleep(0.2)
+    try:
+        while True:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        yield port
+    finally:
+        p.terminate()
+        p.wait(120)
 
 
 def png_data_uri(w, h):

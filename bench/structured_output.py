@@ -12,7 +12,7 @@ import json
 import statistics
 import time
 
-from serve_util import start
+from serve_util import serving
 
 SCHEMA = {"type": "object", "properties": {
     "caption": {"type": "string"}, "objects": {"type": "array", "items": {"type": "string"}},
@@ -54,9 +54,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
     a = ap.parse_args()
-    proc, port = start([a.vlm, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
-                        "--prefix-cache", "0"])
-    try:
+    with serving([a.vlm, "serve", "--model", a.model, "--port", "0", "--threads", str(a.threads),
+                  "--prefix-cache", "0"]) as port:
         times = {"free": [], "schema": []}
         for run in range(a.runs):
             for kind in ("free", "schema"):
@@ -71,9 +70,6 @@ def main():
         free, schema = statistics.median(times["free"]), statistics.median(times["schema"])
         print(f"median time a token: free {free * 1e3:.2f} ms, with a JSON Schema {schema * 1e3:.2f} ms; "
               f"ratio {schema / free:.3f}")
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@
 //            tokens/s over the steps where all of them decode, vs its limit: one weight read
 //            serves every sequence (the roofline × B) unless B rows' FLOPs at the peak take
 //            longer; and as a multiple of batch 1
+//   draft    (--draft K) the decode test again with drafts of up to K ids (engine::StepBudget::
+//            draft_tokens) → tokens/s as a multiple of decode's, the draft ids taken, and what a
+//            step that checks K ids costs against a plain step: drafts pay where the answer takes
+//            more than that ratio − 1 of them a step (a random checkpoint's answer repeats, so
+//            nearly all are taken here: the best case)
 //   image    (--image) one synthetic image through preprocessing, SigLIP and the projector
 //            → seconds vs the same peak as prefill (FLOPs from the tower's matrices and attention)
 //   start    Model::load, then the first token of a one-token prompt (page cache as found)
@@ -108,7 +113,7 @@ double pct(double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; }
 int cmd_bench(int argc, char** argv) {
   CLI::App app{"Measure prefill, decode, batched decode and image speed against this machine's limits"};
   std::string model_dir, mmproj, precision;
-  int threads = default_threads(), pp = 512, tg = 128, batch = 8, depth = 0;
+  int threads = default_threads(), pp = 512, tg = 128, batch = 8, depth = 0, draft = 0;
   bool image = false, json = false;
   app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
   app.add_option("--mmproj", mmproj, "GGUF models: the mmproj .gguf (default: the model folder's mmproj*.gguf)");
@@ -119,6 +124,8 @@ int cmd_bench(int argc, char** argv) {
       ->check(CLI::Range(0, 1 << 20));
   app.add_option("--batch", batch, "sequences of the batched decode test (their --tg/4 steps, at least 4)")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--draft", draft, "also time the decode test with drafts of up to this many ids")
+      ->check(CLI::Range(0, 64));
   app.add_flag("--image", image, "also time one image through the vision tower and projector");
   app.add_flag("--json", json, "print every figure as one JSON object on the last line");
   add_precision_option(app, precision);
@@ -332,6 +339,40 @@ int cmd_bench(int argc, char** argv) {
                   batch, batch_steps, batch_tok_s, batch_tok_s / tg_tok_s, pct(batch_tok_s, batch_limit),
                   batch_limit, batch_limit / roofline, batch_limit < batch_memory ? "compute" : "memory"));
 
+  // Decode with drafts: the same prompt and tokens (the answer does not change), timed per step.
+  double draft_tok_s = 0, draft_step_s = 0, plain_step_s = 0;
+  int drafted = 0, accepted = 0;
+  if (draft > 0) {
+    engine::Engine eng(m, engine::StepBudget{.draft_tokens = draft});
+    auto s = make_seq(m, prompt_ids(int(prompt), 3, m.vocab_limit()), tg + 1);
+    eng.add(s);
+    while (s->tokens().empty() && !eng.idle()) eng.step();
+    double total = 0, full = 0, plain = 0;
+    int n_full = 0, n_plain = 0;
+    const size_t before = s->tokens().size();
+    while (!eng.idle()) {
+      const auto t0 = Clock::now();
+      const engine::StepStats st = eng.step();
+      const double dt = seconds_since(t0);
+      total += dt;
+      drafted += st.drafted;
+      accepted += st.accepted;
+      if (st.drafted == draft) full += dt, ++n_full;
+      if (st.drafted == 0 && st.decode_rows == 1) plain += dt, ++n_plain;
+    }
+    if (s->finish_reason() == engine::FinishReason::Error) fail("decode with drafts: {}", s->error());
+    draft_tok_s = double(s->tokens().size() - before) / total;
+    draft_step_s = n_full ? full / n_full : 0;
+    // Plain steps from the decode test above where this run had too few.
+    plain_step_s = n_plain >= 4 ? plain / n_plain : tg_s / double(step_s.size());
+    say(fmt::format("decode with drafts of up to {} ids: {} tokens in {:.3f} s = {:.3f} tok/s = {:.2f}x decode; {} of {} "
+                    "draft ids taken; a step checking {} ids {:.1f} ms, a plain step {:.1f} ms ({:.2f}x: drafts pay "
+                    "from {:.2f} ids taken a step)",
+                    draft, s->tokens().size() - before, total, draft_tok_s, draft_tok_s / tg_tok_s, accepted,
+                    drafted, draft, draft_step_s * 1e3, plain_step_s * 1e3, draft_step_s / plain_step_s,
+                    draft_step_s / plain_step_s - 1));
+  }
+
   double image_s = 0, image_flops = 0;
   if (image) {
     const vision::VisionEncoder& enc = *m.vision();
@@ -386,6 +427,13 @@ int cmd_bench(int argc, char** argv) {
         {"batch_tok_s", batch_tok_s},
         {"batch_speedup", batch_tok_s / tg_tok_s},
         {"batch_limit_tok_s", batch_limit},
+        {"draft", draft},
+        {"draft_tok_s", draft > 0 ? nlohmann::json(draft_tok_s) : nlohmann::json(nullptr)},
+        {"draft_ids", drafted},
+        {"draft_ids_taken", accepted},
+        {"draft_step_s", draft > 0 ? nlohmann::json(draft_step_s) : nlohmann::json(nullptr)},
+        {"plain_step_s", draft > 0 ? nlohmann::json(plain_step_s) : nlohmann::json(nullptr)},
+
         {"image_s", image ? nlohmann::json(image_s) : nlohmann::json(nullptr)},
         {"image_gflops", image ? nlohmann::json(image_flops / image_s * 1e-9) : nlohmann::json(nullptr)},
         {"rss_bytes", rss},

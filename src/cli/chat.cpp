@@ -50,7 +50,7 @@ int cmd_chat(int argc, char** argv) {
   std::string model_dir, precision, system;
   ImageArgs ia;
   SamplingParams sp;
-  int threads = default_threads(), max_tokens = 0;
+  int threads = default_threads(), max_tokens = 0, draft = 0;
   int64_t context = 0;
   app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
   app.add_option("--system", system, "system prompt");
@@ -61,6 +61,7 @@ int cmd_chat(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
   add_precision_option(app, precision);
+  add_draft_option(app, draft);
   ia.add(app);  // --image files go with the first message
   CLI11_PARSE(app, argc, argv);
   validate(sp);
@@ -76,6 +77,8 @@ int cmd_chat(int argc, char** argv) {
   engine::StepBudget budget;
   budget.prefix_cache_bytes = size_t(1) << 30;
   budget.image_cache_bytes = size_t(256) << 20;
+  budget.draft_tokens = draft;
+
   engine::Engine eng(*model, budget);
 
   std::vector<text::ChatMessage> messages;

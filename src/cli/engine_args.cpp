@@ -63,6 +63,7 @@ void EngineArgs::add(CLI::App& app) {
                  "prompt that begins the same way (the next turn of a chat) starts from their rows and the same "
                  "prompt again (a regenerated answer) computes nothing; 0 for none")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+  add_draft_option(app, draft);
 }
 
 engine::ModelOptions EngineArgs::model_options() const {
@@ -84,6 +85,8 @@ server::SchedulerOptions EngineArgs::scheduler_options() const {
   s.budget.vision_layers = vision_layers;
   s.budget.image_cache_bytes = size_t(image_cache_mib) << 20;
   s.budget.prefix_cache_bytes = size_t(prefix_cache_mib) << 20;
+  s.budget.draft_tokens = draft;
+
   s.max_queue = max_queue;
   return s;
 }

@@ -29,8 +29,11 @@ struct EngineArgs {
   int max_images = 8;
   int64_t image_cache_mib = 256;    // projector rows of recent images kept for reuse (0: none)
   int64_t prefix_cache_mib = 1024;  // KV caches of finished requests and prompts kept for reuse (0: none)
+  int draft = 0;                    // draft ids per step and answer (0: none)
   // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
-  // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images, --image-cache, --prefix-cache.
+  // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images, --image-cache,
+  // --prefix-cache, --draft.
+
   void add(CLI::App& app);
   engine::ModelOptions model_options() const;
   server::SchedulerOptions scheduler_options() const;

@@ -40,7 +40,17 @@ inline std::optional<kernels::Precision> precision_of(const std::string& value) 
   return kernels::parse_precision(value, "--precision");
 }
 
+// --draft N (engine::StepBudget::draft_tokens) into `value`.
+inline void add_draft_option(CLI::App& app, int& value) {
+  app.add_option("--draft", value,
+                 "draft ids an answer checks per step at most, by prompt lookup: where its last 2-4 ids "
+                 "appeared before, the ids that followed them; the answer stays the same and takes fewer "
+                 "steps where text repeats (0 = off)")
+      ->check(CLI::Range(0, 64));
+}
+
 // The sampling flags of `vlm run` and `vlm chat`, into `sp` (its defaults: greedy).
+
 inline void add_sampling_options(CLI::App& app, SamplingParams& sp) {
   app.add_option("--temperature", sp.temperature, "0 = greedy");
   app.add_option("--top-k", sp.top_k, "0 = off");

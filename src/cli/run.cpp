@@ -26,6 +26,7 @@ int cmd_run(int argc, char** argv) {
   SamplingParams& sp = req.sampling;
   int threads = default_threads();
   int64_t context = 0;
+  int draft = 0;
   bool print_ids = false, json_object = false;
   std::string json_schema, json_schema_file;
   app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
@@ -44,6 +45,7 @@ int cmd_run(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), std::numeric_limits<int64_t>::max()));
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
   add_precision_option(app, precision);
+  add_draft_option(app, draft);
   ia.add(app);
   app.add_option("--prompt-cache", cache_file,
                  "file with this request's prefill (KV cache): reused when the model identity and the "
@@ -81,7 +83,8 @@ int cmd_run(int argc, char** argv) {
     };
   }
   auto seq = std::make_shared<engine::Sequence>(*model, std::move(req), std::move(cb));
-  engine::Engine eng(*model);
+  engine::Engine eng(*model, engine::StepBudget{.draft_tokens = draft});
+
   run_to_end(eng, seq);
   if (seq->finish_reason() == engine::FinishReason::Error) fail("{}", seq->error());
   const engine::Usage& u = seq->usage();

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "engine/draft.h"
 #include "engine/prompt_cache.h"
 
 namespace vlm::engine {
@@ -69,6 +70,7 @@ void Engine::finish(Sequence& s, FinishReason r) {
     if (!tail.empty()) s.cb_.on_text(tail);
   }
   s.finish_ = r;
+  if (r == FinishReason::Stop || r == FinishReason::Length) drop_draft(s);
   // A finished answer's rows serve the next turn of its chat (PrefixCache): its ids are the prompt
   // and the generated tokens already in the cache.
   if (budget_.prefix_cache_bytes > 0 && (r == FinishReason::Stop || r == FinishReason::Length) && s.cache_ &&
@@ -137,7 +139,7 @@ bool Engine::start(Sequence& s) {
     if (budget_.image_cache_bytes > 0 || budget_.prefix_cache_bytes > 0)
       for (const vision::RgbImage& im : req.images) s.image_keys_.push_back(image_key(im));
     s.cache_.emplace(model_.decoder().new_cache(kv_positions(model_, req)));  // never more than its reservation
-    if (!whole_prompt()) s.cache_->keep_overwritten(logged_rows(req, budget_.overwritten_rows()));
+    s.cache_->keep_overwritten(whole_prompt() ? budget_.draft_tokens : logged_rows(req, budget_.row_log()));
     if (restore_prompt(s)) return true;
     take_prefix(s);
     s.phase_.store(s.images_done_ == req.images.size() ? Phase::Prefill : Phase::Encoding, std::memory_order_release);
@@ -258,14 +260,14 @@ void Engine::admit(StepStats& st) {
     }
   std::erase_if(active_, [](const std::shared_ptr<Sequence>& s) { return s->phase() == Phase::Finished; });
   while (!queue_.empty() && (budget_.max_seqs == 0 || active_.size() < size_t(budget_.max_seqs))) {
-    const size_t need = kv_reservation(model_, queue_.front()->req_, budget_.overwritten_rows());
+    const size_t need = kv_reservation(model_, queue_.front()->req_, budget_.row_log());
     const bool never = budget_.kv_bytes > 0 && need > budget_.kv_bytes;
     if (!never && budget_.kv_bytes > 0 && kv_reserved_.load() + need > budget_.kv_bytes) break;  // waits in order
     std::shared_ptr<Sequence> s = std::move(queue_.front());
     queue_.pop_front();
     ++st.admitted;
     if (never) {
-      fail_request(*s, kv_budget_error(model_, s->req_, budget_.kv_bytes, budget_.overwritten_rows()));
+      fail_request(*s, kv_budget_error(model_, s->req_, budget_.kv_bytes, budget_.row_log()));
       ++st.finished;
       continue;
     }
@@ -366,6 +368,9 @@ StepStats Engine::step() {
     left -= std::min(left, end - s.prefilled_rows_);
     st.prefill_rows += int(end - s.prefilled_rows_);
   }
+  // Drafts take what the prompt chunks leave.
+  if (budget_.draft_tokens > 0)
+    for (Sequence* s : decode) left -= draft(*s, left);
   st.decode_rows = int(decode.size());
   st.prefill_seqs = int(chunks.size());
 
@@ -378,7 +383,7 @@ StepStats Engine::step() {
       for (const Chunk& c : chunks) fail_request(*c.seq, e.what());
     }
     for (Sequence* s : decode)
-      if (s->phase() == Phase::Decode) sample(*s);
+      if (s->phase() == Phase::Decode) sample_draft(*s, st);
     for (const Chunk& c : chunks) {
       Sequence& s = *c.seq;
       if (s.phase() != Phase::Prefill || s.prefilled_rows_ < s.req_.prompt.size()) continue;
@@ -406,15 +411,18 @@ StepStats Engine::step() {
 }
 
 // One pass through the decoder's batch door: a decode row for each sequence in `decode` (its
-// sampled token at its next position, no mask), then each prompt chunk's rows (merged prompt
-// rows with their MaskSpec); logits for the decode rows and for the last row of a prompt.
+// sampled token at its next position, no mask; with a draft, the draft's rows after it under the
+// causal mask, as the steps of their own would see them), then each prompt chunk's rows (merged
+// prompt rows with their MaskSpec); logits for the decode and draft rows and for the last row of
+// a prompt.
 void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks) {
   const models::gemma3::Decoder& dec = model_.decoder();
   const ModelConfig& mc = model_.config();
   const HostOptions& host = model_.host_options();
   const size_t H = size_t(mc.text.hidden_size), V = size_t(model_.vocab());
   const int32_t image_id = mc.is_vlm() ? mc.image_token_id : -1;
-  size_t n = decode.size();
+  size_t n = 0;
+  for (const Sequence* s : decode) n += 1 + s->draft_.size();
   for (const Chunk& c : chunks) n += c.end - c.begin;
   if (!act_ || act_->max_rows < n)  // grows geometrically, so a steady batch allocates nothing
     act_ = std::make_unique<models::gemma3::Activations>(mc.text, std::max(n, act_ ? 2 * act_->max_rows : size_t(0)));
@@ -422,19 +430,23 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
   pos_.resize(n);
   seq_.resize(n);
   want_.resize(n);
-  ids_.resize(decode.size());
+  ids_.clear();
   slots_.clear();
-  size_t row = 0, wanted = 0;
+  models::MaskSpec drafted;  // a draft's rows: causal among themselves, the whole cache before them
+  drafted.window = mc.text.sliding_window;
+  size_t row = 0;
   for (Sequence* s : decode) {
-    ids_[row] = s->pending_;
-    pos_[row] = s->cache_->length();
-    seq_[row] = int32_t(slots_.size());
-    want_[row] = 1;
-    slots_.push_back({&*s->cache_, nullptr});
-    ++row;
-    ++wanted;
+    ids_.push_back(s->pending_);
+    ids_.insert(ids_.end(), s->draft_.begin(), s->draft_.end());
+    for (size_t i = 0; i <= s->draft_.size(); ++i, ++row) {
+      pos_[row] = s->cache_->length() + int64_t(i);
+      seq_[row] = int32_t(slots_.size());
+      want_[row] = 1;
+    }
+    slots_.push_back({&*s->cache_, s->draft_.empty() ? nullptr : &drafted});
   }
-  dec.embedder().embed({ids_.data(), decode.size()}, embeds_.data());
+  size_t wanted = row;
+  dec.embedder().embed(ids_, embeds_.data());
   // MaskSpecs (and the dense masks of a test fault) stay put while the pass runs.
   std::vector<models::MaskSpec> specs(chunks.size());
   std::vector<PrefillMasks> dense(chunks.size());
@@ -483,9 +495,10 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
 
   size_t at = 0;
   for (Sequence* s : decode) {
-    s->logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + 1) * V));
+    const size_t rows = 1 + s->draft_.size();
+    s->logits_.assign(logits_.begin() + std::ptrdiff_t(at * V), logits_.begin() + std::ptrdiff_t((at + rows) * V));
     s->pending_ = -1;
-    ++at;
+    at += rows;
   }
   for (const Chunk& c : chunks) {
     Sequence& s = *c.seq;
@@ -508,10 +521,10 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
 void Engine::non_finite(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks) {
   const size_t V = size_t(model_.vocab());
   size_t slot = 0, at = 0;
-  auto check = [&](Sequence& s, bool has_logits) {
+  auto check = [&](Sequence& s, size_t rows) {  // rows: its logits rows
     const int layer = bad_layer_[slot++];
-    const bool bad_logits = has_logits && first_non_finite({logits_.data() + at * V, V}) < V;
-    at += has_logits;
+    const bool bad_logits = first_non_finite({logits_.data() + at * V, rows * V}) < rows * V;
+    at += rows;
     if (layer == kBadInput)
       fail_request(s, "non-finite values (NaN/Inf) in the input rows (check the image features and the embedding table)");
     else if (layer != kFinite)
@@ -521,8 +534,10 @@ void Engine::non_finite(const std::vector<Sequence*>& decode, const std::vector<
       fail_request(s, "non-finite logits (NaN/Inf) though every decoder layer's output was finite (check the "
                        "final norm and the output head)");
   };
-  for (Sequence* s : decode) check(*s, true);
-  for (const Chunk& c : chunks) check(*c.seq, c.end == c.seq->req_.prompt.size());
+  for (Sequence* s : decode) check(*s, 1 + s->draft_.size());
+  for (const Chunk& c : chunks)
+    check(*c.seq, c.seq->req_.prompt_logprobs >= 0 ? c.end - c.begin : c.end == c.seq->req_.prompt.size());
+
 }
 
 namespace {
@@ -628,7 +643,60 @@ void Engine::sample(Sequence& s) {
   s.pending_ = id;
 }
 
+namespace {
+// How many of `draft` the answer drew in order from `tokens[base]` on.
+size_t agreed(const std::vector<int32_t>& tokens, size_t base, const std::vector<int32_t>& draft) {
+  size_t n = 0;
+  while (n < draft.size() && base + n < tokens.size() && tokens[base + n] == draft[n]) ++n;
+  return n;
+}
+}  // namespace
+
+size_t Engine::draft(Sequence& s, size_t rows) {
+  const KvCache& c = *s.cache_;
+  // Each draft row must leave a position for the token drawn after it, stay within max_tokens, and
+  // be one the cache can give back.
+  const int64_t room = std::min({int64_t(budget_.draft_tokens), int64_t(rows), c.max_rewind(),
+                                 c.context() - c.length() - 2,
+                                 int64_t(s.req_.max_tokens) - int64_t(s.tokens_.size()) - 1});
+  if (room <= 0) return 0;
+  s.draft_ = lookup_draft(s.ids(), size_t(room), model_.vocab_limit());
+  s.draft_base_ = s.tokens_.size();
+  return s.draft_.size();
+}
+
+// The pass gave a row of logits for the pending token and one for each draft id, each what a
+// step of its own would have given after the ids before it. Each is sampled in turn as that step
+// would; the next row counts only while the draws agree with the draft.
+void Engine::sample_draft(Sequence& s, StepStats& st) {
+  if (s.draft_.empty()) return sample(s);
+  const size_t V = size_t(model_.vocab());
+  const std::vector<float> rows = std::move(s.logits_);
+  const std::vector<int32_t> draft = s.draft_;
+  const size_t base = s.draft_base_;
+  for (size_t i = 0; i <= draft.size(); ++i) {
+    s.logits_.assign(rows.begin() + std::ptrdiff_t(i * V), rows.begin() + std::ptrdiff_t((i + 1) * V));
+    sample(s);
+    if (s.phase() == Phase::Finished || i == draft.size() || s.pending_ != draft[i]) break;
+  }
+  st.drafted += int(draft.size());
+  st.accepted += int(agreed(s.tokens_, base, draft));
+
+
+  if (s.phase() != Phase::Finished) drop_draft(s);
+}
+
+void Engine::drop_draft(Sequence& s) {
+  if (s.draft_.empty()) return;
+  if (s.cache_) {
+    const size_t took = agreed(s.tokens_, s.draft_base_, s.draft_);
+    s.cache_->rewind(s.cache_->length() - int64_t(s.draft_.size() - took));
+  }
+  s.draft_.clear();
+}
+
 void Engine::update_counters() {
+
   size_t kv = 0;
   for (auto& s : active_) kv += s->kv_bytes();
   kv_bytes_.store(kv);

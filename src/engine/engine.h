@@ -45,11 +45,16 @@ struct StepBudget {
   // KV caches of finished sequences kept for later prompts that begin the same way (PrefixCache;
   // 0 = none): each turn of a chat resends the conversation, which then is not prefilled again.
   size_t prefix_cache_bytes = 0;
-  // With a prefix cache, the rows decode steps overwrite in the sliding layers' rings that each
-  // sequence keeps (KvCache::keep_overwritten; part of its reservation): a next prompt that
-  // repeats all of the answer but its last 64 tokens (a trimmed newline, another tokenization of
-  // its end) still takes the rows.
-  int64_t overwritten_rows() const { return prefix_cache_bytes > 0 ? 64 : 0; }
+  // Draft ids a decoding sequence checks per step at most (0 = none): where the answer's last few
+  // ids appeared before, the ids that followed them (lookup_draft). They ride in the step's pass
+  // after the sequence's own row, within what prompt chunks leave of prefill_rows, and the answer
+  // takes them as far as its sampler draws them, so it is the answer without drafts, in fewer steps.
+  int draft_tokens = 0;
+  // What each sequence keeps of the rows that leave its sliding layers' rings (part of its
+  // reservation): with a prefix cache the last 64, so that a next prompt that repeats all of the
+  // answer but its last 64 tokens (a trimmed newline, another tokenization of its end) still takes
+  // the rows; with drafts, the rows a draft's check overwrote (KvCache::rewind).
+  RowLog row_log() const { return {prefix_cache_bytes > 0 ? 64 : 0, draft_tokens}; }
 };
 
 struct StepStats {
@@ -60,6 +65,8 @@ struct StepStats {
   int images_cached = 0; // images whose rows came from the image cache
   int admitted = 0;      // sequences that left the queue
   int finished = 0;      // sequences that finished (any reason)
+  int drafted = 0;       // draft ids checked
+  int accepted = 0;      // draft ids the answers took
 };
 
 class Engine {
@@ -103,6 +110,10 @@ class Engine {
   void forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
   void non_finite(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
   void sample(Sequence& s);                 // from s.logits_: emit a token or finish
+  size_t draft(Sequence& s, size_t rows);   // s.draft_ for this step, at most `rows` ids; their number
+  void sample_draft(Sequence& s, StepStats& st);  // sample, and through s.draft_ as far as the draws agree
+  void drop_draft(Sequence& s);             // the rows of draft ids the answer did not take leave the cache
+
   void finish(Sequence& s, FinishReason r);
   void fail_request(Sequence& s, const std::string& message);
   void update_counters();

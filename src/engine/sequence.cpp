@@ -49,22 +49,24 @@ int64_t kv_positions(const Model& model, const Request& req) {
   return std::min<int64_t>(model.context(), int64_t(req.prompt.size()) + std::max(req.max_tokens, 1));
 }
 
-int64_t logged_rows(const Request& req, int64_t overwritten_rows) {
+int64_t logged_rows(const Request& req, RowLog log) {
   const int64_t edited = int64_t(req.prompt.size()) - req.edit_from;
-  if (overwritten_rows == 0 || req.edit_from < 0 || edited > kMaxEditRows) return overwritten_rows;
-  return std::max(overwritten_rows, edited);
+  const int64_t rows = std::max(log.overwritten, log.draft);
+  if (log.overwritten == 0 || req.edit_from < 0 || edited > kMaxEditRows) return rows;
+  return std::max(rows, edited);
 }
 
-size_t kv_reservation(const Model& model, const Request& req, int64_t overwritten_rows) {
+size_t kv_reservation(const Model& model, const Request& req, RowLog log) {
   return KvCache::bytes_for(model.config().text, kv_positions(model, req), model.decoder().kv_dtype(),
-                            logged_rows(req, overwritten_rows));
+                            logged_rows(req, log));
 }
 
-std::string kv_budget_error(const Model& model, const Request& req, size_t budget, int64_t overwritten_rows) {
+std::string kv_budget_error(const Model& model, const Request& req, size_t budget, RowLog log) {
   constexpr double MiB = 1024.0 * 1024.0;
   return fmt::format("the request needs {:.1f} MiB of KV cache for {} positions ({} prompt tokens + max_tokens {}), "
                      "more than the whole KV memory budget of {:.1f} MiB: lower max_tokens or raise the budget",
-                     double(kv_reservation(model, req, overwritten_rows)) / MiB, kv_positions(model, req), req.prompt.size(),
+                     double(kv_reservation(model, req, log)) / MiB, kv_positions(model, req), req.prompt.size(),
+
                      req.max_tokens, double(budget) / MiB);
 }
 

@@ -164,8 +164,11 @@ class Sequence {
   size_t taken_image_rows_ = 0;             // image rows among the positions taken from the prefix cache
   std::vector<float> rows_;                 // [prompt, H] merged prefill rows (built once encoded)
   size_t prefilled_rows_ = 0;               // prompt rows already in the cache
-  std::vector<float> logits_;               // the row to sample from next
+  std::vector<float> logits_;               // the row to sample from next (after a draft: its rows)
   int32_t pending_ = -1;                    // sampled, not yet forwarded
+  std::vector<int32_t> draft_;              // ids forwarded after pending_ in this step (Engine::draft)
+  size_t draft_base_ = 0;                   // tokens_.size() when drafted: where the draws begin
+
   uint64_t request_hash_ = 0;               // prompt cache key
   size_t kv_reserved_ = 0;                  // KV memory reserved at admission (kv_reservation)
 };
@@ -184,16 +187,22 @@ constexpr size_t kPromptLogprobRows = 64;
 // and the `k` most likely ids, best first (ties: the lower id), into ev.top.
 void logprobs_of(std::span<const float> logits, int32_t id, int k, TokenEvent& ev);
 
-// The positions that leave the sliding layers' rings which a request's cache keeps beside them
-// (KvCache::keep_overwritten): `overwritten_rows` (StepBudget::overwritten_rows; 0: none), or
-// from Request::edit_from to the prompt's end where that is more and at most kMaxEditRows.
+// What an engine keeps of the positions that leave a sequence's sliding-layer rings
+// (KvCache::keep_overwritten; StepBudget::row_log).
+struct RowLog {
+  int64_t overwritten = 0;  // for the prefix cache: the last this many (0: none)
+  int64_t draft = 0;        // for drafts: the most rows a step gives back (KvCache::rewind)
+};
+// The positions a request's cache keeps: the more of log.draft and log.overwritten, or, with the
+// latter, from Request::edit_from to the prompt's end where that is more and at most kMaxEditRows.
 inline constexpr int64_t kMaxEditRows = 1024;
-int64_t logged_rows(const Request& req, int64_t overwritten_rows);
+int64_t logged_rows(const Request& req, RowLog log);
 // The positions a request may ever hold (its prompt plus max_tokens, within the model's context)
 // and the KV memory that takes with its logged_rows: what the engine reserves before admitting it.
 int64_t kv_positions(const Model& model, const Request& req);
-size_t kv_reservation(const Model& model, const Request& req, int64_t overwritten_rows);
+size_t kv_reservation(const Model& model, const Request& req, RowLog log);
 // The one-line refusal of a request whose reservation exceeds a whole budget of `budget` bytes.
-std::string kv_budget_error(const Model& model, const Request& req, size_t budget, int64_t overwritten_rows);
+std::string kv_budget_error(const Model& model, const Request& req, size_t budget, RowLog log);
+
 
 }  // namespace vlm::engine

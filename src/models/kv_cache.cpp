@@ -104,6 +104,31 @@ std::byte* KvCache::value_slot(int layer, int64_t pos) {
 
 void KvCache::advance(int64_t n) { length_ += n; }
 
+void KvCache::rewind(int64_t n) {
+  if (n < 0 || n > length_) fail("KV cache: cannot go back to {} positions from {}", n, length_);
+  // The rings' slots of positions [n, length) held positions [n − W, length − W) before; those
+  // the rings hold again come back from the log.
+  const int64_t W = ring_size(), lo = std::max<int64_t>(0, n - W), hi = length_ - W;
+  if (W > 0 && hi > lo) {
+    if (lo < log_lo_ || hi > log_hi_)
+      fail("KV cache: going back to {} positions needs positions {}..{} that left the rings; the log holds {}..{}", n,
+           lo, hi - 1, log_lo_, log_hi_ - 1);
+    const size_t row = row_bytes();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      Layer& L = layers_[l];
+      if (!L.sliding) continue;
+      for (int64_t p = lo; p < hi; ++p) {
+        std::copy_n(L.old_k.data() + size_t(p % keep_) * row, row, key_slot(int(l), p));
+        std::copy_n(L.old_v.data() + size_t(p % keep_) * row, row, value_slot(int(l), p));
+      }
+    }
+    log_hi_ = lo;  // those positions are in the rings again
+    log_lo_ = std::min(log_lo_, log_hi_);
+  }
+  length_ = n;
+}
+
+
 void KvCache::limit_context(int64_t context) {
   if (context < length_ || context > context_)
     fail("KV cache: context {} outside [{}, {}] (its length and its limit)", context, length_, context_);

@@ -42,6 +42,15 @@ class KvCache {
   std::byte* value_slot(int layer, int64_t pos);
   // Marks n more positions as written.
   void advance(int64_t n);
+  // Drops positions [n, length): the rows of a draft the model did not take (docs/gemma3/decoder.md,
+  // "Drafts"). The sliding layers' rings get back the rows those overwrote, from the log of
+  // overwritten rows; fails where the log no longer holds one.
+  void rewind(int64_t n);
+  // The most positions of a next reserve() that rewind() can always give back: the rows the log
+  // keeps (any number without sliding layers).
+  int64_t max_rewind() const { return ring_size() == 0 ? context_ : keep_; }
+
+
   // Lowers the most positions this cache may hold (to what its sequence can still use), never
   // below what it holds.
   void limit_context(int64_t context);

@@ -132,8 +132,8 @@ JobGroup Scheduler::submit(std::vector<engine::Request> reqs, bool block) {
            "n", "too_many_choices");
   for (const engine::Request& req : reqs)
     if (const size_t budget = opt_.budget.kv_bytes;
-        budget > 0 && engine::kv_reservation(model_, req, opt_.budget.overwritten_rows()) > budget)
-      refuse(400, engine::kv_budget_error(model_, req, budget, opt_.budget.overwritten_rows()), "max_tokens",
+        budget > 0 && engine::kv_reservation(model_, req, opt_.budget.row_log()) > budget)
+      refuse(400, engine::kv_budget_error(model_, req, budget, opt_.budget.row_log()), "max_tokens",
              "kv_budget_exceeded");
   const auto signal = std::make_shared<Job::Signal>();
   JobGroup group;
@@ -237,6 +237,9 @@ void Scheduler::loop() {
         metrics_.add("engine_steps_total");
         if (st.images) metrics_.add("images_encoded_total", st.images);
         if (st.images_cached) metrics_.add("image_cache_hits_total", st.images_cached);
+        if (st.drafted) metrics_.add("spec_decode_num_draft_tokens_total", st.drafted);
+        if (st.accepted) metrics_.add("spec_decode_num_accepted_tokens_total", st.accepted);
+
         metrics_.set("image_cache_bytes", double(engine_.image_cache_bytes()));
         metrics_.set("prefix_cache_bytes", double(engine_.prefix_cache_bytes()));
       } catch (const std::exception& e) {

@@ -29,7 +29,7 @@ class TestBench(unittest.TestCase):
         return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
 
     def test_json_fields_positive_and_finite(self):
-        j, log = self.bench()
+        j, log = self.bench("--draft", "3")
         for f in FIELDS:
             self.assertIn(f, j)
             self.assertIsInstance(j[f], (int, float), f)
@@ -43,8 +43,13 @@ class TestBench(unittest.TestCase):
         # A batch's limit is B tokens per weight read at most, less where its FLOPs take longer.
         self.assertLessEqual(j["batch_limit_tok_s"],
                              j["batch"] * j["read_gb_s"] * 1e9 / j["weight_bytes_per_token"] * (1 + 1e-9))
+        # The decode test again with drafts: the same number of tokens, some draft ids taken or not.
+        self.assertEqual(j["draft"], 3)
+        self.assertTrue(math.isfinite(j["draft_tok_s"]) and j["draft_tok_s"] > 0)
+        self.assertLessEqual(j["draft_ids_taken"], j["draft_ids"])
         for word in ("start:", "prefill:", "decode:", "sampling", "weights read where they are mapped:",
-                     "batched decode:", "image:", "peak RSS:"):
+                     "batched decode:", "decode with drafts of up to 3 ids:", "image:", "peak RSS:"):
+
             self.assertIn(word, log)
         # What sampling one token takes, greedy and drawn (no timing judged).
         for f in ("greedy", "temperature_1", "top_k_64_top_p_0.95"):

@@ -61,18 +61,7 @@ class TestBatchInvariance(unittest.TestCase):
             # Half streamed, half not, all at once through the official client.
             jobs = [{"op": "chat", "params": dict(r, stream=True) if i % 2 else r} for i, r in enumerate(reqs)]
             together = openai_client(srv, jobs, concurrent=True)
-            for i, res in enumerate(together):
-                self.assertNotIn("error", res, res)
-                self.assertEqual(ids_of(res), solo[i], f"request {i} differs when batched")
-                # The batched forward is not bit-identical to a solo one (measured: ~2e-7 relative on
-                # the logprobs after merging engine 5709ad7); the tokens are, and the logprobs agree
-                # far below any sampling-relevant difference.
-                got, want = logprobs_of(res), solo_lp[i]
-                self.assertEqual([t["token"] for t in got], [t["token"] for t in want])
-                for g, w in zip(got, want):
-                    self.assertEqual([t["token"] for t in g["top_logprobs"]], [t["token"] for t in w["top_logprobs"]])
-                    for a, b in zip([g] + g["top_logprobs"], [w] + w["top_logprobs"]):
-                        self.assertAlmostEqual(a["logprob"], b["logprob"], delta=1e-5 * max(1.0, abs(b["logprob"])))
+            self.assert_answers(together, solo, solo_lp, "batched")
             m = srv.metrics()
             # They really ran together: far fewer engine steps than one after the other.
             self.assertLess(metric(m, "vlm:engine_steps_total") - steps1, 0.5 * (steps1 - steps0))
@@ -129,6 +118,47 @@ class TestBatchInvariance(unittest.TestCase):
                     r["response"]["body"].get("usage", {}).get("prompt_tokens_details", {}).pop("cached_tokens", None)
                 return rs
             self.assertEqual(strip(again), strip(results))
+
+    def assert_answers(self, results, solo, solo_lp, how):
+        for i, res in enumerate(results):
+            self.assertNotIn("error", res, res)
+            self.assertEqual(ids_of(res), solo[i], f"request {i} differs {how}")
+            # The batched forward is not bit-identical to a solo one (measured: ~2e-7 relative on
+            # the logprobs after merging engine 5709ad7); the tokens are, and the logprobs agree
+            # far below any sampling-relevant difference.
+            got, want = logprobs_of(res), solo_lp[i]
+            self.assertEqual([t["token"] for t in got], [t["token"] for t in want])
+            for g, w in zip(got, want):
+                self.assertEqual([t["token"] for t in g["top_logprobs"]], [t["token"] for t in w["top_logprobs"]])
+                for a, b in zip([g] + g["top_logprobs"], [w] + w["top_logprobs"]):
+                    self.assertAlmostEqual(a["logprob"], b["logprob"], delta=1e-5 * max(1.0, abs(b["logprob"])))
+
+    def test_drafts_give_the_answers_without_them(self):
+        """`--draft 4`: the same 16 requests at once, streamed and not, give each its answer from a
+        server without drafts (tokens, logprobs within 1e-5), and /metrics counts the draft ids
+        checked and taken (some of each)."""
+        reqs = mixed_requests()
+        for r in reqs:
+            r["max_tokens"] += 24  # answers long enough to repeat themselves
+        plain = []
+        with Server("tiny-f32", [], threads=2) as srv:
+            for r in reqs:
+                code, _, body = srv.post("/v1/chat/completions", r)
+                self.assertEqual(code, 200, body)
+                plain.append(body["choices"][0])
+        solo = [c["token_ids"] for c in plain]
+
+        solo_lp = [c["logprobs"]["content"] for c in plain]
+        with Server("tiny-f32", ["--max-seqs", "16", "--draft", "4"], threads=2) as srv:
+            jobs = [{"op": "chat", "params": dict(r, stream=True) if i % 2 else r} for i, r in enumerate(reqs)]
+            self.assert_answers(openai_client(srv, jobs, concurrent=True), solo, solo_lp, "with drafts")
+            m = srv.metrics()
+            drafted = metric(m, "vlm:spec_decode_num_draft_tokens_total", 0)
+            taken = metric(m, "vlm:spec_decode_num_accepted_tokens_total", 0)
+            self.assertGreater(taken, 0)
+            self.assertGreater(drafted, taken)
+            self.assertEqual(metric(m, "vlm:kv_cache_bytes"), 0)
+
 
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")

@@ -453,7 +453,7 @@ TEST_F(EngineTest, KvBudgetBoundsWhatIsAdmitted) {
                                      request("three three three", 0, 13, 4), request("four", 0, 14, 7)};
   size_t biggest = 0, sum = 0;
   for (const Request& r : reqs) {
-    const size_t need = kv_reservation(*model_, r, 0);
+    const size_t need = kv_reservation(*model_, r, {});
     const TextConfig& t = model_->config().text;
     // By hand: every layer holds min(window, P + max_tokens) (sliding) or P + max_tokens positions.
     size_t slots = 0, sliding = 0;
@@ -466,7 +466,9 @@ TEST_F(EngineTest, KvBudgetBoundsWhatIsAdmitted) {
     const size_t row = size_t(t.num_kv_heads * t.head_dim) * 8;  // keys and values, f32
     ASSERT_EQ(need, slots * row) << r.prompt.size();
     // With a prefix cache each sliding layer also keeps 64 overwritten rows once its ring wraps.
-    EXPECT_EQ(kv_reservation(*model_, r, 64), need + (n > t.sliding_window ? sliding * 64 * row : 0));
+    EXPECT_EQ(kv_reservation(*model_, r, {.overwritten = 64}), need + (n > t.sliding_window ? sliding * 64 * row : 0));
+    // With drafts of 6 ids, the 6 rows a draft's check may give back.
+    EXPECT_EQ(kv_reservation(*model_, r, {.draft = 6}), need + (n > t.sliding_window ? sliding * 6 * row : 0));
     biggest = std::max(biggest, need);
     sum += need;
   }
@@ -482,7 +484,8 @@ TEST_F(EngineTest, KvBudgetBoundsWhatIsAdmitted) {
     seqs.push_back(std::make_shared<Sequence>(*model_, reqs[i], record_into(got[i])));
   Request huge = request("too long for the budget", 0, 15, 8);
   huge.max_tokens = int(model_->context()) - int(huge.prompt.size());
-  ASSERT_GT(kv_reservation(*model_, huge, 0), budget);
+  ASSERT_GT(kv_reservation(*model_, huge, {}), budget);
+
   auto too_big = std::make_shared<Sequence>(*model_, huge, record_into(got.back()));
   for (auto& s : seqs) eng.add(s);
   eng.add(too_big);
@@ -675,6 +678,16 @@ Record run_in(Engine& eng, const Model& m, const Request& req, ImageCounts want)
   return r;
 }
 
+// The next turn of a chat whose turn `t` was answered with `answer`: t's prompt, the answer, then
+// t's last 5 ids ("<end_of_turn>" ... "model\n") again.
+Request next_turn(const Request& t, std::span<const int32_t> answer, int max_tokens) {
+  Request next = t;
+  next.prompt.insert(next.prompt.end(), answer.begin(), answer.end());
+  next.prompt.insert(next.prompt.end(), t.prompt.end() - 5, t.prompt.end());
+  next.max_tokens = max_tokens;
+  return next;
+}
+
 // The largest |logit| difference between two runs' rows.
 float logits_apart(const Record& a, const Record& b) {
   float worst = 0;
@@ -695,10 +708,7 @@ TEST_F(EngineTest, PrefixCacheStartsTheNextTurnFromThePreviousOne) {
   ASSERT_EQ(r1.tokens.size(), 6u);
   EXPECT_GT(eng.prefix_cache_bytes(), 0u);
 
-  Request t2 = t1;
-  t2.prompt.insert(t2.prompt.end(), r1.tokens.begin(), r1.tokens.end());
-  t2.prompt.insert(t2.prompt.end(), t1.prompt.end() - 5, t1.prompt.end());  // "<end_of_turn>" ... "model\n" again
-  t2.max_tokens = 5;
+  const Request t2 = next_turn(t1, r1.tokens, 5);
   const Record solo2 = alone(t2);
   const Record r2 = run_in(eng, *model_, t2, {0, 0});
   // Every position of t1's sequence: its prompt and the answer tokens forwarded, all but the last
@@ -734,16 +744,9 @@ TEST_F(EngineTest, PrefixCacheTakesAPartOfTheAnswerFromTheOverwrittenRows) {
   Engine eng(*model_, StepBudget{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20});
   const Record r1 = run_in(eng, *model_, t1, {1, 0});
   ASSERT_EQ(r1.tokens.size(), 75u);  // 74 of them forwarded: the log holds positions 100 - 64 .. 99
-  auto turn = [&](size_t answer) {
-    Request t = t1;
-    t.prompt.insert(t.prompt.end(), r1.tokens.begin(), r1.tokens.begin() + std::ptrdiff_t(answer));
-    t.prompt.insert(t.prompt.end(), t1.prompt.end() - 5, t1.prompt.end());
-    t.max_tokens = 4;
-    return t;
-  };
   const size_t P = t1.prompt.size();
   for (const size_t answer : {size_t(20), size_t(70), size_t(5)}) {
-    const Request t = turn(answer);
+    const Request t = next_turn(t1, std::span(r1.tokens).first(answer), 4);
     const Record solo = alone(t);
     const Record r = run_in(eng, *model_, t, {0, 0});
     // Positions [n - 8, n) are needed; the ring and the log hold 36 .. 107 of t1's sequence. Short
@@ -951,6 +954,85 @@ TEST_F(EngineTest, PrefixCacheKeepsTheLatestTurnAndItsBytes) {
   EXPECT_EQ(img.find(std::vector<int32_t>{3, 99, 99, 2, 99, 99, 5}, crops, 99, into).positions, 1);
   img.put({3, 99, 99, 2, 99, 99, 5}, crops, cache_of(7));
   EXPECT_EQ(img.find(std::vector<int32_t>{3, 99, 99, 2, 99, 99, 5, 6}, crops, 99, into).positions, 7);
+}
+
+// Drafts (StepBudget::draft_tokens, docs/gemma3/decoder.md "Drafts"): each sequence's answer is
+// the one it gives without drafts, token for token, its logits within 1e-5 of the largest, greedy
+// and sampled, with stop strings, in steps shared with other sequences' decode rows and prompt
+// chunks; some draft ids are taken and some not, on rings of 8 that the checks wrap, so the rows a
+// rejected draft overwrote come back from the log (KvCache::rewind).
+TEST_F(EngineTest, DraftsGiveTheAnswerWithoutDrafts) {
+  std::vector<Request> reqs = {
+      request("Say it again and again and again and again", 0, 61, 40),
+      request("What is in this picture?", 1, 62, 30),
+      request("Repeat: one two three, one two three, one two three", 0, 63, 36),
+      request("Hi", 0, 64, 25),
+      request("Tell me a story about a story about a story", 0, 65, 60),
+  };
+  reqs[4].sampling.frequency_penalty = 0.5f;  // the repeats drafted are drawn less often
+
+
+  reqs[1].sampling.temperature = 1.0f;
+  reqs[1].sampling.seed = 7;
+  reqs[3].sampling.temperature = 0.8f;
+  reqs[3].sampling.top_k = 5;
+  reqs[3].sampling.seed = 11;
+  std::vector<Record> solo;
+  for (const Request& r : reqs) solo.push_back(alone(r));
+
+  std::vector<Record> got(reqs.size());
+  Engine eng(*model_, StepBudget{.prefill_rows = 24, .images = 1, .draft_tokens = 4});
+  int drafted = 0, accepted = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) eng.add(std::make_shared<Sequence>(*model_, reqs[i], record_into(got[i])));
+  while (!eng.idle()) {
+    const StepStats st = eng.step();
+    drafted += st.drafted;
+    accepted += st.accepted;
+  }
+  std::printf("drafts: %d ids checked, %d taken\n", drafted, accepted);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    EXPECT_EQ(got[i].finishes, 1);
+    ASSERT_EQ(got[i].tokens, solo[i].tokens);
+    EXPECT_EQ(got[i].text, solo[i].text);
+    expect_logits_near(got[i], solo[i]);
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(drafted, accepted);
+}
+
+// A draft's check ends where the answer does (a stop string within the drafted ids, max_tokens),
+// and the finished sequence's cache holds its answer's rows only: the next turn of its chat takes
+// them (PrefixCache) and gives the tokens it gives alone.
+TEST_F(EngineTest, DraftsEndWithTheAnswerAndLeaveItsRowsToTheNextTurn) {
+  const Request t1 = request("Say it again and again and again and again", 0, 61, 40);
+  const Record plain = alone(t1);
+  ASSERT_GT(plain.text.size(), 20u);
+  Request stopped = t1;
+  stopped.stop_strings = {plain.text.substr(plain.text.size() / 2, 4)};
+  const Record solo_stopped = alone(stopped);
+  ASSERT_EQ(solo_stopped.reason, FinishReason::Stop);
+  const StepBudget drafts{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20,
+                          .draft_tokens = 6};
+  for (const Request& r : {stopped, t1}) {
+    Engine eng(*model_, drafts);
+    const Record got = run_in(eng, *model_, r, {0, 0});
+    const Record& solo = r.stop_strings.empty() ? plain : solo_stopped;
+    EXPECT_EQ(got.reason, solo.reason);
+    ASSERT_EQ(got.tokens, solo.tokens);
+    EXPECT_EQ(got.text, solo.text);
+    expect_logits_near(got, solo);
+
+    const Request t2 = next_turn(r, got.tokens, 5);
+    const Record solo2
+ = alone(t2);
+    const Record r2 = run_in(eng, *model_, t2, {0, 0});
+    // Every position the first answer forwarded: all its tokens but the last (never forwarded,
+    // or, after a stop string, forwarded in a draft row the cache kept).
+    EXPECT_GE(r2.usage.cached_tokens, int(r.prompt.size() + got.tokens.size()) - 1);
+    EXPECT_EQ(r2.tokens, solo2.tokens);
+    expect_logits_near(r2, solo2);
+  }
 }
 
 }  // namespace
