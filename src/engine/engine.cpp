@@ -411,10 +411,9 @@ StepStats Engine::step() {
 }
 
 // One pass through the decoder's batch door: a decode row for each sequence in `decode` (its
-// sampled token at its next position, no mask; with a draft, the draft's rows after it under the
-// causal mask, as the steps of their own would see them), then each prompt chunk's rows (merged
-// prompt rows with their MaskSpec); logits for the decode and draft rows and for the last row of
-// a prompt.
+// sampled token at its next position, no mask; with a draft, the draft's rows after it, each
+// seeing what a step of its own would), then each prompt chunk's rows (merged prompt rows with
+// their MaskSpec); logits for the decode and draft rows and for the last row of a prompt.
 void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks) {
   const models::gemma3::Decoder& dec = model_.decoder();
   const ModelConfig& mc = model_.config();
@@ -432,8 +431,6 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
   want_.resize(n);
   ids_.clear();
   slots_.clear();
-  models::MaskSpec drafted;  // a draft's rows: causal among themselves, the whole cache before them
-  drafted.window = mc.text.sliding_window;
   size_t row = 0;
   for (Sequence* s : decode) {
     ids_.push_back(s->pending_);
@@ -443,7 +440,7 @@ void Engine::forward(const std::vector<Sequence*>& decode, const std::vector<Chu
       seq_[row] = int32_t(slots_.size());
       want_[row] = 1;
     }
-    slots_.push_back({&*s->cache_, s->draft_.empty() ? nullptr : &drafted});
+    slots_.push_back({&*s->cache_, nullptr});
   }
   size_t wanted = row;
   dec.embedder().embed(ids_, embeds_.data());
@@ -654,11 +651,13 @@ size_t agreed(const std::vector<int32_t>& tokens, size_t base, const std::vector
 
 size_t Engine::draft(Sequence& s, size_t rows) {
   const KvCache& c = *s.cache_;
-  // Each draft row must leave a position for the token drawn after it, stay within max_tokens, and
-  // be one the cache can give back.
+  // Each draft row must leave a position for the token drawn after it, stay within max_tokens, be
+  // one the cache can give back, and fit the sliding layers' rings with the sequence's own row.
   const int64_t room = std::min({int64_t(budget_.draft_tokens), int64_t(rows), c.max_rewind(),
                                  c.context() - c.length() - 2,
-                                 int64_t(s.req_.max_tokens) - int64_t(s.tokens_.size()) - 1});
+                                 int64_t(s.req_.max_tokens) - int64_t(s.tokens_.size()) - 1,
+                                 int64_t(model_.config().text.sliding_window) - 1});
+
   if (room <= 0) return 0;
   s.draft_ = lookup_draft(s.ids(), size_t(room), model_.vocab_limit());
   s.draft_base_ = s.tokens_.size();

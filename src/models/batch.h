@@ -15,7 +15,10 @@ namespace vlm::models {
 
 struct SeqSlot {         // one sequence taking part in a forward pass
   KvCache* cache;        // its keys and values; the new rows are appended
-  const MaskSpec* mask;  // null for a one-row decode (sees its whole visible cache, no mask)
+  // Null for decode rows: one, or a draft's few (each sees its whole visible cache, the rows
+  // before it and itself; no more rows than the sliding window); else the prompt chunk's mask.
+  const MaskSpec* mask;
+
 };
 
 struct Batch {

@@ -130,8 +130,10 @@ void Decoder::forward(const Batch& b, std::span<const SeqSlot> slots, Activation
         fail("forward: row {} of sequence {} has position {}, expected {}", i, s, b.pos[i], P + int64_t(i - r0));
     if (r0 >= valid) fail("forward: sequence {} has only padding rows", s);
     if (!slot.mask) {
-      if (r1 - r0 != 1) fail("forward: decode sequence {} (no mask) has {} rows, expected 1", s, r1 - r0);
       if (P == 0) fail("decode: the sequence has no prefill");
+      if (cfg_.sliding_window > 0 && r1 - r0 > uint32_t(cfg_.sliding_window))
+        fail("forward: decode sequence {} (no mask) has {} rows, more than the sliding window of {}", s, r1 - r0,
+             cfg_.sliding_window);
     } else {
       check_mask_spec(*slot.mask, P, int(r1 - r0));
     }
@@ -264,11 +266,20 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
     write(c.key_slot(l, pos), c.value_slot(l, pos), kr, vr);
   };
 
-  if (!slot.mask) {  // a decode row sees every visible cached key and itself; attended with the step's others
-    put(P, k, v);
-    act.decode_rows.push_back({q, c.keys(l), c.values(l), c.visible(l, P + 1), out});
+  if (!slot.mask) {
+    // Decode rows (one, or a draft's: docs/gemma3/decoder.md "Drafts"): each sees every visible
+    // cached key, the rows before it and itself, read where the cache holds them, and is attended
+    // with the step's other decode rows. On a sliding layer a row's slot may hold a key that an
+    // earlier row of the run sees, so the earlier rows are attended before the next is written.
+    for (size_t i = 0; i < valid; ++i) {
+      put(P + int64_t(i), k + i * krow, v + i * krow);
+      const nn::DecodeRow row{q + i * qrow, c.keys(l), c.values(l), c.visible(l, P + int64_t(i) + 1), out + i * qrow};
+      if (L.sliding && i + 1 < valid) nn::attention_decode({&row, 1}, attn_, kv_dtype(), act.attn_work, ex_);
+      else act.decode_rows.push_back(row);
+    }
     return;
   }
+
   if (!L.sliding && !bf16) {
     // Global layers keep every position in slot order: write the new rows, attend in place.
     for (size_t i = 0; i < valid; ++i) put(P + int64_t(i), k + i * krow, v + i * krow);
