@@ -77,7 +77,11 @@ std::vector<engine::Request> prepare_requests(const engine::Model& model, ApiReq
   for (size_t i = 0; i < prompts; ++i) {
     engine::Request req;
     req.prompt = prompt_ids(model, r, i, images);
-    if (r.endpoint == Endpoint::Chat) req.edit_from = text::last_user_turn(r.messages, req.prompt, *model.tokenizer());
+    if (const text::Tokenizer* tok = model.tokenizer())  // a chat needs one; a prompt of ids may not
+      req.edit_from = r.endpoint == Endpoint::Chat ? text::last_user_turn(r.messages, req.prompt, *tok)
+                                                   : text::last_user_turn(req.prompt, *tok);
+
+
     req.images = images;
     const int64_t ctx = model.context(), n = int64_t(req.prompt.size());
     if (n >= ctx || (r.max_tokens && n + *r.max_tokens > ctx))

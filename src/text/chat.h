@@ -75,6 +75,11 @@ std::vector<Segment> render_gemma3_chat(std::span<const ChatMessage> messages, c
 // by render_gemma3_chat and tokenized without parse_special, the only way that id enters them;
 // -1 without a user message. A chat front-end that edits or resends the last message parts there.
 int64_t last_user_turn(std::span<const ChatMessage> messages, std::span<const int32_t> ids, const Tokenizer& tok);
+// The same in a raw prompt that holds a chat as text (a client that renders the template itself and
+// sends it to /v1/completions, its control tokens parsed): the last <start_of_turn> followed by the
+// ids of "user"; -1 without one.
+int64_t last_user_turn(std::span<const int32_t> ids, const Tokenizer& tok);
+
 
 // The string HF's Jinja rendering gives (control tokens and images as their text).
 std::string segments_to_string(std::span<const Segment> segments, const Tokenizer& tok);

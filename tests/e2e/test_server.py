@@ -249,7 +249,35 @@ class TestServer(unittest.TestCase):
                 answers.append(r2["choices"][0]["token_ids"])
         self.assertEqual(answers[0], answers[1])
 
+    def test_an_edited_last_message_sent_as_text_takes_the_conversation_before_it(self):
+        """The same through /v1/completions from a client that renders the chat template itself
+        (SillyTavern's text completion): the server finds the last "<start_of_turn>user" in the
+        prompt's ids and marks it as the chat's last user turn."""
+        words = "".join(f" and then the {i}th thing" for i in range(30))
+
+        def prompt(first_words):
+            return ("<bos><start_of_turn>user\nWhat is this?<end_of_turn>\n<start_of_turn>model\nNoise, mostly."
+                    f"<end_of_turn>\n<start_of_turn>user\n{first_words}{words}<end_of_turn>\n<start_of_turn>model\n")
+
+        a, b = prompt("Tell me more"), prompt("Say more")
+        answers = []
+        for args in ([], ["--prefix-cache", "0"]):
+            with Server("tiny-f32", args=args) as srv:
+                ids = [srv.post("/tokenize", {"model": "tiny-f32", "prompt": x})[2]["tokens"] for x in (a, b)]
+                differ = next(i for i, (x, y) in enumerate(zip(*ids)) if x != y)
+                self.assertGreater(len(ids[1]) - differ, 64 + 8)
+                for p in (a, b):
+                    status, _, r = srv.post("/v1/completions", {"model": "tiny-f32", "prompt": p, "max_tokens": 4,
+                                                               "temperature": 0, "return_token_ids": True})
+
+                    self.assertEqual(status, 200, r)
+                self.assertEqual(r["usage"]["prompt_tokens"], len(ids[1]))
+                self.assertEqual(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0 if args else differ)
+                answers.append(r["choices"][0]["token_ids"])
+        self.assertEqual(answers[0], answers[1])
+
     def test_cache_sizes_must_be_whole_mib(self):
+
         for flag in ("--image-cache", "--prefix-cache"):
             for bad in ("nan", "-1", "1.5", "inf", "2000000"):
                 p = subprocess.run([BIN, "serve", "--model", model_dir("tiny-f32"), "--port", "0", flag, bad],

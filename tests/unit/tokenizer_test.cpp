@@ -212,6 +212,24 @@ TEST(Chat, LastUserTurnIsWhereTheConversationBeforeItEnds) {
   EXPECT_EQ(last_user_turn(std::span<const ChatMessage>(m.data(), 1), Ids{2}, gemma()), -1);
 }
 
+// A client that renders the template itself and sends the text as a raw prompt (its control
+// tokens parsed): the last "<start_of_turn>user" is where the chat's last user turn begins.
+TEST(Chat, LastUserTurnOfAChatSentAsText) {
+  const std::vector<ChatMessage> m = msgs(R"([{"role":"user","content":"What is this?"},
+      {"role":"assistant","content":"A cat."}, {"role":"user","content":"And that?"}])");
+  const std::vector<Segment> seg = render_gemma3_chat(m, gemma());
+  const Ids chat = tokenize_prompt(seg, gemma(), kImg, {}).ids;
+  const Ids raw = gemma().encode(segments_to_string(seg, gemma()), {.parse_special = true});
+  ASSERT_EQ(raw, chat);
+  EXPECT_EQ(last_user_turn(raw, gemma()), last_user_turn(m, chat, gemma()));
+  EXPECT_GT(last_user_turn(raw, gemma()), 1);
+  // The model's turn, text that is no turn, and no turn at all.
+  EXPECT_EQ(last_user_turn(gemma().encode("<start_of_turn>model\nhi<start_of_turn>", {.parse_special = true}), gemma()), -1);
+  EXPECT_EQ(last_user_turn(gemma().encode("<start_of_turn>user", {}), gemma()), -1);
+  EXPECT_EQ(last_user_turn(Ids{}, gemma()), -1);
+}
+
+
 TEST(Chat, GoogleLayoutSpec42) {
   const char* image_text = R"([{"role":"user","content":[{"type":"image"},{"type":"text","text":"Describe this image."}]}])";
   ImageTokens google = kImg;
