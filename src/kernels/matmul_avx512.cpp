@@ -326,9 +326,13 @@ void dot_bf16_rows(const GemmArgs& a, size_t n0, size_t stride) {
   VLM_UNROLL
   for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r * stride) * a.ldw_bytes - 2 * shift;
   const size_t block = a.M <= 4 ? K : kDotBlock<Wide>;
+  // Three rows left over go as a group of four whose last row is bf16_x's zero padding (tile_finish
+  // writes no sums for it): the three-row tile took 1.3x the four-row one's time for the same
+  // weights (docs/performance.md, "drafts by prompt lookup").
+  const size_t M = !Wide && a.M % 4 == 3 ? a.M + 1 : a.M;
   for (size_t k0 = 0; k0 < K; k0 += block) {
     const size_t k1 = std::min(K, k0 + block);
-    row_groups(a.M, [&](auto rm, size_t m) {
+    row_groups(M, [&](auto rm, size_t m) {
       dot_bf16_tile<Wide, rm, RN>(a, m, wr, n0, stride, k0, k1, K, shift, acc[m / 4]);
     });
   }

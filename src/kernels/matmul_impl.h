@@ -228,6 +228,7 @@ inline void tile_finish(const GemmArgs& a, typename S::V (&acc)[RM][RN], size_t 
         acc_mem[m * RN + r] = acc[m][r];
         continue;
       }
+      if (m0 + m >= a.M) break;  // a padding row (dot_bf16's last group)
       float v = S::hsum(acc[m][r]);
       if (a.bias) v += a.bias[n0 + r * stride];
       a.y[(m0 + m) * a.ldy + n0 + r * stride] = v;
