@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/draft.h"
 #include "engine/engine.h"
 #include "model_folder.h"
 
@@ -1033,6 +1034,31 @@ TEST_F(EngineTest, DraftsEndWithTheAnswerAndLeaveItsRowsToTheNextTurn) {
     EXPECT_EQ(r2.tokens, solo2.tokens);
     expect_logits_near(r2, solo2);
   }
+}
+
+// Prompt lookup (engine/draft.h): the longest recurring tail n-gram (4, 3, then 2 ids), its most
+// recent earlier occurrence, the ids after it, running on into the draft's own ids past the end,
+// stopped at an id past the vocabulary limit.
+TEST(Draft, LookupTakesTheIdsAfterTheLatestOccurrenceOfTheLongestTail) {
+  using V = std::vector<int32_t>;
+  // The tail 7 8 9 recurs once: after it came 1 2 3.
+  EXPECT_EQ(lookup_draft(V{7, 8, 9, 1, 2, 3, 5, 7, 8, 9}, 3, 100), (V{1, 2, 3}));
+  EXPECT_EQ(lookup_draft(V{7, 8, 9, 1, 2, 3, 5, 7, 8, 9}, 2, 100), (V{1, 2}));
+  // 8 9 recurs twice: the later occurrence's continuation (4), not the earlier one's (1).
+  EXPECT_EQ(lookup_draft(V{8, 9, 1, 6, 8, 9, 4, 6, 8, 9}, 1, 100), (V{4}));
+  // The longer n-gram wins over a later shorter match: 5 8 9 at the start, 8 9 later.
+  EXPECT_EQ(lookup_draft(V{5, 8, 9, 1, 0, 8, 9, 2, 5, 8, 9}, 1, 100), (V{1}));
+  // A run repeating every two ids is drafted repeating past the end.
+  EXPECT_EQ(lookup_draft(V{3, 4, 3, 4, 3, 4}, 5, 100), (V{3, 4, 3, 4, 3}));
+  EXPECT_EQ(lookup_draft(V{6, 6, 6}, 4, 100), (V{6, 6, 6, 6}));
+  // An image's soft tokens (at or past the limit) end it; an earlier occurrence may still give ids.
+  EXPECT_EQ(lookup_draft(V{1, 2, 3, 2, 1, 2, 200, 200, 1, 2}, 3, 100), (V{3, 2, 1}));
+  EXPECT_EQ(lookup_draft(V{1, 2, 200, 1, 2}, 3, 100), V{});
+  // No recurring tail, too short, no room.
+  EXPECT_EQ(lookup_draft(V{1, 2, 3, 4, 5}, 4, 100), V{});
+  EXPECT_EQ(lookup_draft(V{1, 1}, 4, 100), V{});
+  EXPECT_EQ(lookup_draft(V{}, 4, 100), V{});
+  EXPECT_EQ(lookup_draft(V{7, 8, 9, 1, 7, 8, 9}, 0, 100), V{});
 }
 
 }  // namespace
