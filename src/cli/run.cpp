@@ -94,8 +94,12 @@ int cmd_run(int argc, char** argv) {
   std::string finish(finish_name(seq->finish_reason()));
   if (const auto* s = std::get_if<std::string>(&seq->stop_reason()))  // which --stop ended it
     finish += " at " + nlohmann::json(*s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  std::fprintf(stderr, "[%d prompt tokens, %d generated, finish: %s]\n", u.prompt_tokens, u.completion_tokens,
-               finish.c_str());
+  const std::string drafts =
+      draft > 0 ? fmt::format(" (drafts: {} of {} ids taken)", u.draft_accepted, u.draft_tokens) : std::string();
+  std::fprintf(stderr, "[%d prompt tokens, %d generated%s, finish: %s]\n", u.prompt_tokens, u.completion_tokens,
+               drafts.c_str(), finish.c_str());
+
+
   return seq->finish_reason() == engine::FinishReason::Cancelled ? 130 : 0;
 }
 

@@ -678,8 +678,12 @@ void Engine::sample_draft(Sequence& s, StepStats& st) {
     sample(s);
     if (s.phase() == Phase::Finished || i == draft.size() || s.pending_ != draft[i]) break;
   }
+  const int took = int(agreed(s.tokens_, base, draft));
   st.drafted += int(draft.size());
-  st.accepted += int(agreed(s.tokens_, base, draft));
+  st.accepted += took;
+  s.usage_.draft_tokens += int(draft.size());
+  s.usage_.draft_accepted += took;
+
 
 
   if (s.phase() != Phase::Finished) drop_draft(s);

@@ -84,7 +84,10 @@ struct Usage {
   int image_tokens = 0;
   int completion_tokens = 0;  // tokens reported through on_token (a final stop id excluded)
   int cached_tokens = 0;      // prompt tokens restored from a prompt cache file or the prefix cache
+  int draft_tokens = 0;       // draft ids checked (StepBudget::draft_tokens)
+  int draft_accepted = 0;     // of them, those the answer took
 };
+
 
 struct TokenEvent {
   int32_t id = -1;

@@ -2,6 +2,7 @@
 Ctrl-C, and the text path on both VLM and CausalLM checkpoints."""
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -47,7 +48,29 @@ class TestRun(unittest.TestCase):
             self.skipTest(f"vlm detokenize unavailable: {want.stderr.strip()}")
         self.assertEqual(text.rstrip("\n"), want.stdout.rstrip("\n"))
 
+    def test_drafts_leave_the_answer_as_it_is(self):
+        """`--draft 4`: the same ids, greedy and with a seed, on the text and the VLM checkpoints;
+        the last line counts the draft ids checked and taken (some, over the four runs)."""
+        taken = 0
+        for name in ("tiny-text-f32", "tiny-f32"):
+            for sampling in ([], ["--temperature", "1", "--seed", "5"]):
+                run = [BIN, "run", "--model", self.model(name), "--prompt", "Say it again and again",
+                       "--max-tokens", "40", "--ids", *sampling]
+                plain = subprocess.run(run, check=True, capture_output=True, text=True, timeout=300)
+                drafted = subprocess.run(run + ["--draft", "4"], check=True, capture_output=True, text=True,
+                                         timeout=300)
+                self.assertEqual(drafted.stdout, plain.stdout, f"{name} {sampling}")
+                self.assertEqual(len(plain.stdout.split()), 40)
+                self.assertNotIn("drafts:", plain.stderr)
+                m = re.search(r"\(drafts: (\d+) of (\d+) ids taken\), finish: length\]", drafted.stderr)
+                self.assertIsNotNone(m, drafted.stderr)
+                self.assertLessEqual(int(m.group(1)), int(m.group(2)))
+                taken += int(m.group(1))
+        self.assertGreater(taken, 0)
+
+
     def test_the_stop_string_that_ended_it_is_named(self):
+
         m = self.model("tiny-text-f32")
         run = [BIN, "run", "--model", m, "--prompt", "Hi", "--max-tokens", "12", "--temperature", "0"]
         full = subprocess.run(run, check=True, capture_output=True, text=True, timeout=300)
