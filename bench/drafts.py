@@ -59,7 +59,6 @@ def main():
     if a.llama_server:
         llama = [a.llama_server, "-m", a.model, "-t", str(a.threads), "-c", "4096", "--parallel", "1", "-fa", "off",
                  "--port", str(a.port), "--host", "127.0.0.1"]
-
         runs["llama-server"] = run(llama, a.tokens)
         runs["llama-server ngram-simple"] = run(llama + ["--spec-type", "ngram-simple"], a.tokens)
     print("decode after the first token:  tok/s   tokens")

@@ -433,7 +433,6 @@ int cmd_bench(int argc, char** argv) {
         {"draft_ids_taken", accepted},
         {"draft_step_s", draft > 0 ? nlohmann::json(draft_step_s) : nlohmann::json(nullptr)},
         {"plain_step_s", draft > 0 ? nlohmann::json(plain_step_s) : nlohmann::json(nullptr)},
-
         {"image_s", image ? nlohmann::json(image_s) : nlohmann::json(nullptr)},
         {"image_gflops", image ? nlohmann::json(image_flops / image_s * 1e-9) : nlohmann::json(nullptr)},
         {"rss_bytes", rss},

@@ -99,7 +99,6 @@ int cmd_run(int argc, char** argv) {
   std::fprintf(stderr, "[%d prompt tokens, %d generated%s, finish: %s]\n", u.prompt_tokens, u.completion_tokens,
                drafts.c_str(), finish.c_str());
 
-
   return seq->finish_reason() == engine::FinishReason::Cancelled ? 130 : 0;
 }
 

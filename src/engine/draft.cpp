@@ -18,9 +18,7 @@ std::vector<int32_t> lookup_draft(std::span<const int32_t> ids, size_t max_token
         if (id >= vocab_limit) break;
         draft.push_back(id);
       }
-
       if (!draft.empty()) return draft;  // else it ran into an image: an earlier one may not
-
     }
   }
   return draft;

@@ -534,7 +534,6 @@ void Engine::non_finite(const std::vector<Sequence*>& decode, const std::vector<
   for (Sequence* s : decode) check(*s, 1 + s->draft_.size());
   for (const Chunk& c : chunks)
     check(*c.seq, c.seq->req_.prompt_logprobs >= 0 ? c.end - c.begin : c.end == c.seq->req_.prompt.size());
-
 }
 
 namespace {
@@ -683,8 +682,6 @@ void Engine::sample_draft(Sequence& s, StepStats& st) {
   st.accepted += took;
   s.usage_.draft_tokens += int(draft.size());
   s.usage_.draft_accepted += took;
-
-
 
   if (s.phase() != Phase::Finished) drop_draft(s);
 }

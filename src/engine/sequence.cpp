@@ -66,7 +66,6 @@ std::string kv_budget_error(const Model& model, const Request& req, size_t budge
   return fmt::format("the request needs {:.1f} MiB of KV cache for {} positions ({} prompt tokens + max_tokens {}), "
                      "more than the whole KV memory budget of {:.1f} MiB: lower max_tokens or raise the budget",
                      double(kv_reservation(model, req, log)) / MiB, kv_positions(model, req), req.prompt.size(),
-
                      req.max_tokens, double(budget) / MiB);
 }
 

@@ -88,7 +88,6 @@ struct Usage {
   int draft_accepted = 0;     // of them, those the answer took
 };
 
-
 struct TokenEvent {
   int32_t id = -1;
   std::string text;   // this token's own text (streaming detokenizer; empty without a tokenizer)
@@ -206,6 +205,5 @@ int64_t kv_positions(const Model& model, const Request& req);
 size_t kv_reservation(const Model& model, const Request& req, RowLog log);
 // The one-line refusal of a request whose reservation exceeds a whole budget of `budget` bytes.
 std::string kv_budget_error(const Model& model, const Request& req, size_t budget, RowLog log);
-
 
 }  // namespace vlm::engine

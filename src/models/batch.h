@@ -18,7 +18,6 @@ struct SeqSlot {         // one sequence taking part in a forward pass
   // Null for decode rows: one, or a draft's few (each sees its whole visible cache, the rows
   // before it and itself; no more rows than the sliding window); else the prompt chunk's mask.
   const MaskSpec* mask;
-
 };
 
 struct Batch {

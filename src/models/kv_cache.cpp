@@ -128,7 +128,6 @@ void KvCache::rewind(int64_t n) {
   length_ = n;
 }
 
-
 void KvCache::limit_context(int64_t context) {
   if (context < length_ || context > context_)
     fail("KV cache: context {} outside [{}, {}] (its length and its limit)", context, length_, context_);

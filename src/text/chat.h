@@ -80,7 +80,6 @@ int64_t last_user_turn(std::span<const ChatMessage> messages, std::span<const in
 // ids of "user"; -1 without one.
 int64_t last_user_turn(std::span<const int32_t> ids, const Tokenizer& tok);
 
-
 // The string HF's Jinja rendering gives (control tokens and images as their text).
 std::string segments_to_string(std::span<const Segment> segments, const Tokenizer& tok);
 

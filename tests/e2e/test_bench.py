@@ -49,7 +49,6 @@ class TestBench(unittest.TestCase):
         self.assertLessEqual(j["draft_ids_taken"], j["draft_ids"])
         for word in ("start:", "prefill:", "decode:", "sampling", "weights read where they are mapped:",
                      "batched decode:", "decode with drafts of up to 3 ids:", "image:", "peak RSS:"):
-
             self.assertIn(word, log)
         # What sampling one token takes, greedy and drawn (no timing judged).
         for f in ("greedy", "temperature_1", "top_k_64_top_p_0.95"):

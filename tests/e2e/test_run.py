@@ -68,9 +68,7 @@ class TestRun(unittest.TestCase):
                 taken += int(m.group(1))
         self.assertGreater(taken, 0)
 
-
     def test_the_stop_string_that_ended_it_is_named(self):
-
         m = self.model("tiny-text-f32")
         run = [BIN, "run", "--model", m, "--prompt", "Hi", "--max-tokens", "12", "--temperature", "0"]
         full = subprocess.run(run, check=True, capture_output=True, text=True, timeout=300)

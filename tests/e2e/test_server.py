@@ -269,7 +269,6 @@ class TestServer(unittest.TestCase):
                 for p in (a, b):
                     status, _, r = srv.post("/v1/completions", {"model": "tiny-f32", "prompt": p, "max_tokens": 4,
                                                                "temperature": 0, "return_token_ids": True})
-
                     self.assertEqual(status, 200, r)
                 self.assertEqual(r["usage"]["prompt_tokens"], len(ids[1]))
                 self.assertEqual(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0 if args else differ)

@@ -5,7 +5,6 @@ conversation before each from its caches), stops a third answer mid-stream (the 
 cancelled), and writes a screenshot (build/chat_page.png, or $VLM_SCREENSHOT)."""
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import unittest

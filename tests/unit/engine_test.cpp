@@ -972,7 +972,6 @@ TEST_F(EngineTest, DraftsGiveTheAnswerWithoutDrafts) {
   };
   reqs[4].sampling.frequency_penalty = 0.5f;  // the repeats drafted are drawn less often
 
-
   reqs[1].sampling.temperature = 1.0f;
   reqs[1].sampling.seed = 7;
   reqs[3].sampling.temperature = 0.8f;

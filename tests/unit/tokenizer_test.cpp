@@ -229,7 +229,6 @@ TEST(Chat, LastUserTurnOfAChatSentAsText) {
   EXPECT_EQ(last_user_turn(Ids{}, gemma()), -1);
 }
 
-
 TEST(Chat, GoogleLayoutSpec42) {
   const char* image_text = R"([{"role":"user","content":[{"type":"image"},{"type":"text","text":"Describe this image."}]}])";
   ImageTokens google = kImg;
