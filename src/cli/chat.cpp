@@ -78,7 +78,6 @@ int cmd_chat(int argc, char** argv) {
   budget.prefix_cache_bytes = size_t(1) << 30;
   budget.image_cache_bytes = size_t(256) << 20;
   budget.draft_tokens = draft;
-
   engine::Engine eng(*model, budget);
 
   std::vector<text::ChatMessage> messages;

@@ -86,7 +86,6 @@ server::SchedulerOptions EngineArgs::scheduler_options() const {
   s.budget.image_cache_bytes = size_t(image_cache_mib) << 20;
   s.budget.prefix_cache_bytes = size_t(prefix_cache_mib) << 20;
   s.budget.draft_tokens = draft;
-
   s.max_queue = max_queue;
   return s;
 }

@@ -33,7 +33,6 @@ struct EngineArgs {
   // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
   // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images, --image-cache,
   // --prefix-cache, --draft.
-
   void add(CLI::App& app);
   engine::ModelOptions model_options() const;
   server::SchedulerOptions scheduler_options() const;

@@ -50,7 +50,6 @@ inline void add_draft_option(CLI::App& app, int& value) {
 }
 
 // The sampling flags of `vlm run` and `vlm chat`, into `sp` (its defaults: greedy).
-
 inline void add_sampling_options(CLI::App& app, SamplingParams& sp) {
   app.add_option("--temperature", sp.temperature, "0 = greedy");
   app.add_option("--top-k", sp.top_k, "0 = off");

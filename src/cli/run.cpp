@@ -84,7 +84,6 @@ int cmd_run(int argc, char** argv) {
   }
   auto seq = std::make_shared<engine::Sequence>(*model, std::move(req), std::move(cb));
   engine::Engine eng(*model, engine::StepBudget{.draft_tokens = draft});
-
   run_to_end(eng, seq);
   if (seq->finish_reason() == engine::FinishReason::Error) fail("{}", seq->error());
   const engine::Usage& u = seq->usage();
@@ -98,7 +97,6 @@ int cmd_run(int argc, char** argv) {
       draft > 0 ? fmt::format(" (drafts: {} of {} ids taken)", u.draft_accepted, u.draft_tokens) : std::string();
   std::fprintf(stderr, "[%d prompt tokens, %d generated%s, finish: %s]\n", u.prompt_tokens, u.completion_tokens,
                drafts.c_str(), finish.c_str());
-
   return seq->finish_reason() == engine::FinishReason::Cancelled ? 130 : 0;
 }
 

@@ -17,7 +17,6 @@ inline constexpr size_t kDraftNgramMax = 4, kDraftNgramMin = 2;
 // most recently, the at most `max_tokens` ids that followed them there (where those reach the
 // end, the draft's own ids go on: a run that repeats every few ids is drafted repeating); ids at
 // or past `vocab_limit` (image soft tokens) end the draft. Empty when no n-gram recurs.
-
 std::vector<int32_t> lookup_draft(std::span<const int32_t> ids, size_t max_tokens, int32_t vocab_limit);
 
 }  // namespace vlm::engine

@@ -656,7 +656,6 @@ size_t Engine::draft(Sequence& s, size_t rows) {
                                  c.context() - c.length() - 2,
                                  int64_t(s.req_.max_tokens) - int64_t(s.tokens_.size()) - 1,
                                  int64_t(model_.config().text.sliding_window) - 1});
-
   if (room <= 0) return 0;
   s.draft_ = lookup_draft(s.ids(), size_t(room), model_.vocab_limit());
   s.draft_base_ = s.tokens_.size();
@@ -682,7 +681,6 @@ void Engine::sample_draft(Sequence& s, StepStats& st) {
   st.accepted += took;
   s.usage_.draft_tokens += int(draft.size());
   s.usage_.draft_accepted += took;
-
   if (s.phase() != Phase::Finished) drop_draft(s);
 }
 
@@ -696,7 +694,6 @@ void Engine::drop_draft(Sequence& s) {
 }
 
 void Engine::update_counters() {
-
   size_t kv = 0;
   for (auto& s : active_) kv += s->kv_bytes();
   kv_bytes_.store(kv);

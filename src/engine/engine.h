@@ -113,7 +113,6 @@ class Engine {
   size_t draft(Sequence& s, size_t rows);   // s.draft_ for this step, at most `rows` ids; their number
   void sample_draft(Sequence& s, StepStats& st);  // sample, and through s.draft_ as far as the draws agree
   void drop_draft(Sequence& s);             // the rows of draft ids the answer did not take leave the cache
-
   void finish(Sequence& s, FinishReason r);
   void fail_request(Sequence& s, const std::string& message);
   void update_counters();

@@ -170,7 +170,6 @@ class Sequence {
   int32_t pending_ = -1;                    // sampled, not yet forwarded
   std::vector<int32_t> draft_;              // ids forwarded after pending_ in this step (Engine::draft)
   size_t draft_base_ = 0;                   // tokens_.size() when drafted: where the draws begin
-
   uint64_t request_hash_ = 0;               // prompt cache key
   size_t kv_reserved_ = 0;                  // KV memory reserved at admission (kv_reservation)
 };

@@ -49,7 +49,6 @@ class KvCache {
   // The most positions of a next reserve() that rewind() can always give back: the rows the log
   // keeps (any number without sliding layers).
   int64_t max_rewind() const { return ring_size() == 0 ? context_ : keep_; }
-
   // Lowers the most positions this cache may hold (to what its sequence can still use), never
   // below what it holds.
   void limit_context(int64_t context);

@@ -80,7 +80,6 @@ std::vector<engine::Request> prepare_requests(const engine::Model& model, ApiReq
     if (const text::Tokenizer* tok = model.tokenizer())  // a chat needs one; a prompt of ids may not
       req.edit_from = r.endpoint == Endpoint::Chat ? text::last_user_turn(r.messages, req.prompt, *tok)
                                                    : text::last_user_turn(req.prompt, *tok);
-
     req.images = images;
     const int64_t ctx = model.context(), n = int64_t(req.prompt.size());
     if (n >= ctx || (r.max_tokens && n + *r.max_tokens > ctx))

@@ -200,13 +200,13 @@ int64_t last_user_turn(std::span<const int32_t> ids, const Tokenizer& tok) {
   const int32_t sot = required_id(tok, "<start_of_turn>");
   const std::vector<int32_t> user = tok.encode("user");
   for (size_t p = ids.size(); p-- > 0;)
-    if (ids[p] == sot && ids.size() - p - 1 >= user.size() && std::equal(user.begin(), user.end(), ids.begin() + std::ptrdiff_t(p + 1)))
+    if (ids[p] == sot && ids.size() - p - 1 >= user.size() &&
+        std::equal(user.begin(), user.end(), ids.begin() + std::ptrdiff_t(p + 1)))
       return int64_t(p);
   return -1;
 }
 
 std::string segments_to_string(std::span<const Segment> segments, const Tokenizer& tok) {
-
   std::string s;
   for (const Segment& seg : segments) {
     switch (seg.kind) {

@@ -276,7 +276,6 @@ class TestServer(unittest.TestCase):
         self.assertEqual(answers[0], answers[1])
 
     def test_cache_sizes_must_be_whole_mib(self):
-
         for flag in ("--image-cache", "--prefix-cache"):
             for bad in ("nan", "-1", "1.5", "inf", "2000000"):
                 p = subprocess.run([BIN, "serve", "--model", model_dir("tiny-f32"), "--port", "0", flag, bad],

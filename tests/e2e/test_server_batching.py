@@ -160,7 +160,6 @@ class TestBatchInvariance(unittest.TestCase):
             self.assertEqual(metric(m, "vlm:kv_cache_bytes"), 0)
 
 
-
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
 class TestCancellation(unittest.TestCase):
     def test_disconnects_in_every_phase(self):

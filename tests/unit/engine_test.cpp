@@ -971,7 +971,6 @@ TEST_F(EngineTest, DraftsGiveTheAnswerWithoutDrafts) {
       request("Tell me a story about a story about a story", 0, 65, 60),
   };
   reqs[4].sampling.frequency_penalty = 0.5f;  // the repeats drafted are drawn less often
-
   reqs[1].sampling.temperature = 1.0f;
   reqs[1].sampling.seed = 7;
   reqs[3].sampling.temperature = 0.8f;

@@ -279,7 +279,6 @@ void Decoder::attend(int l, const Batch& b, const SeqSlot& slot, size_t r0, size
     }
     return;
   }
-
   if (!L.sliding && !bf16) {
     // Global layers keep every position in slot order: write the new rows, attend in place.
     for (size_t i = 0; i < valid; ++i) put(P + int64_t(i), k + i * krow, v + i * krow);
