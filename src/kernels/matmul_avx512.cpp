@@ -259,18 +259,21 @@ void dot_bf16_row1(const GemmArgs& a, size_t n0, size_t n1) {
 }
 
 // RM activation rows from m0 × the RN weight rows at wr over columns [k0, k1) of K, each
-// weight vector meeting every row. The sums start at zero when k0 = 0, else from
-// acc[RM][RN]; they go back to acc unless k1 = K, where they become y's entries for rows
-// n0 + r · stride. Wide: the same products on the f32 FMAs (Exec::bf16_gemm not Dot: CPUs whose
-// vdpbf16ps does fewer products per cycle), x as f32 in a.xq (wide_x in matmul.cpp), with
-// columns counted from `shift` zeros before each row (fma_dot_shift), whose words the first
-// load leaves out; a weight vector widens into its even entries (bf16_low) and odd ones.
+// weight vector meeting every row. Columns count from the 64-byte line that holds each weight
+// row's first value, `shift` values before it (fma_dot_shift), so that every full load is one
+// line; the first and last loads leave out the words outside the row. The sums start at zero
+// when k0 = 0, else from acc[RM][RN]; they go back to acc unless k1 = K, where they become y's
+// entries for rows n0 + r · stride. Wide: the same products on the f32 FMAs (Exec::bf16_gemm not
+// Dot: CPUs whose vdpbf16ps does fewer products per cycle), x as f32 in a.xq with the shift's
+// zeros before each row (wide_x in matmul.cpp); a weight vector widens into its even entries
+// (bf16_low) and odd ones. Else x as bf16 in a.xq (bf16_x), its rows at the weights' offset in a
+// line.
 template <bool Wide, int RM, int RN>
 void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, size_t n0, size_t stride, size_t k0,
                    size_t k1, size_t K, size_t shift, __m512* acc_mem) {
   __m512 acc[RM][RN];
   tile_start<S512>(acc, k0, acc_mem);
-  auto step = [&](size_t k, auto load_w) {
+  auto step = [&](size_t k, auto load_w, auto load_x) {
     __m512bh wv[RN];
     VLM_UNROLL
     for (int r = 0; r < RN; ++r) wv[r] = load_w(wr[r] + 2 * k);
@@ -291,21 +294,22 @@ void dot_bf16_tile(const GemmArgs& a, size_t m0, const std::byte* const* wr, siz
     } else {
       VLM_UNROLL
       for (int m = 0; m < RM; ++m) {
-        const __m512bh xv = load_bf16x32(a.xq + (m0 + m) * a.ldxq + 2 * k);
+        const __m512bh xv = load_x(a.xq + (m0 + m) * a.ldxq - 2 * shift + 2 * k);
         VLM_UNROLL
         for (int r = 0; r < RN; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);
       }
     }
   };
+  auto part = [](size_t lo, size_t hi) { return [=](const std::byte* p) { return load_bf16_range(p, lo, hi); }; };
   size_t k = k0;
   if (k == 0 && shift)  // the head of group 0 is not the row's
-    step(k, [&](const std::byte* p) { return load_bf16_range(p, shift, std::min<size_t>(32, k1)); }), k = 32;
+    step(k, part(shift, std::min<size_t>(32, k1)), part(shift, std::min<size_t>(32, k1))), k = 32;
   for (; k + 32 <= k1; k += 32)
     step(k, [&](const std::byte* p) {
       __builtin_prefetch(p + kRowAhead, 0, 3);  // RN streams far apart: see dot_tile
       return load_bf16x32(p);
-    });
-  if (k < k1) step(k, [&](const std::byte* p) { return load_bf16_range(p, 0, k1 - k); });
+    }, [](const std::byte* p) { return load_bf16x32(p); });
+  if (k < k1) step(k, part(0, k1 - k), part(0, k1 - k));
   tile_finish<S512>(a, acc, k1, K, acc_mem, m0, n0, stride);
 }
 
@@ -321,7 +325,7 @@ constexpr size_t kDotBlock = Wide ? 256 : 512;
 template <bool Wide, int RN>
 void dot_bf16_rows(const GemmArgs& a, size_t n0, size_t stride) {
   alignas(64) __m512 acc[kBf16DotRows / 4][4 * RN];  // the sums of each group between column blocks
-  const size_t shift = Wide ? fma_dot_shift(a) : 0, K = a.K + shift;
+  const size_t shift = fma_dot_shift(a), K = a.K + shift;
   const std::byte* wr[RN];
   VLM_UNROLL
   for (int r = 0; r < RN; ++r) wr[r] = a.w + (n0 + r * stride) * a.ldw_bytes - 2 * shift;

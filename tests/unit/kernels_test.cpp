@@ -366,10 +366,11 @@ TEST(Matmul, F16OfBf16ValuesRunsAsBf16) {
 }
 
 // The M = 1 bf16 dot peels the values before the weights' first 64-byte line boundary and
-// places x at the same offset (aligning_lead, bf16_x), and the FMA twins (AVX512: 5..32 rows,
-// AVX2: 2..32) start their groups there (fma_dot_shift, wide_x); the tile kernels (40 rows, on the
-// model) pack weights from any offset: the same products at every offset a tensor can sit at in a
-// file, including ones with no whole line in a short row.
+// places x at the same offset (aligning_lead, bf16_x); the dot tiles (2..64 rows) and the FMA
+// twins (AVX512: 5..32 rows, AVX2: 2..32) start their groups at that boundary (fma_dot_shift,
+// wide_x); the tile kernels (40 rows, on the model) pack weights from any offset: the same
+// products at every offset a tensor can sit at in a file, including ones with no whole line in a
+// short row.
 TEST(Matmul, Bf16DotAtEveryWeightOffset) {
   ThreadPool pool(2);
   std::mt19937 rng(13);
@@ -380,7 +381,7 @@ TEST(Matmul, Bf16DotAtEveryWeightOffset) {
   };
   std::vector<Path> paths;
   if (bf16_dot_supported())
-    paths = {{Isa::Avx512, Bf16Gemm::Dot, {1, 3, 8}}, {Isa::Avx512, Bf16Gemm::Fma, {1, 3, 8}},
+    paths = {{Isa::Avx512, Bf16Gemm::Dot, {1, 2, 3, 6, 8}}, {Isa::Avx512, Bf16Gemm::Fma, {1, 3, 8}},
              {Isa::Avx512, Bf16Gemm::AmxModel, {8, 17, 40}}};
   if (isa_supported(Isa::Avx2)) paths.push_back({Isa::Avx2, Bf16Gemm::Fma, {1, 3, 8}});
   for (const Path& path : paths) {
