@@ -13,5 +13,6 @@ fi
 export VLM_THREADS=${VLM_THREADS:-2}
 echo "== kernels";   build/bench_kernels --quick
 echo "== tokenizer"; build/bench_tokenizer
+echo "== drafts";    build/bench_drafts
 echo "== vision";    build/bench_vision "$CKPT"
 echo "== decoder";   build/bench_decoder "$CKPT"

@@ -1,6 +1,7 @@
 #include "engine/draft.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace vlm::engine {
 
@@ -22,6 +23,51 @@ std::vector<int32_t> lookup_draft(std::span<const int32_t> ids, size_t max_token
     }
   }
   return draft;
+}
+
+void DraftOdds::pick(std::vector<int32_t>& lookup, double row_cost) {
+  const size_t k = length(lookup.size(), row_cost);
+  unchecked_ = k == 0 && !lookup.empty() ? lookup[0] : -1;
+  lookup.resize(k);
+}
+
+size_t agreed(std::span<const int32_t> draft, std::span<const int32_t> draws) {
+  size_t n = 0;
+  while (n < draft.size() && n < draws.size() && draws[n] == draft[n]) ++n;
+  return n;
+}
+
+size_t DraftOdds::drawn(std::span<const int32_t> checked, std::span<const int32_t> draws) {
+  const size_t taken = agreed(checked, draws);
+  if (!checked.empty()) record(checked.size(), taken);
+  else if (unchecked_ >= 0 && !draws.empty()) record(1, draws[0] == unchecked_);
+  unchecked_ = -1;
+  return taken;
+}
+
+size_t DraftOdds::length(size_t max, double row_cost) const {
+  const double p = taken_ / ids_;
+  size_t best = 0;
+  double best_rate = 1, gain = 1, pk = 1;  // ids per step's time; 1 + p + … + p^k; p^k
+  for (size_t k = 1; k <= max; ++k) {
+    pk *= p;
+    gain += pk;
+    const double rate = gain / (1 + row_cost * double(k));
+    if (rate > best_rate) best = k, best_rate = rate;
+  }
+  return best;
+}
+
+void DraftOdds::record(size_t checked, size_t taken) {
+  const size_t n = std::min(checked, taken + 1);
+  const double keep = std::pow(kDraftOddsDecay, double(n));
+  ids_ = ids_ * keep + double(n);
+  taken_ = taken_ * keep + double(taken);
+}
+
+double draft_row_cost(double one, size_t rows) {
+  const double r = double(std::max<size_t>(rows, 1));
+  return one * r / (1 + one * (r - 1));
 }
 
 }  // namespace vlm::engine

@@ -370,7 +370,7 @@ StepStats Engine::step() {
   }
   // Drafts take what the prompt chunks leave.
   if (budget_.draft_tokens > 0)
-    for (Sequence* s : decode) left -= draft(*s, left);
+    for (Sequence* s : decode) left -= draft(*s, left, decode.size());
   st.decode_rows = int(decode.size());
   st.prefill_seqs = int(chunks.size());
 
@@ -639,16 +639,7 @@ void Engine::sample(Sequence& s) {
   s.pending_ = id;
 }
 
-namespace {
-// How many of `draft` the answer drew in order from `tokens[base]` on.
-size_t agreed(const std::vector<int32_t>& tokens, size_t base, const std::vector<int32_t>& draft) {
-  size_t n = 0;
-  while (n < draft.size() && base + n < tokens.size() && tokens[base + n] == draft[n]) ++n;
-  return n;
-}
-}  // namespace
-
-size_t Engine::draft(Sequence& s, size_t rows) {
+size_t Engine::draft(Sequence& s, size_t rows, size_t decode_rows) {
   const KvCache& c = *s.cache_;
   // Each draft row must leave a position for the token drawn after it, stay within max_tokens, be
   // one the cache can give back, and fit the sliding layers' rings with the sequence's own row.
@@ -658,6 +649,7 @@ size_t Engine::draft(Sequence& s, size_t rows) {
                                  int64_t(model_.config().text.sliding_window) - 1});
   if (room <= 0) return 0;
   s.draft_ = lookup_draft(s.ids(), size_t(room), model_.vocab_limit());
+  s.draft_odds_.pick(s.draft_, draft_row_cost(budget_.draft_row_cost, decode_rows));
   s.draft_base_ = s.tokens_.size();
   return s.draft_.size();
 }
@@ -666,17 +658,21 @@ size_t Engine::draft(Sequence& s, size_t rows) {
 // step of its own would have given after the ids before it. Each is sampled in turn as that step
 // would; the next row counts only while the draws agree with the draft.
 void Engine::sample_draft(Sequence& s, StepStats& st) {
-  if (s.draft_.empty()) return sample(s);
+  auto draws = [&s] { return std::span<const int32_t>(s.tokens_).subspan(s.draft_base_); };
+  if (s.draft_.empty()) {
+    sample(s);
+    s.draft_odds_.drawn({}, draws());
+    return;
+  }
   const size_t V = size_t(model_.vocab());
   const std::vector<float> rows = std::move(s.logits_);
   const std::vector<int32_t> draft = s.draft_;
-  const size_t base = s.draft_base_;
   for (size_t i = 0; i <= draft.size(); ++i) {
     s.logits_.assign(rows.begin() + std::ptrdiff_t(i * V), rows.begin() + std::ptrdiff_t((i + 1) * V));
     sample(s);
     if (s.phase() == Phase::Finished || i == draft.size() || s.pending_ != draft[i]) break;
   }
-  const int took = int(agreed(s.tokens_, base, draft));
+  const int took = int(s.draft_odds_.drawn(draft, draws()));
   st.drafted += int(draft.size());
   st.accepted += took;
   s.usage_.draft_tokens += int(draft.size());
@@ -687,7 +683,7 @@ void Engine::sample_draft(Sequence& s, StepStats& st) {
 void Engine::drop_draft(Sequence& s) {
   if (s.draft_.empty()) return;
   if (s.cache_) {
-    const size_t took = agreed(s.tokens_, s.draft_base_, s.draft_);
+    const size_t took = agreed(s.draft_, std::span<const int32_t>(s.tokens_).subspan(s.draft_base_));
     s.cache_->rewind(s.cache_->length() - int64_t(s.draft_.size() - took));
   }
   s.draft_.clear();

@@ -50,6 +50,11 @@ struct StepBudget {
   // after the sequence's own row, within what prompt chunks leave of prefill_rows, and the answer
   // takes them as far as its sampler draws them, so it is the answer without drafts, in fewer steps.
   int draft_tokens = 0;
+  // A draft row's cost against a lone sequence's plain step, from which each sequence checks as
+  // many of its lookup's ids as its answer's odds pay for (DraftOdds; 0: always all of them). On
+  // the Zen 5 VM a row cost 0.1–0.2 of a bf16 4B step (`vlm bench --draft`), 0.13–0.37 of a
+  // quantized one (from their batched ×8 figures); docs/gemma3/decoder.md, "Drafts".
+  double draft_row_cost = 0.15;
   // What each sequence keeps of the rows that leave its sliding layers' rings (part of its
   // reservation): with a prefix cache the last 64, so that a next prompt that repeats all of the
   // answer but its last 64 tokens (a trimmed newline, another tokenization of its end) still takes
@@ -110,7 +115,7 @@ class Engine {
   void forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
   void non_finite(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
   void sample(Sequence& s);                 // from s.logits_: emit a token or finish
-  size_t draft(Sequence& s, size_t rows);   // s.draft_ for this step, at most `rows` ids; their number
+  size_t draft(Sequence& s, size_t rows, size_t decode_rows);  // s.draft_ for this step, at most `rows` ids; their number
   void sample_draft(Sequence& s, StepStats& st);  // sample, and through s.draft_ as far as the draws agree
   void drop_draft(Sequence& s);             // the rows of draft ids the answer did not take leave the cache
   void finish(Sequence& s, FinishReason r);

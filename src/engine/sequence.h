@@ -15,6 +15,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/draft.h"
 #include "models/kv_cache.h"
 #include "engine/image_cache.h"
 #include "engine/sampler.h"
@@ -170,6 +171,7 @@ class Sequence {
   int32_t pending_ = -1;                    // sampled, not yet forwarded
   std::vector<int32_t> draft_;              // ids forwarded after pending_ in this step (Engine::draft)
   size_t draft_base_ = 0;                   // tokens_.size() when drafted: where the draws begin
+  DraftOdds draft_odds_;                    // how often the answer took draft ids: how many to check
   uint64_t request_hash_ = 0;               // prompt cache key
   size_t kv_reserved_ = 0;                  // KV memory reserved at admission (kv_reservation)
 };

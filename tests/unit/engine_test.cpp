@@ -1011,8 +1011,9 @@ TEST_F(EngineTest, DraftsEndWithTheAnswerAndLeaveItsRowsToTheNextTurn) {
   stopped.stop_strings = {plain.text.substr(plain.text.size() / 2, 4)};
   const Record solo_stopped = alone(stopped);
   ASSERT_EQ(solo_stopped.reason, FinishReason::Stop);
+  // Drafts free of cost, so every step checks all the lookup finds: answers end inside them.
   const StepBudget drafts{.prefill_rows = 4096, .images = 8, .vision_layers = 0, .prefix_cache_bytes = 256u << 20,
-                          .draft_tokens = 6};
+                          .draft_tokens = 6, .draft_row_cost = 0};
   for (const Request& r : {stopped, t1}) {
     Engine eng(*model_, drafts);
     const Record got = run_in(eng, *model_, r, {0, 0});
@@ -1023,8 +1024,7 @@ TEST_F(EngineTest, DraftsEndWithTheAnswerAndLeaveItsRowsToTheNextTurn) {
     expect_logits_near(got, solo);
 
     const Request t2 = next_turn(r, got.tokens, 5);
-    const Record solo2
- = alone(t2);
+    const Record solo2 = alone(t2);
     const Record r2 = run_in(eng, *model_, t2, {0, 0});
     // Every position the first answer forwarded: all its tokens but the last (never forwarded,
     // or, after a stop string, forwarded in a draft row the cache kept).
@@ -1057,6 +1057,49 @@ TEST(Draft, LookupTakesTheIdsAfterTheLatestOccurrenceOfTheLongestTail) {
   EXPECT_EQ(lookup_draft(V{1, 1}, 4, 100), V{});
   EXPECT_EQ(lookup_draft(V{}, 4, 100), V{});
   EXPECT_EQ(lookup_draft(V{7, 8, 9, 1, 7, 8, 9}, 0, 100), V{});
+}
+
+// DraftOdds checks the k with the most ids per step's time, (1 + p + … + p^k) / (1 + c·k).
+TEST(Draft, OddsCheckWhatPaysForItsRows) {
+  using V = std::vector<int32_t>;
+  DraftOdds fresh;  // even odds: k = 1, 2, 3 give 1.5 / 1.15, 1.75 / 1.3, 1.875 / 1.45 a step
+  EXPECT_EQ(fresh.length(8, 0.15), 2u);
+  EXPECT_EQ(fresh.length(1, 0.15), 1u);
+  EXPECT_EQ(fresh.length(8, 0.3), 1u);  // dearer rows, fewer: 1.5 / 1.3 against 1.75 / 1.6
+  EXPECT_EQ(fresh.length(0, 0.15), 0u);
+  EXPECT_EQ(fresh.length(8, 0.0), 8u);  // free rows: all of the lookup
+  EXPECT_EQ(fresh.length(8, 1.0), 0u);  // a row as dear as a step: 1.5 / 2 < 1
+
+  DraftOdds missing = fresh;
+  for (int i = 0; i < 30; ++i) missing.record(4, 0);
+  EXPECT_EQ(missing.length(8, 0.15), 0u);
+  // Unchecked lookups whose first id the answer drew bring the drafts back: p = 0.19 after two,
+  // (1 + p) / 1.15 > 1.
+  DraftOdds back = missing;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<int32_t> lookup{5, 6, 7};
+    back.pick(lookup, 0.15);
+    EXPECT_TRUE(lookup.empty());
+    EXPECT_EQ(back.drawn(lookup, V{5, 9}), 0u);
+  }
+  std::vector<int32_t> lookup{5, 6, 7};
+  back.pick(lookup, 0.15);
+  EXPECT_EQ(lookup, V{5});
+  EXPECT_EQ(back.drawn(lookup, V{5, 6}), 1u);
+  for (int i = 0; i < 40; ++i) back.record(8, 8);
+  EXPECT_EQ(back.length(8, 0.15), 8u);  // p near 1: 9 / 2.2 against 8 / 2.05 for 7
+
+  // The ids after a miss count for nothing.
+  DraftOdds a = fresh, b = fresh;
+  a.record(8, 2);
+  b.record(3, 2);
+  for (double c : {0.05, 0.15, 0.3})
+    for (size_t max : {2u, 5u, 8u}) EXPECT_EQ(a.length(max, c), b.length(max, c)) << c << " " << max;
+
+  // A row's cost to each of R sequences decoding together: one · R / (1 + one · (R − 1)).
+  EXPECT_DOUBLE_EQ(draft_row_cost(0.15, 1), 0.15);
+  EXPECT_DOUBLE_EQ(draft_row_cost(0.15, 0), 0.15);
+  EXPECT_DOUBLE_EQ(draft_row_cost(0.25, 8), 2.0 / 2.75);
 }
 
 }  // namespace
