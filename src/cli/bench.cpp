@@ -367,10 +367,10 @@ int cmd_bench(int argc, char** argv) {
     plain_step_s = n_plain >= 4 ? plain / n_plain : tg_s / double(step_s.size());
     say(fmt::format("decode with drafts of up to {} ids: {} tokens in {:.3f} s = {:.3f} tok/s = {:.2f}x decode; {} of {} "
                     "draft ids taken; a step checking {} ids {:.1f} ms, a plain step {:.1f} ms ({:.2f}x: drafts pay "
-                    "from {:.2f} ids taken a step)",
+                    "from {:.2f} ids taken a step); a draft row {:.2f} of a step as the engine timed its passes",
                     draft, s->tokens().size() - before, total, draft_tok_s, draft_tok_s / tg_tok_s, accepted,
                     drafted, draft, draft_step_s * 1e3, plain_step_s * 1e3, draft_step_s / plain_step_s,
-                    draft_step_s / plain_step_s - 1));
+                    draft_step_s / plain_step_s - 1, eng.draft_row_cost()));
   }
 
   double image_s = 0, image_flops = 0;

@@ -65,6 +65,25 @@ void DraftOdds::record(size_t checked, size_t taken) {
   taken_ = taken_ * keep + double(taken);
 }
 
+void RowCost::pass(size_t rows, double seconds) {
+  const double r = double(rows);
+  w_ = w_ * kRowCostDecay + 1;
+  r_ = r_ * kRowCostDecay + r;
+  rr_ = rr_ * kRowCostDecay + r * r;
+  t_ = t_ * kRowCostDecay + seconds;
+  rt_ = rt_ * kRowCostDecay + r * seconds;
+}
+
+double RowCost::value() const {
+  // Rows must vary (a spread of at least a quarter row) for the slope to mean anything.
+  const double var = w_ * rr_ - r_ * r_;
+  if (w_ <= 0 || var < 0.0625 * w_ * w_) return prior_;
+  const double b = (w_ * rt_ - r_ * t_) / var, a = (t_ - b * r_) / w_;
+  if (!(a + b > 0)) return prior_;
+  const double fit = std::clamp(b / (a + b), 0.02, 1.0);
+  return (w_ * fit + kRowCostPriorPasses * prior_) / (w_ + kRowCostPriorPasses);
+}
+
 double draft_row_cost(double one, size_t rows) {
   const double r = double(std::max<size_t>(rows, 1));
   return one * r / (1 + one * (r - 1));

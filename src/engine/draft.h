@@ -48,6 +48,26 @@ class DraftOdds {
 };
 inline constexpr double kDraftOddsDecay = 0.9;
 
+// A decode row's cost against a lone sequence's step, from the engine's own passes: the time of a
+// pass of R decode rows fitted as a + b·R by least squares over recent passes (each weighing
+// kRowCostDecay of the next), the cost b / (a + b). It differs by file and machine (on the Zen 5
+// VM 0.13 for the bf16 4B, 0.4–0.6 for its Q8_0 and Q4_K_M files: docs/gemma3/decoder.md,
+// "Drafts"). `prior` stands until passes of different sizes were timed, and weighs as
+// kRowCostPriorPasses passes after (one slow pass among a few must not set the cost alone).
+class RowCost {
+ public:
+  explicit RowCost(double prior) : prior_(prior) {}
+  void pass(size_t rows, double seconds);
+  double value() const;
+
+ private:
+  double prior_, w_ = 0, r_ = 0, rr_ = 0, t_ = 0, rt_ = 0;  // decayed sums of 1, R, R², T, R·T
+};
+inline constexpr double kRowCostDecay = 0.98, kRowCostPriorPasses = 8;
+// The cost a RowCost starts from: a row of the bf16 4B on the Zen 5 VM, about the cheapest seen
+// (checks start long and shorten as the passes are timed).
+inline constexpr double kDraftRowCostPrior = 0.15;
+
 // A draft row's cost against the step of each of `rows` sequences decoding together, where one
 // draft row costs `one` of a lone sequence's step: a pass of R rows takes about 1 + one·(R − 1)
 // lone steps, shared by R answers, so a row costs each answer's step one·R / (1 + one·(R − 1)).

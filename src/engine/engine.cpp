@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <numeric>
@@ -376,7 +377,14 @@ StepStats Engine::step() {
 
   if (!decode.empty() || !chunks.empty()) {
     try {
+      const auto t0 = std::chrono::steady_clock::now();
       forward(decode, chunks);
+      // Passes of decode rows alone time what a row costs (RowCost).
+      if (chunks.empty() && budget_.draft_tokens > 0 && !budget_.draft_row_cost) {
+        size_t rows = 0;
+        for (const Sequence* s : decode) rows += 1 + s->draft_.size();
+        row_cost_.pass(rows, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
     } catch (const Error& e) {
       // The pass failed as a whole: every sequence in it ends with the message.
       for (Sequence* s : decode) fail_request(*s, e.what());
@@ -649,7 +657,7 @@ size_t Engine::draft(Sequence& s, size_t rows, size_t decode_rows) {
                                  int64_t(model_.config().text.sliding_window) - 1});
   if (room <= 0) return 0;
   s.draft_ = lookup_draft(s.ids(), size_t(room), model_.vocab_limit());
-  s.draft_odds_.pick(s.draft_, draft_row_cost(budget_.draft_row_cost, decode_rows));
+  s.draft_odds_.pick(s.draft_, engine::draft_row_cost(draft_row_cost(), decode_rows));
   s.draft_base_ = s.tokens_.size();
   return s.draft_.size();
 }

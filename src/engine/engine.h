@@ -18,8 +18,10 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include "engine/draft.h"
 #include "engine/image_cache.h"
 #include "engine/model.h"
 #include "engine/prefix_cache.h"
@@ -51,10 +53,9 @@ struct StepBudget {
   // takes them as far as its sampler draws them, so it is the answer without drafts, in fewer steps.
   int draft_tokens = 0;
   // A draft row's cost against a lone sequence's plain step, from which each sequence checks as
-  // many of its lookup's ids as its answer's odds pay for (DraftOdds; 0: always all of them). On
-  // the Zen 5 VM a row cost 0.1–0.2 of a bf16 4B step (`vlm bench --draft`), 0.13–0.37 of a
-  // quantized one (from their batched ×8 figures); docs/gemma3/decoder.md, "Drafts".
-  double draft_row_cost = 0.15;
+  // many of its lookup's ids as its answer's odds pay for (DraftOdds): unset, measured from the
+  // engine's passes (RowCost, from kDraftRowCostPrior); 0: always all of them.
+  std::optional<double> draft_row_cost = std::nullopt;
   // What each sequence keeps of the rows that leave its sliding layers' rings (part of its
   // reservation): with a prefix cache the last 64, so that a next prompt that repeats all of the
   // answer but its last 64 tokens (a trimmed newline, another tokenization of its end) still takes
@@ -83,6 +84,8 @@ class Engine {
 
   const Model& model() const { return model_; }
   const StepBudget& budget() const { return budget_; }
+  // What a draft row costs against a lone step: StepBudget::draft_row_cost, else as measured.
+  double draft_row_cost() const { return budget_.draft_row_cost.value_or(row_cost_.value()); }
 
   // Thread-safe. Queues the sequence; the next step validates it (validate_request) and either
   // admits it or finishes it with FinishReason::Error before any compute.
@@ -132,6 +135,7 @@ class Engine {
       prefix_cache_bytes_{0};
   ImageCache image_cache_;
   PrefixCache prefix_cache_;
+  RowCost row_cost_{kDraftRowCostPrior};  // timed passes of decode rows alone
   // The pass's work state and inputs, kept between steps (they only grow).
   std::unique_ptr<models::gemma3::Activations> act_;
   std::vector<float> embeds_, logits_;

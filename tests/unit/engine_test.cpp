@@ -980,7 +980,8 @@ TEST_F(EngineTest, DraftsGiveTheAnswerWithoutDrafts) {
   for (const Request& r : reqs) solo.push_back(alone(r));
 
   std::vector<Record> got(reqs.size());
-  Engine eng(*model_, StepBudget{.prefill_rows = 24, .images = 1, .draft_tokens = 4});
+  // A fixed row cost, so the lengths checked (not the answers) are the same run to run.
+  Engine eng(*model_, StepBudget{.prefill_rows = 24, .images = 1, .draft_tokens = 4, .draft_row_cost = 0.15});
   int drafted = 0, accepted = 0;
   for (size_t i = 0; i < reqs.size(); ++i) eng.add(std::make_shared<Sequence>(*model_, reqs[i], record_into(got[i])));
   while (!eng.idle()) {
@@ -1100,6 +1101,28 @@ TEST(Draft, OddsCheckWhatPaysForItsRows) {
   EXPECT_DOUBLE_EQ(draft_row_cost(0.15, 1), 0.15);
   EXPECT_DOUBLE_EQ(draft_row_cost(0.15, 0), 0.15);
   EXPECT_DOUBLE_EQ(draft_row_cost(0.25, 8), 2.0 / 2.75);
+}
+
+// RowCost fits pass times T = a + b·R and gives b / (a + b); the prior until the rows vary, and
+// as kRowCostPriorPasses passes after (about 50 passes weigh at most: (50·fit + 8·prior) / 58).
+TEST(Draft, RowCostFitsThePassesTimed) {
+  RowCost c(0.15);
+  EXPECT_EQ(c.value(), 0.15);
+  for (int i = 0; i < 50; ++i) c.pass(1, 0.100);  // one size only: no slope
+  EXPECT_EQ(c.value(), 0.15);
+  for (int i = 0; i < 200; ++i) {  // 80 ms + 20 ms a row: a row is 0.2 of a lone step
+    const size_t rows = 1 + size_t(i % 5);
+    c.pass(rows, 0.080 + 0.020 * double(rows));
+  }
+  EXPECT_NEAR(c.value(), (50 * 0.2 + 8 * 0.15) / 58, 1e-3);
+  for (int i = 0; i < 400; ++i) {  // another file: 40 ms + 40 ms a row, 0.5; the old passes fade
+    const size_t rows = 1 + size_t(i % 9);
+    c.pass(rows, 0.040 + 0.040 * double(rows));
+  }
+  EXPECT_NEAR(c.value(), (50 * 0.5 + 8 * 0.15) / 58, 1e-3);
+  RowCost noisy(0.15);  // longer passes with fewer rows: a fit of 0.02 at least, 4 passes (1 + .98 + .98² + .98³) to 8
+  for (size_t rows : {1, 2, 3, 4}) noisy.pass(rows, 0.1 / double(rows));
+  EXPECT_NEAR(noisy.value(), (3.8816 * 0.02 + 8 * 0.15) / 11.8816, 1e-3);
 }
 
 }  // namespace
