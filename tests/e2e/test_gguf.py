@@ -19,6 +19,7 @@
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -333,6 +334,28 @@ class Gguf(unittest.TestCase):
         self.assertLessEqual(float(np.abs(q - ref).max()), 0.05 * float(np.abs(ref).max()))
         self.assertGreaterEqual(int((q.argmax(-1) == ref.argmax(-1)).sum()), len(ids) - 1)
         print(f"\nvlm Q8_0 GGUF vs the f32 folder: max |dlogit| {float(np.abs(q - ref).max()):.4f}", file=sys.stderr)
+
+    def test_drafts_leave_quantized_answers_as_they_are(self):
+        """`vlm run --draft 4` where a draft's rows take other kernels than one row does (bf16's dot
+        tiles; the lane tiles of Q4_0 from 2 rows, Q4_K from 4, Q8_0 and Q6_K from 5): the same ids,
+        greedy and seeded, as without drafts; ids are checked in every run and taken in some."""
+        ids = json.dumps([2] + [1000 + 37 * (i % 6) for i in range(24)])
+        taken, counts = 0, []
+        for t in ("bf16", "q4_0", "q4_k", "q8_0", "q6_k"):
+            for sampling in ([], ["--temperature", "1", "--seed", "5"]):
+                run = [BIN, "run", "--model", self.files[t], "--tokens", ids, "--max-tokens", "32", "--ids", *sampling]
+                plain = subprocess.run(run, capture_output=True, text=True, timeout=600)
+                drafted = subprocess.run(run + ["--draft", "4"], capture_output=True, text=True, timeout=600)
+                self.assertEqual(plain.returncode, 0, plain.stderr)
+                self.assertEqual(drafted.returncode, 0, drafted.stderr)
+                self.assertEqual(drafted.stdout, plain.stdout, f"{t} {sampling}")
+                m = re.search(r"\(drafts: (\d+) of (\d+) ids taken\)", drafted.stderr)
+                self.assertIsNotNone(m, drafted.stderr)
+                self.assertGreater(int(m.group(2)), 0, f"{t} {sampling}: no draft checked")
+                taken += int(m.group(1))
+                counts.append(f"{t}{' seeded' if sampling else ''} {m.group(1)}/{m.group(2)}")
+        print("\ndraft ids taken / checked: " + ", ".join(counts), file=sys.stderr)
+        self.assertGreater(taken, 0)
 
     def test_vlm_images_through_mmproj_equal_the_folder(self):
         src = os.path.join(FIX, "tiny-f32")
