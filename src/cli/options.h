@@ -44,8 +44,8 @@ inline std::optional<kernels::Precision> precision_of(const std::string& value) 
 inline void add_draft_option(CLI::App& app, int& value) {
   app.add_option("--draft", value,
                  "draft ids an answer checks per step at most, by prompt lookup: where its last 2-4 ids "
-                 "appeared before, the ids that followed them; the answer stays the same and takes fewer "
-                 "steps where text repeats (0 = off)")
+                 "appeared before, the ids that followed them, as many as the answer's odds of taking them "
+                 "pay for; the answer stays the same and takes fewer steps where text repeats (0 = off)")
       ->check(CLI::Range(0, 64));
 }
 
