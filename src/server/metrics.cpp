@@ -26,6 +26,7 @@ const std::vector<MetricInfo>& metric_list() {
       {"prefix_cache_bytes", "gauge", "Bytes of finished requests' KV caches held by the prefix cache."},
       {"spec_decode_num_draft_tokens_total", "counter", "Draft ids checked (--draft)."},
       {"spec_decode_num_accepted_tokens_total", "counter", "Draft ids the answers took."},
+      {"draft_row_cost", "gauge", "A draft row's cost against a lone decode step, as the engine timed its passes (--draft)."},
       {"time_to_first_token_seconds", "histogram", "Arrival to first generated token."},
       {"inter_token_latency_seconds", "histogram", "Time between two generated tokens of a request."},
       {"e2e_request_latency_seconds", "histogram", "Arrival to finish."},

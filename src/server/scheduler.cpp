@@ -239,6 +239,7 @@ void Scheduler::loop() {
         if (st.images_cached) metrics_.add("image_cache_hits_total", st.images_cached);
         if (st.drafted) metrics_.add("spec_decode_num_draft_tokens_total", st.drafted);
         if (st.accepted) metrics_.add("spec_decode_num_accepted_tokens_total", st.accepted);
+        if (opt_.budget.draft_tokens > 0) metrics_.set("draft_row_cost", engine_.draft_row_cost());
         metrics_.set("image_cache_bytes", double(engine_.image_cache_bytes()));
         metrics_.set("prefix_cache_bytes", double(engine_.prefix_cache_bytes()));
       } catch (const std::exception& e) {

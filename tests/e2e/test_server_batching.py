@@ -157,6 +157,8 @@ class TestBatchInvariance(unittest.TestCase):
             taken = metric(m, "vlm:spec_decode_num_accepted_tokens_total", 0)
             self.assertGreater(taken, 0)
             self.assertGreater(drafted, taken)
+            # What a draft row costs, as the engine timed its passes (engine::RowCost: 0.02 to 1).
+            self.assertTrue(0.02 <= metric(m, "vlm:draft_row_cost") <= 1, m)
             self.assertEqual(metric(m, "vlm:kv_cache_bytes"), 0)
 
 
