@@ -6,7 +6,7 @@
 // which is what the engine takes from a model that answers so under greedy sampling; a step's time
 // comes from a cost model in which a check of k ids costs 1 + c·k plain steps: c = 0.13 as `vlm
 // bench --draft` measured it for a lone bf16 4B sequence on the Zen 5 VM, c = 0.5 for one of eight
-// sequences decoding together (docs/performance.md, "drafts replayed").
+// sequences decoding together (docs/performance.md, 2026-12-06).
 //
 //   build/bench_drafts [TOKENIZER_DIR] [K]     (run from the repo root; K: the most ids, 8)
 #include <fmt/core.h>
@@ -121,7 +121,7 @@ int main(int argc, char** argv) try {
     fmt::print("{:<10} {:5} {:5}", w.name, prompt.size(), answer.size());
     for (const Setting& s : settings)
       for (bool odds : {false, true}) {
-        const Outcome r = replay(prompt, answer, max, odds, s.cost, vlm::engine::draft_row_cost(one, s.rows));
+        const Outcome r = replay(prompt, answer, max, odds, s.cost, vlm::engine::batch_row_cost(one, s.rows));
         fmt::print(" {:>19}", fmt::format("{:.2f}x ({}/{})", double(answer.size() - 1) / r.time, r.taken, r.checked));
       }
     fmt::print("\n");

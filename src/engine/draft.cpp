@@ -84,7 +84,7 @@ double RowCost::value() const {
   return (w_ * fit + kRowCostPriorPasses * prior_) / (w_ + kRowCostPriorPasses);
 }
 
-double draft_row_cost(double one, size_t rows) {
+double batch_row_cost(double one, size_t rows) {
   const double r = double(std::max<size_t>(rows, 1));
   return one * r / (1 + one * (r - 1));
 }

@@ -71,6 +71,6 @@ inline constexpr double kDraftRowCostPrior = 0.15;
 // A draft row's cost against the step of each of `rows` sequences decoding together, where one
 // draft row costs `one` of a lone sequence's step: a pass of R rows takes about 1 + one·(R − 1)
 // lone steps, shared by R answers, so a row costs each answer's step one·R / (1 + one·(R − 1)).
-double draft_row_cost(double one, size_t rows);
+double batch_row_cost(double one, size_t rows);
 
 }  // namespace vlm::engine

@@ -657,7 +657,7 @@ size_t Engine::draft(Sequence& s, size_t rows, size_t decode_rows) {
                                  int64_t(model_.config().text.sliding_window) - 1});
   if (room <= 0) return 0;
   s.draft_ = lookup_draft(s.ids(), size_t(room), model_.vocab_limit());
-  s.draft_odds_.pick(s.draft_, engine::draft_row_cost(draft_row_cost(), decode_rows));
+  s.draft_odds_.pick(s.draft_, batch_row_cost(draft_row_cost(), decode_rows));
   s.draft_base_ = s.tokens_.size();
   return s.draft_.size();
 }

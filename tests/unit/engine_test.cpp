@@ -1098,9 +1098,9 @@ TEST(Draft, OddsCheckWhatPaysForItsRows) {
     for (size_t max : {2u, 5u, 8u}) EXPECT_EQ(a.length(max, c), b.length(max, c)) << c << " " << max;
 
   // A row's cost to each of R sequences decoding together: one · R / (1 + one · (R − 1)).
-  EXPECT_DOUBLE_EQ(draft_row_cost(0.15, 1), 0.15);
-  EXPECT_DOUBLE_EQ(draft_row_cost(0.15, 0), 0.15);
-  EXPECT_DOUBLE_EQ(draft_row_cost(0.25, 8), 2.0 / 2.75);
+  EXPECT_DOUBLE_EQ(batch_row_cost(0.15, 1), 0.15);
+  EXPECT_DOUBLE_EQ(batch_row_cost(0.15, 0), 0.15);
+  EXPECT_DOUBLE_EQ(batch_row_cost(0.25, 8), 2.0 / 2.75);
 }
 
 // RowCost fits pass times T = a + b·R and gives b / (a + b); the prior until the rows vary, and
