@@ -10,20 +10,32 @@ namespace vlm::kernels::detail {
 // does not always do it by itself.
 #define VLM_UNROLL _Pragma("GCC unroll 32")
 
-// The first n (< S::W) floats at p, the rest `fill`.
+// The first n (< S::W) floats at p, the rest `fill`. Traits with masked loads and stores
+// (S::load_first, S::store_first: AVX-512) use them; elsewhere the floats go through a buffer on
+// the stack, whose vector load waits for the copy's narrower stores to retire (a failed
+// store-to-load forward: 9 % of the vision tower's attention, a partial vector of 72 columns
+// every 128 keys, on an Intel Xeon; docs/performance.md, "masked tails").
 template <class S>
 inline typename S::V load_part(const float* p, size_t n, float fill = 0.f) {
-  alignas(64) float tmp[S::W];
-  for (int i = 0; i < S::W; ++i) tmp[i] = fill;
-  std::memcpy(tmp, p, n * 4);
-  return S::load(tmp);
+  if constexpr (requires { S::load_first(p, n, fill); }) {
+    return S::load_first(p, n, fill);
+  } else {
+    alignas(64) float tmp[S::W];
+    for (int i = 0; i < S::W; ++i) tmp[i] = fill;
+    std::memcpy(tmp, p, n * 4);
+    return S::load(tmp);
+  }
 }
 
 template <class S>
 inline void store_part(float* p, typename S::V v, size_t n) {
-  alignas(64) float tmp[S::W];
-  S::store(tmp, v);
-  std::memcpy(p, tmp, n * 4);
+  if constexpr (requires { S::store_first(p, v, n); }) {
+    S::store_first(p, v, n);
+  } else {
+    alignas(64) float tmp[S::W];
+    S::store(tmp, v);
+    std::memcpy(p, tmp, n * 4);
+  }
 }
 
 }  // namespace vlm::kernels::detail

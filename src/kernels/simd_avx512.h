@@ -19,6 +19,11 @@ struct S512 {
   static V zero() { return _mm512_setzero_ps(); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // The first n (<= W) lanes; the masked-off ones are neither read nor written (no fault past p + n).
+  static V load_first(const float* p, size_t n, float fill) {
+    return _mm512_mask_loadu_ps(_mm512_set1_ps(fill), __mmask16((1u << n) - 1), p);
+  }
+  static void store_first(float* p, V v, size_t n) { _mm512_mask_storeu_ps(p, __mmask16((1u << n) - 1), v); }
   static V bcast(const float* p) { return _mm512_set1_ps(*p); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V add(V a, V b) { return _mm512_add_ps(a, b); }

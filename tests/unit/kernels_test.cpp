@@ -2,6 +2,7 @@
 // product, and the row/element ops against plain double-precision loops.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -607,6 +608,43 @@ TEST(Ops, RoundToBf16IsRoundBf16OnEveryPath) {
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(h[i], f32_to_bf16(x[i])) << isa_name(isa) << " x " << x[i];
     EXPECT_EQ(h.back(), 0x1234) << isa_name(isa);
   }
+}
+
+// Rows of every tail length that end where a page ends, the next page inaccessible: the partial
+// vectors of each path (AVX-512's masked loads and stores, the others' copies) read and write
+// nothing past the row, and give what the scalar path gives, bit for bit.
+TEST(Ops, TailsStopAtTheRowsEnd) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  void* map = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ASSERT_EQ(mprotect(static_cast<char*>(map) + page, page, PROT_NONE), 0);
+  float* end = reinterpret_cast<float*>(static_cast<char*>(map) + page);
+  std::mt19937 rng(5);
+  for (size_t n = 1; n <= 40; ++n) {
+    const std::vector<float> x = random_vec(n, rng), mask = random_vec(n, rng);
+    float* row = end - n;
+    auto run = [&](Isa isa) {
+      std::vector<float> out;
+      std::copy(x.begin(), x.end(), row);
+      gelu_tanh(row, n, isa);
+      out.insert(out.end(), row, end);
+      std::copy(x.begin(), x.end(), row);
+      scaled_softmax(row, n, 0.7f, mask.data(), true, isa);
+      out.insert(out.end(), row, end);
+      std::copy(x.begin(), x.end(), row);
+      out.push_back(scaled_exp(row, n, 1.3f, nullptr, isa));
+      out.insert(out.end(), row, end);
+      return out;
+    };
+    const std::vector<float> want = run(Isa::Scalar);
+    for (Isa isa : isas()) {
+      const std::vector<float> got = run(isa);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_NEAR(got[i], want[i], 8 * kU * std::fabs(want[i]) + 1e-30) << isa_name(isa) << " n " << n << " at " << i;
+    }
+  }
+  munmap(map, 2 * page);
 }
 
 TEST(Ops, RmsNormMatchesDouble) {
