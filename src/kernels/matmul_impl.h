@@ -44,9 +44,11 @@ inline typename S::V load_w(const std::byte* p) {
     return S::load_f16(reinterpret_cast<const uint16_t*>(p));
 }
 
-// The first n (< S::W) elements, the rest zero.
+// The first n (< S::W) elements, the rest zero: f32 as load_part (masked where the ISA has it: the
+// vision tower packs each key's last 8 of 72 values this way), 16-bit types through a buffer.
 template <class S, DType D>
 inline typename S::V load_w_part(const std::byte* p, size_t n) {
+  if constexpr (D == DType::F32) return load_part<S>(reinterpret_cast<const float*>(p), n);
   alignas(64) std::byte tmp[S::W * 4] = {};
   std::memcpy(tmp, p, n * kElemSize<D>);
   return load_w<S, D>(tmp);
