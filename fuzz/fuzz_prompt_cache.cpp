@@ -1,4 +1,4 @@
-// libFuzzer target: the prompt-cache reader (multimodal/prompt_cache.cpp) on arbitrary
+// libFuzzer target: the prompt-cache reader (engine/prompt_cache.cpp) on arbitrary
 // files. Any input must either load a cache whose sizes match the model or throw
 // vlm::Error (never allocate by a header's word, never read past the file).
 // First byte even: the rest is the file. Odd: a valid cache with the rest XORed into
@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -42,11 +43,15 @@ const std::filesystem::path& scratch() {
 // A valid cache of 3 positions, as bytes.
 const std::string& valid() {
   static const std::string bytes = [] {
-    vlm::KvCache c(config().text, 8);
+    vlm::KvCache c(config().text, 8, vlm::DType::F32);
     c.reserve(3);
     for (int l = 0; l < 2; ++l)
       for (int64_t p = 0; p < 3; ++p)
-        for (size_t i = 0; i < c.row_size(); ++i) c.key_slot(l, p)[i] = c.value_slot(l, p)[i] = float(p + i);
+        for (size_t i = 0; i < c.row_size(); ++i) {
+          const float v = float(p) + float(i);
+          std::memcpy(c.key_slot(l, p) + 4 * i, &v, 4);
+          std::memcpy(c.value_slot(l, p) + 4 * i, &v, 4);
+        }
     c.advance(3);
     const std::vector<float> logits(16, 0.25f);
     vlm::save_prompt_cache(scratch(), identity(), 7, config().text, c, logits);
@@ -72,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     f.write(file.data(), std::streamsize(file.size()));
   }
   try {
-    const auto s = vlm::load_prompt_cache(scratch(), identity(), 7, config().text, 8, 16);
+    const auto s = vlm::load_prompt_cache(scratch(), identity(), 7, config().text, 8, vlm::DType::F32, 16);
     if (s && (s->logits.size() != 16 || s->cache.length() <= 0 || s->cache.length() > 8)) std::abort();
   } catch (const vlm::Error&) {
   }
