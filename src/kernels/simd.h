@@ -13,8 +13,8 @@ namespace vlm::kernels::detail {
 // The first n (< S::W) floats at p, the rest `fill`. Traits with masked loads and stores
 // (S::load_first: AVX-512 and AVX2; S::store_first: AVX-512) use them; elsewhere the floats go
 // through a buffer on the stack. A vector load from that buffer waits for the copy's narrower
-// stores to retire (a failed store-to-load forward: 9 % of the vision tower's attention, a partial
-// vector of 72 columns every 128 keys, on an Intel Xeon; docs/performance.md, "masked tails").
+// stores to retire (a failed store-to-load forward: 9 % of the samples of the vision tower's P·v,
+// whose 72 columns end in a partial vector, on an Intel Xeon; docs/performance.md, "Masked tails").
 template <class S>
 inline typename S::V load_part(const float* p, size_t n, float fill = 0.f) {
   if constexpr (requires { S::load_first(p, n, fill); }) {

@@ -21,8 +21,9 @@ struct S256 {
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   // The first n (<= W) floats (vmaskmovps: the masked-off ones are not read), the rest fill. No
-  // store_first: AMD's masked vector store is microcoded, and a full store into a buffer forwards
-  // to the copy's narrower loads.
+  // store_first: AMD has microcoded vmaskmovps's store form (one store per lane on Jaguar, LLVM
+  // review D66801; not measured on Zen here), and one full store into a buffer forwards to the
+  // copy's narrower loads.
   static V load_first(const float* p, size_t n, float fill) {
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     return _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m));
