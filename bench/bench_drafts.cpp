@@ -6,7 +6,7 @@
 // which is what the engine takes from a model that answers so under greedy sampling; a step's time
 // comes from a cost model in which a check of k ids costs 1 + c·k plain steps: c = 0.13 as `vlm
 // bench --draft` measured it for a lone bf16 4B sequence on the Zen 5 VM, c = 0.5 for one of eight
-// sequences decoding together (docs/performance.md, 2026-12-06).
+// sequences decoding together (docs/performance.md, "2026-12-06, a sixth session").
 //
 //   build/bench_drafts [TOKENIZER_DIR] [K]     (run from the repo root; K: the most ids, 8)
 #include <fmt/core.h>

@@ -48,10 +48,13 @@ inline typename S::V load_w(const std::byte* p) {
 // vision tower packs each key's last 8 of 72 values this way), 16-bit types through a buffer.
 template <class S, DType D>
 inline typename S::V load_w_part(const std::byte* p, size_t n) {
-  if constexpr (D == DType::F32) return load_part<S>(reinterpret_cast<const float*>(p), n);
-  alignas(64) std::byte tmp[S::W * 4] = {};
-  std::memcpy(tmp, p, n * kElemSize<D>);
-  return load_w<S, D>(tmp);
+  if constexpr (D == DType::F32) {
+    return load_part<S>(reinterpret_cast<const float*>(p), n);
+  } else {
+    alignas(64) std::byte tmp[S::W * 2] = {};
+    std::memcpy(tmp, p, n * kElemSize<D>);
+    return load_w<S, D>(tmp);
+  }
 }
 
 // ---- small M: RM activation rows × RN weight rows, dot products over all of K ----
