@@ -114,7 +114,6 @@ class Engine {
   bool share_prefix(Sequence& s);           // rows of running sequences; true: wait for an earlier one
   bool whole_prompt() const;                // the mask mode makes every prompt row see every other
   void encode_images(StepStats& st);
-  void build_rows(Sequence& s);
   void forward(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
   void non_finite(const std::vector<Sequence*>& decode, const std::vector<Chunk>& chunks);
   void sample(Sequence& s);                 // from s.logits_: emit a token or finish

@@ -74,7 +74,6 @@ class Model {
   // the head's row count.
   int vocab_limit() const;
   int vocab() const { return decoder_->vocab(); }
-  const std::vector<int>& eos_ids() const { return config().eos_token_ids; }
   // The image tokens of this checkpoint in the chosen layout (boi/eoi/soft = -1 for text-only).
   const text::ImageTokens& image_tokens() const { return image_tokens_; }
   // The settings the host preprocessor runs with (mask mode, scaling, Pan & Scan, context, fault).

@@ -322,16 +322,6 @@ uint64_t GgufHeader::get_uint(std::string_view key) const {
   return u;
 }
 
-int64_t GgufHeader::get_int(std::string_view key) const {
-  const GgufKv& kv = need(key);
-  int64_t s;
-  uint64_t u;
-  bool neg;
-  if (!integer_of(kv, s, u, neg)) fail("{}: key '{}' is {}, expected an integer", where, key, gguf_type_name(kv.type));
-  if (!neg && u > uint64_t(std::numeric_limits<int64_t>::max())) fail("{}: key '{}' = {} is too large", where, key, u);
-  return neg ? s : int64_t(u);
-}
-
 float GgufHeader::get_f32(std::string_view key) const {
   const GgufKv& kv = need(key);
   if (kv.type == GgufType::F32) return load<float>(kv.bytes);

@@ -91,7 +91,6 @@ class GgufHeader {
   // Typed access; a missing key or a different type fails naming the key and both types.
   // Integers of any GGUF integer type are accepted when the value fits.
   uint64_t get_uint(std::string_view key) const;
-  int64_t get_int(std::string_view key) const;
   float get_f32(std::string_view key) const;  // f32, or f64 that converts exactly
   bool get_bool(std::string_view key) const;
   std::string_view get_string(std::string_view key) const;

@@ -6,10 +6,6 @@
 
 namespace vlm {
 
-std::string_view image_scaling_name(ImageScaling s) {
-  return s == ImageScaling::Mlx ? "mlx" : "reference";
-}
-
 ImageScaling parse_image_scaling(std::string_view s) {
   if (s == "reference") return ImageScaling::Reference;
   if (s == "mlx") return ImageScaling::Mlx;

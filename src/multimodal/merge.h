@@ -19,7 +19,6 @@ enum class ImageScaling {
   // so the net image scale is 1 up to one f32 rounding.
   Mlx,
 };
-std::string_view image_scaling_name(ImageScaling s);  // "reference" | "mlx"
 ImageScaling parse_image_scaling(std::string_view s);
 
 // Overwrites the rows of `rows` [ids.size(), H] whose id is `image_token_id` with the

@@ -666,17 +666,6 @@ RgbImage decode_bmp(Bytes in, std::string_view what, const DecodeLimits& lim) {
 
 }  // namespace
 
-std::string_view format_name(ImageFormat f) {
-  switch (f) {
-    case ImageFormat::Png: return "PNG";
-    case ImageFormat::Jpeg: return "JPEG";
-    case ImageFormat::WebP: return "WebP";
-    case ImageFormat::Gif: return "GIF";
-    case ImageFormat::Bmp: return "BMP";
-  }
-  return "?";
-}
-
 ImageFormat sniff_format(Bytes b, std::string_view what) {
   auto starts = [&](std::string_view magic, size_t at = 0) {
     return b.size() >= at + magic.size() && std::memcmp(b.data() + at, magic.data(), magic.size()) == 0;

@@ -44,7 +44,6 @@ struct DecodeLimits {
 inline constexpr uint64_t kMaxRequestPixels = 3 * kDefaultMaxPixels;
 
 enum class ImageFormat { Png, Jpeg, WebP, Gif, Bmp };
-std::string_view format_name(ImageFormat f);
 
 // Identifies the format from the leading bytes; throws when none matches.
 ImageFormat sniff_format(std::span<const uint8_t> bytes, std::string_view what);

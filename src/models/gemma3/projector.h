@@ -18,7 +18,6 @@ class Projector {
 
   int tokens() const { return side_ * side_; }   // T = mm_tokens_per_image
   int out_dim() const { return out_; }           // text hidden size H
-  int in_dim() const { return in_; }             // vision hidden size
 
   // vision [n, P, in] (tower output) → [n, T, H].
   std::vector<float> forward(const float* vision, int n, const kernels::Exec& ex) const;
