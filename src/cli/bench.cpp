@@ -114,7 +114,7 @@ int cmd_bench(int argc, char** argv) {
   CLI::App app{"Measure prefill, decode, batched decode and image speed against this machine's limits"};
   std::string model_dir, mmproj, precision;
   int threads = default_threads(), pp = 512, tg = 128, batch = 8, depth = 0, draft = 0;
-  bool image = false, json = false;
+  bool image = false, json = false, mlock = false;
   app.add_option("--model", model_dir, "checkpoint folder, GGUF model file or folder of GGUF files")->required();
   app.add_option("--mmproj", mmproj, "GGUF models: the mmproj .gguf (default: the model folder's mmproj*.gguf)");
   app.add_option("--threads", threads, "worker threads")->check(CLI::Range(1, 1024));
@@ -129,9 +129,11 @@ int cmd_bench(int argc, char** argv) {
   app.add_flag("--image", image, "also time one image through the vision tower and projector");
   app.add_flag("--json", json, "print every figure as one JSON object on the last line");
   add_precision_option(app, precision);
+  add_mlock_option(app, mlock);
   CLI11_PARSE(app, argc, argv);
 
   engine::ModelOptions mo;
+  mo.mlock = mlock;
   mo.vision = image;
   mo.mmproj = mmproj;
   mo.threads = threads;

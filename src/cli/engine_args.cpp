@@ -64,6 +64,7 @@ void EngineArgs::add(CLI::App& app) {
                  "prompt again (a regenerated answer) computes nothing; 0 for none")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
   add_draft_option(app, draft);
+  add_mlock_option(app, mlock);
 }
 
 engine::ModelOptions EngineArgs::model_options() const {
@@ -73,6 +74,7 @@ engine::ModelOptions EngineArgs::model_options() const {
   o.context = context;
   o.threads = threads;
   o.mmproj = mmproj;
+  o.mlock = mlock;
   return o;
 }
 

@@ -30,9 +30,10 @@ struct EngineArgs {
   int64_t image_cache_mib = 256;    // projector rows of recent images kept for reuse (0: none)
   int64_t prefix_cache_mib = 1024;  // KV caches of finished requests and prompts kept for reuse (0: none)
   int draft = 0;                    // draft ids per step and answer (0: none)
+  bool mlock = false;               // lock the weights in memory
   // Adds --model, --mask-mode, --precision, --ctx, --threads, --max-seqs, --kv-memory, --max-queue,
   // --prefill-rows, --images-per-step, --vision-layers-per-step, --max-images, --image-cache,
-  // --prefix-cache, --draft.
+  // --prefix-cache, --draft, --mlock.
   void add(CLI::App& app);
   engine::ModelOptions model_options() const;
   server::SchedulerOptions scheduler_options() const;

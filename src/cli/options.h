@@ -49,6 +49,13 @@ inline void add_draft_option(CLI::App& app, int& value) {
       ->check(CLI::Range(0, 64));
 }
 
+// --mlock (engine::ModelOptions::mlock) into `value`.
+inline void add_mlock_option(CLI::App& app, bool& value) {
+  app.add_flag("--mlock", value,
+               "lock the weights in memory, so that the kernel never pages them out (the memlock limit, "
+               "ulimit -l, must hold them, or the process needs CAP_IPC_LOCK)");
+}
+
 // The sampling flags of `vlm run` and `vlm chat`, into `sp` (its defaults: greedy).
 inline void add_sampling_options(CLI::App& app, SamplingParams& sp) {
   app.add_option("--temperature", sp.temperature, "0 = greedy");

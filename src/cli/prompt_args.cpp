@@ -5,6 +5,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "cli/options.h"
 #include "core/error.h"
 #include "io/file.h"
 #include "io/json.h"
@@ -43,6 +44,7 @@ void ImageArgs::add(CLI::App& app) {
   app.add_option("--mmproj", mmproj, "GGUF models: the mmproj .gguf (default: the model folder's mmproj*.gguf)");
   app.add_option("--layout", layout, "tokens around images: hf (string expansion) or google (token splice)");
   app.add_flag("--pan-and-scan", pan_and_scan, "Pan & Scan crops follow each image (docs/gemma3/preprocessing.md#pan-and-scan)");
+  add_mlock_option(app, mlock);
 }
 
 std::optional<kernels::Isa> isa_from_env() {
@@ -60,6 +62,7 @@ engine::ModelOptions ImageArgs::model_options() const {
   if (pan_and_scan) o.pan_and_scan = true;
   o.vision = !files.empty();
   o.mmproj = mmproj;
+  o.mlock = mlock;
   // Kernel ISA path and the TEST-ONLY fault switches (multimodal/host.h): read here, at the
   // CLI's edge; the library reads no environment.
   o.isa = isa_from_env();

@@ -45,7 +45,8 @@ struct ImageArgs {
   std::string layout = "hf";
   std::string mmproj;              // --mmproj: a GGUF model's vision tower + projector
   bool pan_and_scan = false;
-  // Adds --image, --mask-mode, --image-scaling, --layout, --pan-and-scan.
+  bool mlock = false;
+  // Adds --image, --mask-mode, --image-scaling, --mmproj, --layout, --pan-and-scan, --mlock.
   void add(CLI::App& app);
   // The model options these flags (and the environment's VLM_ISA and VLM_FAULT) ask for;
   // checks every value before anything is loaded.

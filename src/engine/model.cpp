@@ -38,7 +38,11 @@ Model::Model(Checkpoint ck, const ModelOptions& opt) : ck_(std::move(ck)), opt_(
   pool_ = std::make_unique<ThreadPool>(opt.threads > 0 ? opt.threads : default_threads());
   exec_ = std::make_unique<const kernels::Exec>(*pool_, opt.isa.value_or(kernels::best_isa()), precision);
   decoder_ = std::make_unique<const models::gemma3::Decoder>(ck_, *exec_, opt.embed_scaling);
-  ck_.map_pages();  // every request reads them: map them in one call, not one fault per page
+  // Every request reads them: map them in one call, not one fault per page (mlock maps them too).
+  if (opt.mlock)
+    ck_.lock_pages();
+  else
+    ck_.map_pages();
 }
 
 std::string Model::no_vision_tower() const {

@@ -44,6 +44,7 @@ struct ModelOptions {
   std::optional<kernels::Precision> precision;
   int64_t context = 0;                 // 0: max_position_embeddings
   std::filesystem::path mmproj;        // GGUF models: the mmproj file (empty: the folder's, if any)
+  bool mlock = false;                  // lock the weights in memory (Checkpoint::lock_pages)
 };
 
 class Model {

@@ -1,9 +1,11 @@
 #include "io/checkpoint.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -511,19 +513,41 @@ const TensorView& Checkpoint::get(std::string_view canonical, const std::vector<
   return t;
 }
 
-void Checkpoint::map_pages() const {
+std::vector<std::pair<uintptr_t, uintptr_t>> Checkpoint::page_spans() const {
   const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  std::vector<std::pair<uintptr_t, uintptr_t>> spans;  // whole pages, merged where they meet
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
   for (const auto& [name, t] : tensors_) {
     if (t.nbytes == 0) continue;
     const auto b = reinterpret_cast<uintptr_t>(t.data);
     spans.emplace_back(b / page * page, (b + t.nbytes + page - 1) / page * page);
   }
   std::sort(spans.begin(), spans.end());
-  for (size_t i = 0; i < spans.size();) {
-    auto [b, e] = spans[i];
-    for (++i; i < spans.size() && spans[i].first <= e; ++i) e = std::max(e, spans[i].second);
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (const auto& [b, e] : spans)
+    if (!merged.empty() && b <= merged.back().second) merged.back().second = std::max(merged.back().second, e);
+    else merged.emplace_back(b, e);
+  return merged;
+}
+
+void Checkpoint::map_pages() const {
+  for (const auto& [b, e] : page_spans())
     ::madvise(reinterpret_cast<void*>(b), e - b, MADV_POPULATE_READ);  // a hint: failure leaves faults
+}
+
+void Checkpoint::lock_pages() const {
+  const auto spans = page_spans();
+  uint64_t total = 0;
+  for (const auto& [b, e] : spans) total += e - b;
+  for (const auto& [b, e] : spans) {
+    if (::mlock(reinterpret_cast<const void*>(b), e - b) == 0) continue;
+    const int err = errno;
+    rlimit lim{};
+    ::getrlimit(RLIMIT_MEMLOCK, &lim);
+    const std::string limit =
+        lim.rlim_cur == RLIM_INFINITY ? "unlimited" : fmt::format("{} KiB", uint64_t(lim.rlim_cur) / 1024);
+    fail("{}: cannot lock the {:.2f} GB of weights in memory: {} (the memlock limit is {}: raise it with "
+         "ulimit -l or a service's LimitMEMLOCK, or run with CAP_IPC_LOCK)",
+         dir_.string(), double(total) / 1e9, std::strerror(err), limit);
   }
 }
 

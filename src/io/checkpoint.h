@@ -88,6 +88,10 @@ class Checkpoint {
   // first step's page faults do (docs/performance.md, "2026-12-03, night: start"); elsewhere the pages fault in
   // on first use as before.
   void map_pages() const;
+  // Locks the same pages in memory (mlock), so that the kernel never pages them out while this
+  // process runs (a server idle for a while finds its weights still there). Fails naming the
+  // bytes and the memlock limit where the kernel refuses (RLIMIT_MEMLOCK without CAP_IPC_LOCK).
+  void lock_pages() const;
 
   // All tensors of the loaded parts, by canonical name.
   const std::map<std::string, TensorView, std::less<>>& tensors() const { return tensors_; }
@@ -116,6 +120,8 @@ class Checkpoint {
   // Validates `found` against the registry, maps the wanted parts, fills the summaries.
   void finish(FoundMap& found, Parts parts, const TensorRegistry& registry, std::string_view config_name,
               const std::function<std::string(std::string_view)>& file_name);
+  // The loaded tensors' whole pages as address ranges, sorted, merged where they meet.
+  std::vector<std::pair<uintptr_t, uintptr_t>> page_spans() const;
 
   std::filesystem::path dir_;
   ModelConfig config_;

@@ -114,12 +114,13 @@ class Server:
             out[name] = float(value)
         return out
 
-    def rss_kb(self):
+    def status_kb(self, field):
+        """A kB figure of the server's /proc/PID/status: VmRSS, VmLck, ..."""
         with open(f"/proc/{self.proc.pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1])
-        raise AssertionError("no VmRSS")
+        raise AssertionError(f"no {field}")
 
     def stop(self, timeout=60):
         if self.proc.poll() is None:

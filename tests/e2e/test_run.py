@@ -3,6 +3,7 @@ Ctrl-C, and the text path on both VLM and CausalLM checkpoints."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -102,6 +103,22 @@ class TestRun(unittest.TestCase):
         r = subprocess.run([BIN, "run", "--model", self.model("tiny-f32")], capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 1)
         self.assertIn("exactly one of --prompt", r.stderr)
+
+    def test_mlock_past_the_memlock_limit_is_a_clear_error(self):
+        """--mlock where the kernel refuses (a 64 KiB memlock limit, and for root no CAP_IPC_LOCK):
+        exit 1 naming the bytes, the limit and the remedy, before any output."""
+        if not shutil.which("prlimit") or (os.geteuid() == 0 and not shutil.which("setpriv")):
+            self.skipTest("prlimit (and setpriv for root) from util-linux needed")
+        drop = ["setpriv", "--bounding-set=-ipc_lock"] if os.geteuid() == 0 else []
+        r = subprocess.run([*drop, "prlimit", "--memlock=65536:65536", BIN, "run", "--model", self.model("tiny-f32"),
+                            "--prompt", "Hi", "--max-tokens", "2", "--mlock"], capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertRegex(r.stderr, r"cannot lock the [0-9.]+ GB of weights in memory: .*memlock limit is 64 KiB.*ulimit -l")
+        ok = subprocess.run([BIN, "run", "--model", self.model("tiny-f32"), "--prompt", "Hi", "--max-tokens", "2",
+                             "--mlock", "--ids"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(ok.returncode, 0, ok.stderr)
 
 
 if __name__ == "__main__":

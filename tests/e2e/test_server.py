@@ -516,6 +516,24 @@ class TestServerOperator(unittest.TestCase):
                 self.assertEqual(r["usage"]["prompt_tokens_details"]["image_tokens"], 16)
                 self.assertEqual(srv.stop(), 0)
 
+    def test_mlock_keeps_the_weights_resident(self):
+        """--mlock: the weights' pages are locked (VmLck) while the server runs and answers; without
+        it nothing is."""
+        files = [os.path.join(model_dir("tiny-f32"), f) for f in os.listdir(model_dir("tiny-f32"))]
+        weights_kb = sum(os.path.getsize(f) for f in files if f.endswith(".safetensors")) // 1024
+        with Server("tiny-f32", ["--mlock"]) as srv:
+            locked = srv.status_kb("VmLck")
+            # Every tensor's pages: the files less their JSON headers (a few kB each), and no more
+            # than the files' pages.
+            self.assertGreater(locked, weights_kb - 256)
+            self.assertLessEqual(locked, weights_kb + 64)
+            code, _, r = srv.post("/v1/chat/completions", chat("x", image_seeds=[1], max_tokens=2))
+            self.assertEqual(code, 200, r)
+            self.assertEqual(srv.stop(), 0)
+        with Server("tiny-f32") as srv:
+            self.assertEqual(srv.status_kb("VmLck"), 0)
+            self.assertEqual(srv.stop(), 0)
+
     def test_kv_memory_budget_bounds_the_batch(self):
         # tiny-f32: 2 global layers + 4 sliding (window 8), 2 KV heads x 24: 384 bytes a slot.
         # max_tokens 300 on a ~15-token prompt reserves (2 * 315 + 4 * 8) * 384 ~ 254 KB, so a

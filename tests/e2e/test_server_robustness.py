@@ -93,9 +93,9 @@ class TestHostile(unittest.TestCase):
                 return statuses
 
             run(0, 200)  # warm-up: pools, allocator arenas
-            rss0 = srv.rss_kb()
+            rss0 = srv.status_kb("VmRSS")
             statuses = run(200, 1000)
-            rss1 = srv.rss_kb()
+            rss1 = srv.status_kb("VmRSS")
             code, _, r = srv.post("/v1/chat/completions", chat("Still there?", image_seeds=[1], max_tokens=3))
             self.assertEqual(code, 200, r)
             print(f"\nhostile requests by status: {dict(sorted(statuses.items()))}; "
