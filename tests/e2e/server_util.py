@@ -18,6 +18,13 @@ SRC = os.environ.get("VLM_SOURCE_DIR", os.path.dirname(os.path.dirname(os.path.d
 JS_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js", "openai_client.mjs")
 
 
+def sanitized():
+    """True for a VLM_SANITIZE or VLM_TSAN build (the binary links ASan's or TSan's runtime)."""
+    with open(BIN, "rb") as f:
+        data = f.read()
+    return b"__asan_init" in data or b"__tsan_init" in data
+
+
 def model_dir(name):
     return os.path.join(FIXTURES, name)
 

@@ -6,14 +6,7 @@ import random
 import socket
 import unittest
 
-from server_util import BIN, FIXTURES, Server, chat, data_uri, raw_exchange
-
-
-def sanitized():
-    """True for a VLM_SANITIZE or VLM_TSAN build (the binary links ASan's or TSan's runtime)."""
-    with open(BIN, "rb") as f:
-        data = f.read()
-    return b"__asan_init" in data or b"__tsan_init" in data
+from server_util import BIN, FIXTURES, Server, chat, data_uri, raw_exchange, sanitized
 
 
 def post(body, extra_headers=b""):
