@@ -536,11 +536,11 @@ void Checkpoint::map_pages() const {
 
 void Checkpoint::lock_pages() const {
   const auto spans = page_spans();
-  uint64_t total = 0;
-  for (const auto& [b, e] : spans) total += e - b;
   for (const auto& [b, e] : spans) {
     if (::mlock(reinterpret_cast<const void*>(b), e - b) == 0) continue;
     const int err = errno;
+    uint64_t total = 0;
+    for (const auto& [sb, se] : spans) total += se - sb;
     rlimit lim{};
     ::getrlimit(RLIMIT_MEMLOCK, &lim);
     const std::string limit =

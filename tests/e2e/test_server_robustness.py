@@ -93,8 +93,8 @@ class TestHostile(unittest.TestCase):
             self.assertEqual(code, 200, r)
             print(f"\nhostile requests by status: {dict(sorted(statuses.items()))}; "
                   f"RSS {rss0} kB after 200, {rss1} kB after 1000 ({rss1 - rss0:+d} kB)")
-            # ASan keeps freed blocks in its quarantine (LeakSanitizer checks at exit); TSan keeps
-            # their access history
+            # ASan keeps freed blocks in its quarantine (LeakSanitizer checks at exit), TSan their
+            # access history.
             if not sanitized():
                 self.assertLess(rss1 - rss0, 16 * 1024, "RSS grows with the request count")
             self.assertEqual(srv.stop(), 0)
