@@ -752,10 +752,11 @@ void attend(const float* q, size_t ldq, size_t rows, const PackedKv& kv, size_t 
   const size_t nr = ik.panel;
   a.lds = (k1 + nr - 1) / nr * nr - k0 / nr * nr + kScoresPad;
   thread_local std::vector<float> scratch;
-  scratch.resize(rows * a.lds + (round ? rows * kv.d : 0));
+  const size_t maxima = rows * detail::kMaxLanes;
+  scratch.resize(rows * a.lds + maxima + (round ? rows * kv.d : 0));
   a.scratch = scratch.data();
   if (round) {
-    float* qr = scratch.data() + rows * a.lds;
+    float* qr = scratch.data() + rows * a.lds + maxima;
     for (size_t r = 0; r < rows; ++r) round_to_bf16(q + r * ldq, qr + r * kv.d, kv.d, ex.isa);
     a.q = qr, a.ldq = kv.d;
   }

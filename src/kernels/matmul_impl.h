@@ -5,6 +5,8 @@
 // Every function is a template on S (or static), and each ISA file defines S with
 // internal linkage, so the instantiations of different ISAs never merge at link time.
 #pragma once
+#include <array>
+#include <cmath>  // INFINITY
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -310,14 +312,13 @@ inline void store_tile(typename S::V (&acc)[R][NVv], float* y, size_t ldy, size_
   }
 }
 
-// One register tile: R rows × NVv vectors over kc, stored (first) or added into y; b's rows are
-// LDB floats apart.
-template <class S, int R, int NVv, size_t LDB = size_t(S::W) * S::NV>
-void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* y, size_t cols,
-           bool first, const float* bias) {
+// acc = x[R rows, ldx apart] · b over kc, b's rows LDB floats apart; y's lines of the tile
+// (R rows, ldy apart) asked for on the way.
+template <class S, int R, int NVv, size_t LDB>
+inline void accumulate(typename S::V (&acc)[R][NVv], size_t kc, const float* x, size_t ldx, const float* b,
+                       const float* y, size_t ldy) {
   using V = typename S::V;
   constexpr size_t W = S::W;
-  V acc[R][NVv];
   VLM_UNROLL
   for (int r = 0; r < R; ++r) {
     VLM_UNROLL
@@ -328,15 +329,15 @@ void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* 
   // the GEMM's time on Zen 3.
   VLM_UNROLL
   for (int r = 0; r < R; ++r) {
-    __builtin_prefetch(y + r * a.ldy, 1);
-    __builtin_prefetch(y + r * a.ldy + NVv * W - 1, 1);
+    __builtin_prefetch(y + r * ldy, 1);
+    __builtin_prefetch(y + r * ldy + NVv * W - 1, 1);
   }
   // One pointer per row and the loop unrolled by 4: with x + r·ldx + k per broadcast the loop
   // spent 5 address computations and 3 counter operations on 12 FMAs (GEMMs 1.06-1.18x on two
   // Zen 3 cores).
   const float* xr[R];
   VLM_UNROLL
-  for (int r = 0; r < R; ++r) xr[r] = x + r * a.ldx;
+  for (int r = 0; r < R; ++r) xr[r] = x + r * ldx;
 #pragma GCC unroll 4
   for (size_t k = 0; k < kc; ++k) {
     V bv[NVv];
@@ -349,7 +350,44 @@ void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* 
       for (int v = 0; v < NVv; ++v) acc[r][v] = S::fma(av, bv[v], acc[r][v]);
     }
   }
+}
+
+// One register tile: R rows × NVv vectors over kc, stored (first) or added into y; b's rows are
+// LDB floats apart.
+template <class S, int R, int NVv, size_t LDB = size_t(S::W) * S::NV>
+void micro(const GemmArgs& a, size_t kc, const float* x, const float* b, float* y, size_t cols,
+           bool first, const float* bias) {
+  typename S::V acc[R][NVv];
+  accumulate<S, R, NVv, LDB>(acc, kc, x, a.ldx, b, y, a.ldy);
   store_tile<S, R, NVv>(acc, y, a.ldy, cols, first, bias);
+}
+
+// attend's scores of R query rows against one whole key panel over all d: y = scale · q·kᵀ, and
+// each row's running maximum (a vector, lanes maxed apart) raised by them.
+template <class S, int R>
+void scores_tile(const AttendArgs& a, const float* q, const float* keys, float* y, float* maxima) {
+  using V = typename S::V;
+  constexpr size_t W = S::W;
+  V acc[R][S::NV];
+  accumulate<S, R, S::NV, W * S::NV>(acc, a.d, q, a.ldq, keys, y, a.lds);
+  const V sv = S::set1(a.scale);
+  VLM_UNROLL
+  for (int r = 0; r < R; ++r) {
+    V mx = S::load(maxima + r * W);
+    VLM_UNROLL
+    for (int v = 0; v < S::NV; ++v) {
+      const V u = S::mul(acc[r][v], sv);
+      S::store(y + r * a.lds + v * W, u);
+      mx = S::max(mx, u);
+    }
+    S::store(maxima + r * W, mx);
+  }
+}
+
+template <class S, size_t... R>
+constexpr auto scores_tiles(std::index_sequence<R...>) {
+  using Fn = void (*)(const AttendArgs&, const float*, const float*, float*, float*);
+  return std::array<Fn, sizeof...(R)>{&scores_tile<S, int(R) + 1>...};
 }
 
 template <class S>
@@ -466,18 +504,34 @@ void attend_f32(const AttendArgs& a) {
   // Scores over whole key panels [a0, a1), then the keys [k0, k1) of each row.
   const size_t a0 = a.k0 / NR * NR, a1 = (a.k1 + NR - 1) / NR * NR, n = a.k1 - a.k0, w = a.lds;
   float* scores = a.scratch;
-  GemmArgs qk{};
-  qk.ldx = a.ldq, qk.ldy = w;
-  for (size_t k0 = 0; k0 < a.d; k0 += kKC) {
-    const size_t kc = a.d - k0 < kKC ? a.d - k0 : kKC;
+  if (!a.mask && a.d <= kKC && a.k0 == a0 && a.k1 == a1) {
+    // Unmasked whole panels in one K block (the vision tower): the tiles store the scaled scores
+    // and keep each row's maximum, so the softmax skips its pass for them (the same values, so the
+    // same bits).
+    static constexpr auto tiles = scores_tiles<S>(std::make_index_sequence<MR>());
+    static_assert(W <= kMaxLanes);
+    float* maxima = a.scratch + a.rows * w;
+    for (size_t i = 0; i < a.rows * W; ++i) maxima[i] = -INFINITY;
     for (size_t p = a0 / NR; p < a1 / NR; ++p)
       for (size_t m = 0; m < a.rows; m += MR)
-        table.f[(a.rows - m < MR ? a.rows - m : MR) - 1][S::NV - 1](
-            qk, kc, a.q + m * a.ldq + k0, a.keys + (p * a.d + k0) * NR, scores + m * w + (p * NR - a0), NR, k0 == 0,
-            nullptr);
+        tiles[(a.rows - m < MR ? a.rows - m : MR) - 1](a, a.q + m * a.ldq, a.keys + p * a.d * NR,
+                                                       scores + m * w + (p * NR - a0), maxima + m * W);
+    for (size_t r = 0; r < a.rows; ++r) exp_normalize(scores + r * w, n, S::hmax(S::load(maxima + r * W)), a.round, a.isa);
+  } else {
+    GemmArgs qk{};
+    qk.ldx = a.ldq, qk.ldy = w;
+    for (size_t k0 = 0; k0 < a.d; k0 += kKC) {
+      const size_t kc = a.d - k0 < kKC ? a.d - k0 : kKC;
+      for (size_t p = a0 / NR; p < a1 / NR; ++p)
+        for (size_t m = 0; m < a.rows; m += MR)
+          table.f[(a.rows - m < MR ? a.rows - m : MR) - 1][S::NV - 1](
+              qk, kc, a.q + m * a.ldq + k0, a.keys + (p * a.d + k0) * NR, scores + m * w + (p * NR - a0), NR,
+              k0 == 0, nullptr);
+    }
+    for (size_t r = 0; r < a.rows; ++r)
+      scaled_softmax(scores + r * w + (a.k0 - a0), n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr, a.round,
+                     a.isa);
   }
-  for (size_t r = 0; r < a.rows; ++r)
-    scaled_softmax(scores + r * w + (a.k0 - a0), n, a.scale, a.mask ? a.mask + r * a.ldm : nullptr, a.round, a.isa);
   // o = P·v, one panel of values and K block at a time, which stays in L1 across the rows.
   GemmArgs pv{};
   pv.ldx = w, pv.ldy = a.ldo;

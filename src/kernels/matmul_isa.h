@@ -68,6 +68,9 @@ inline size_t fma_dot_shift(const GemmArgs& a) {
 }
 
 // attention's products (matmul.h, attend) over one packed KV head.
+// The widest vector's floats (AVX-512): attend_f32 keeps a row's running maximum in one.
+inline constexpr size_t kMaxLanes = 16;
+
 struct AttendArgs {
   const float* q;
   size_t ldq, rows;
@@ -83,7 +86,7 @@ struct AttendArgs {
   bool round;        // f32 panels: the probabilities rounded to bf16 (q arrives rounded)
   bool tiles_model;  // attend_amx: a scalar model of the tiles in place of the tiles
   float* scratch;  // f32 panels: the scores, rows lds floats apart (at least the whole panels
-  size_t lds;      // spanning [k0, k1))
+  size_t lds;      // spanning [k0, k1)), then kMaxLanes floats a row for their maxima
 };
 
 // The f32/f16/bf16 kernels of one ISA and its packed-path geometry. dot: any M (nk only),

@@ -47,6 +47,8 @@ float scaled_exp(float* x, size_t n, float scale, const float* mask, Isa isa) {
   return ops(isa).scaled_exp(x, n, scale, mask);
 }
 
+void exp_normalize(float* x, size_t n, float mx, bool round, Isa isa) { ops(isa).exp_normalize(x, n, mx, round); }
+
 void round_to_bf16(const float* x, float* y, size_t n, Isa isa) { ops(isa).round_to_bf16(x, y, n); }
 
 void to_bf16(const float* x, uint16_t* y, size_t n, Isa isa) { ops(isa).to_bf16(x, y, n); }

@@ -45,6 +45,9 @@ void scaled_softmax(float* x, size_t n, float scale, const float* mask, bool rou
 // (0 for a row with no allowed entry, which becomes zeros). Multiplying by 1/sum gives
 // scaled_softmax's probabilities to the bit.
 float scaled_exp(float* x, size_t n, float scale, const float* mask, Isa isa = best_isa());
+// scaled_softmax's last two passes, for a row already scaled (and masked) whose maximum mx is
+// known: the same probabilities to the bit.
+void exp_normalize(float* x, size_t n, float mx, bool round, Isa isa = best_isa());
 
 // One chunk of a decode row's attention (docs/gemma3/decoder.md#decode-attention): H query
 // heads q[H, d], each G sharing a KV head, against n positions of keys and values k/v (a

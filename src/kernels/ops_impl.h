@@ -22,6 +22,7 @@ struct OpsKernels {
   void (*softmax)(float* x, size_t n);
   void (*scaled_softmax)(float* x, size_t n, float scale, const float* mask, bool round);
   float (*scaled_exp)(float* x, size_t n, float scale, const float* mask);
+  void (*exp_normalize)(float* x, size_t n, float mx, bool round);
   void (*attend_chunk)(const float* q, size_t H, size_t G, const float* k, const float* v, size_t stride,
                        size_t n, size_t d, float scale, float* p, float* m, float* l, float* o);
   void (*attend_chunk_bf16)(const float* q, size_t H, size_t G, const uint16_t* k, const uint16_t* v,
@@ -194,6 +195,12 @@ float scaled_exp_k(float* x, size_t n, float scale, const float* mask) {
 template <class S>
 void scaled_softmax_k(float* x, size_t n, float scale, const float* mask, bool round) {
   if (n > 0) normalize<S>(x, n, scaled_exp_k<S>(x, n, scale, mask), round);
+}
+
+// ops.h, exp_normalize.
+template <class S>
+void exp_normalize_k(float* x, size_t n, float mx, bool round) {
+  normalize<S>(x, n, exp_sum<S>(x, n, shift_of(mx)), round);
 }
 
 // Σ (v[i] − c) and Σ (v[i] − c)² over one row, in f32 lanes.
@@ -406,7 +413,7 @@ void to_bf16_k(const float* x, uint16_t* y, size_t n) {
 template <class S>
 constexpr OpsKernels make_ops() {
   return OpsKernels{&rms_norm_k<S>, &layer_norm_k<S>, &gelu_k<S>, &gelu_mul_k<S>, &softmax_k<S>,
-                    &scaled_softmax_k<S>, &scaled_exp_k<S>, &attend_chunk_k<S, float>,
+                    &scaled_softmax_k<S>, &scaled_exp_k<S>, &exp_normalize_k<S>, &attend_chunk_k<S, float>,
                     &attend_chunk_k<S, uint16_t>, &round_bf16_k<S>, &to_bf16_k<S>};
 }
 

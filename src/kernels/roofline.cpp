@@ -43,14 +43,16 @@ MappedKb mapped_kb(std::span<const std::span<const std::byte>> regions) {
     }
     double n = 0;
     if (holds && line.starts_with("Rss:") && std::sscanf(line.c_str() + 4, "%lf", &n) == 1) kb.rss += n;
-    if (holds && line.starts_with("FilePmdMapped:") && std::sscanf(line.c_str() + 14, "%lf", &n) == 1) kb.file_pmd += n;
+    // A file on tmpfs or shmem counts its 2 MiB pages as ShmemPmdMapped, any other as FilePmdMapped.
+    for (const char* key : {"FilePmdMapped:", "ShmemPmdMapped:"})
+      if (holds && line.starts_with(key) && std::sscanf(line.c_str() + std::strlen(key), "%lf", &n) == 1) kb.pmd += n;
   }
   return kb;
 }
 
 double huge_page_share(std::span<const std::span<const std::byte>> regions) {
   const MappedKb kb = mapped_kb(regions);
-  return kb.rss < 0 ? -1 : kb.rss > 0 ? kb.file_pmd / kb.rss : 0;
+  return kb.rss < 0 ? -1 : kb.rss > 0 ? kb.pmd / kb.rss : 0;
 }
 
 double measure_read_bandwidth(int threads, size_t bytes, Isa isa) {

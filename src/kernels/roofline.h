@@ -26,14 +26,14 @@ double measure_regions_bandwidth(std::span<const std::span<const std::byte>> reg
                                  Isa isa = best_isa());
 
 // This process's resident KiB of the mappings that hold any of `regions`, all (Rss in
-// /proc/self/smaps) and those mapped as 2 MiB pages (FilePmdMapped); negative where smaps
+// /proc/self/smaps) and those mapped as 2 MiB pages (FilePmdMapped, or ShmemPmdMapped on tmpfs); negative where smaps
 // cannot be read.
 struct MappedKb {
-  double rss = -1, file_pmd = -1;
+  double rss = -1, pmd = -1;
 };
 MappedKb mapped_kb(std::span<const std::span<const std::byte>> regions);
 
-// The share of those resident pages that are 2 MiB (file_pmd / rss), or a negative number
+// The share of those resident pages that are 2 MiB (pmd / rss), or a negative number
 // where smaps cannot be read. Such pages stream faster (docs/gguf.md, "Decode streams").
 double huge_page_share(std::span<const std::span<const std::byte>> regions);
 
