@@ -183,6 +183,34 @@ void check_paths(bool masked) {
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionUnmasked) { check_paths(false); }
 TEST(Attention, EveryPathAndPrecisionMatchesTheDefinitionMasked) { check_paths(true); }
 
+// Unmasked keys in whole panels (the vision tower's 4096) take the f32 route's other softmax: the
+// q·kᵀ tiles scale the scores and keep each row's maximum. It must give the bits of the masked
+// route, which scales and finds the maximum in the softmax's own pass, under an all-zero mask.
+TEST(Attention, UnmaskedWholePanelsGiveTheBitsOfAZeroMask) {
+  ThreadPool pool(2);
+  std::mt19937 rng(11);
+  std::vector<Isa> isas = {Isa::Scalar};
+  if (kernels::isa_supported(Isa::Avx2)) isas.push_back(Isa::Avx2);
+  if (kernels::isa_supported(Isa::Avx512)) isas.push_back(Isa::Avx512);
+  for (const Case& c : {Case{37, 128, 2, 2, 72}, Case{13, 256, 2, 1, 256}, Case{7, 192, 1, 1, 20}}) {
+    const auto q = random(c.Lq * c.heads * c.d, rng, 2.f);
+    const auto k = random(c.Lk * c.kv_heads * c.d, rng, 2.f);
+    const auto v = random(c.Lk * c.kv_heads * c.d, rng, 1.f);
+    const DenseMask zeros(c.Lq, c.Lk, std::vector<float>(c.Lq * c.Lk, 0.f));
+    const float scale = 1.f / std::sqrt(float(c.d));
+    for (Isa isa : isas)
+      for (Precision p : {Precision::F32, Precision::Bf16}) {
+        SCOPED_TRACE(testing::Message() << "Lk " << c.Lk << " d " << c.d << " isa " << kernels::isa_name(isa)
+                                        << (p == Precision::Bf16 ? " bf16" : " f32"));
+        Exec ex(pool, isa, p);
+        ex.bf16_gemm = kernels::Bf16Gemm::Fma;  // the f32 panels
+        const auto plain = run(c, q, k, v, nullptr, scale, ex), masked = run(c, q, k, v, &zeros, scale, ex);
+        ASSERT_EQ(std::memcmp(plain.data(), masked.data(), plain.size() * sizeof(float)), 0);
+        EXPECT_LT(compare(plain, reference(c, q, k, v, nullptr, scale, p == Precision::Bf16)).max, 4e-3);
+      }
+  }
+}
+
 // A sliding window (keys (i − 100, i]) over 520 rows: the second and third score blocks start
 // their keys off the packed panels (k0 = 157 and 413), where attend's scores and P·v must line
 // up with the packed keys and values.
