@@ -516,7 +516,8 @@ void attend_f32(const AttendArgs& a) {
       for (size_t m = 0; m < a.rows; m += MR)
         tiles[(a.rows - m < MR ? a.rows - m : MR) - 1](a, a.q + m * a.ldq, a.keys + p * a.d * NR,
                                                        scores + m * w + (p * NR - a0), maxima + m * W);
-    for (size_t r = 0; r < a.rows; ++r) exp_normalize(scores + r * w, n, S::hmax(S::load(maxima + r * W)), a.round, a.isa);
+    for (size_t r = 0; r < a.rows; ++r)
+      exp_normalize(scores + r * w, n, S::hmax(S::load(maxima + r * W)), a.round, a.isa);
   } else {
     GemmArgs qk{};
     qk.ldx = a.ldq, qk.ldy = w;
