@@ -15,7 +15,8 @@ FIXTURES = os.environ.get("VLM_FIXTURES")
 SRC = os.environ.get("VLM_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 FIELDS = ["pp_tok_s", "tg_tok_s", "image_s", "batch_tok_s", "rss_bytes", "roofline_tg_tok_s", "peak_gflops",
           "read_gb_s", "weight_bytes_per_token", "peak_f32_gflops", "weights_read_gb_s",
-          "tg_fraction_of_weights_read", "load_s", "first_token_s", "batch_limit_tok_s", "pp_cold_s"]
+          "tg_fraction_of_weights_read", "tg_median_step_s", "load_s", "first_token_s", "batch_limit_tok_s",
+          "pp_cold_s"]
 
 
 @unittest.skipUnless(BIN and FIXTURES, "VLM_BIN and VLM_FIXTURES must be set")
@@ -40,6 +41,12 @@ class TestBench(unittest.TestCase):
         self.assertAlmostEqual(j["roofline_tg_tok_s"],
                                j["read_gb_s"] * 1e9 / (j["weight_bytes_per_token"] + j["kv_bytes_per_token"]),
                                delta=1e-6 * j["roofline_tg_tok_s"])
+        # Every decode step's time: their mean is the decode rate's, the best and median among them.
+        steps = j["tg_step_s"]
+        self.assertEqual(len(steps), j["tg"])
+        self.assertAlmostEqual(sum(steps) / len(steps), 1.0 / j["tg_tok_s"], delta=1e-9 * sum(steps))
+        self.assertEqual(j["tg_best_step_s"], min(steps))
+        self.assertEqual(j["tg_median_step_s"], sorted(steps)[len(steps) // 2])
         # A batch's limit is B tokens per weight read at most, less where its FLOPs take longer.
         self.assertLessEqual(j["batch_limit_tok_s"],
                              j["batch"] * j["read_gb_s"] * 1e9 / j["weight_bytes_per_token"] * (1 + 1e-9))
