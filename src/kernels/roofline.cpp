@@ -28,6 +28,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 MappedKb mapped_kb(std::span<const std::span<const std::byte>> regions) {
   std::ifstream f("/proc/self/smaps");
   if (!f) return {};
+  return mapped_kb(f, regions);
+}
+
+MappedKb mapped_kb(std::istream& f, std::span<const std::span<const std::byte>> regions) {
   // Each mapping is a range line ("begin-end perms ...") followed by "Key: N kB" lines.
   bool holds = false;
   MappedKb kb{0, 0};

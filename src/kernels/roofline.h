@@ -2,6 +2,7 @@
 // fraction of what this machine can do (decode vs read bandwidth, encode vs FMA peak).
 #pragma once
 #include <cstddef>
+#include <istream>
 #include <span>
 
 #include "kernels/exec.h"
@@ -26,12 +27,14 @@ double measure_regions_bandwidth(std::span<const std::span<const std::byte>> reg
                                  Isa isa = best_isa());
 
 // This process's resident KiB of the mappings that hold any of `regions`, all (Rss in
-// /proc/self/smaps) and those mapped as 2 MiB pages (FilePmdMapped, or ShmemPmdMapped on tmpfs); negative where smaps
-// cannot be read.
+// /proc/self/smaps) and those mapped as 2 MiB pages (FilePmdMapped, or ShmemPmdMapped for a file
+// on tmpfs); negative where smaps cannot be read.
 struct MappedKb {
   double rss = -1, pmd = -1;
 };
 MappedKb mapped_kb(std::span<const std::span<const std::byte>> regions);
+// The same from smaps text in that format.
+MappedKb mapped_kb(std::istream& smaps, std::span<const std::span<const std::byte>> regions);
 
 // The share of those resident pages that are 2 MiB (pmd / rss), or a negative number
 // where smaps cannot be read. Such pages stream faster (docs/gguf.md, "Decode streams").

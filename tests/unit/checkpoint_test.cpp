@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <sstream>
 
 #include "core/error.h"
 #include "io/identity.h"
@@ -209,6 +210,28 @@ TEST(Checkpoint, MapPagesMapsTheLoadedTensors) {
   EXPECT_LT(before, embed_kb / 2);
   ck.map_pages();
   EXPECT_GE(kernels::mapped_kb({&region, 1}).rss, embed_kb);
+}
+
+// smaps as Linux 6.18 writes it: the mappings that hold a region count, a file's 2 MiB pages as
+// FilePmdMapped and a tmpfs file's as ShmemPmdMapped.
+TEST(Checkpoint, MappedKbCountsBothKindsOfHugePages) {
+  const std::string smaps =
+      "7f0000000000-7f0000400000 r--p 00000000 00:28 2    /mnt/hp/model.gguf\n"
+      "Size:               4096 kB\nRss:                4096 kB\nShmemPmdMapped:     2048 kB\n"
+      "FilePmdMapped:         0 kB\n"
+      "7f0000400000-7f0000800000 r--p 00000000 fd:00 77   /data/model.gguf\n"
+      "Rss:                3072 kB\nShmemPmdMapped:        0 kB\nFilePmdMapped:      2048 kB\n"
+      "7f0000800000-7f0000c00000 rw-p 00000000 00:00 0\n"
+      "Rss:                4096 kB\nFilePmdMapped:      4096 kB\n";
+  const auto* at = reinterpret_cast<const std::byte*>(uintptr_t(0x7f0000000000));
+  const std::span<const std::byte> both[] = {{at + 0x100000, 0x100000}, {at + 0x7ff000, 0x1000}};
+  std::istringstream in(smaps);
+  const kernels::MappedKb kb = kernels::mapped_kb(in, both);
+  EXPECT_EQ(kb.rss, 4096 + 3072);  // not the third mapping, which no region touches
+  EXPECT_EQ(kb.pmd, 2048 + 2048);
+  std::istringstream again(smaps);
+  const std::span<const std::byte> tmpfs_only(at, 0x400000);
+  EXPECT_EQ(kernels::mapped_kb(again, {&tmpfs_only, 1}).pmd, 2048);
 }
 
 TEST(Checkpoint, MissingTensor) {
