@@ -67,10 +67,10 @@ inline size_t fma_dot_shift(const GemmArgs& a) {
   return a.ldw_bytes % 64 ? 0 : (reinterpret_cast<uintptr_t>(a.w) & 63) / 2;
 }
 
-// attention's products (matmul.h, attend) over one packed KV head.
 // The widest vector's floats (AVX-512): attend_f32 keeps a row's running maximum in one.
 inline constexpr size_t kMaxLanes = 16;
 
+// attention's products (matmul.h, attend) over one packed KV head.
 struct AttendArgs {
   const float* q;
   size_t ldq, rows;
