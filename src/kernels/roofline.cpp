@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -45,11 +46,14 @@ MappedKb mapped_kb(std::istream& f, std::span<const std::span<const std::byte>> 
       });
       continue;
     }
-    double n = 0;
-    if (holds && line.starts_with("Rss:") && std::sscanf(line.c_str() + 4, "%lf", &n) == 1) kb.rss += n;
+    if (!holds) continue;
+    auto value_of = [&](std::string_view key) {  // N of "key N kB", 0 on another key's line
+      double n = 0;
+      return line.starts_with(key) && std::sscanf(line.c_str() + key.size(), "%lf", &n) == 1 ? n : 0.0;
+    };
+    kb.rss += value_of("Rss:");
     // A file on tmpfs or shmem counts its 2 MiB pages as ShmemPmdMapped, any other as FilePmdMapped.
-    for (const char* key : {"FilePmdMapped:", "ShmemPmdMapped:"})
-      if (holds && line.starts_with(key) && std::sscanf(line.c_str() + std::strlen(key), "%lf", &n) == 1) kb.pmd += n;
+    kb.pmd += value_of("FilePmdMapped:") + value_of("ShmemPmdMapped:");
   }
   return kb;
 }
